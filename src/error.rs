@@ -1,0 +1,96 @@
+//! Typed errors shared by the region and the objects built on it.
+//!
+//! Every message names the bad value and, where there is one, the limit it
+//! broke, so that a user reading a log line knows what to change.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in shmsched, outside FairShare refusals
+/// (which are answers, not errors).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A syscall failed; `op` says which operation, `path` which region file.
+    Io {
+        /// What was being done ("open", "ftruncate", "mmap", ...).
+        op: &'static str,
+        /// The region file, when there is one.
+        path: Option<PathBuf>,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// An argument was out of range or malformed. The message names the
+    /// value and the limit.
+    InvalidArgument(String),
+    /// The region's contents are not what this build expects or are corrupt:
+    /// bad magic, wrong version, wrong kind, wrong size, out-of-range fields.
+    BadRegion(String),
+    /// The region exists but holds different parameters from the ones asked
+    /// for (for example another `max`).
+    Mismatch(String),
+    /// The region's process table is full.
+    ProcessTableFull {
+        /// Number of process slots in the region.
+        slots: u32,
+    },
+    /// The object was disposed (or its parent was): queued waiters get this,
+    /// later calls fail at once.
+    Disposed,
+    /// The concurrency is 0: nothing can ever be admitted, so a blocking call
+    /// fails at once instead of hanging.
+    ZeroConcurrency,
+    /// A timed wait expired.
+    Timeout,
+    /// A handle was used in a process other than the one it belongs to
+    /// (after `fork`) in a way that cannot be carried over.
+    Forked(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { op, path: Some(p), source } => {
+                write!(f, "{op} {}: {source}", p.display())
+            }
+            Error::Io { op, path: None, source } => write!(f, "{op}: {source}"),
+            Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            Error::BadRegion(m) => write!(f, "bad region: {m}"),
+            Error::Mismatch(m) => write!(f, "region mismatch: {m}"),
+            Error::ProcessTableFull { slots } => write!(
+                f,
+                "the region's process table is full ({slots} processes attached); \
+                 create the region with more process slots"
+            ),
+            Error::Disposed => f.write_str("Scheduler is disposed"),
+            Error::ZeroConcurrency => f.write_str("Scheduler concurrency is 0"),
+            Error::Timeout => f.write_str("timed out waiting for capacity"),
+            Error::Forked(m) => write!(f, "handle used after fork: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// Wraps the current `errno` as an [`Error::Io`].
+    pub(crate) fn last_os(op: &'static str, path: Option<PathBuf>) -> Error {
+        Error::Io { op, path, source: io::Error::last_os_error() }
+    }
+
+    /// Wraps an [`io::Error`] as an [`Error::Io`].
+    pub(crate) fn io(op: &'static str, path: Option<PathBuf>, source: io::Error) -> Error {
+        Error::Io { op, path, source }
+    }
+}

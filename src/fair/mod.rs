@@ -1,0 +1,1 @@
+//! fair (in progress)
