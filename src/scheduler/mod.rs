@@ -1,1 +1,259 @@
-//! scheduler (in progress)
+//! A concurrency limit with seven priorities, per-priority caps, a
+//! starvation lottery, child schedulers and stats — in one process, or shared
+//! by many processes through a [`Region`](crate::region::Region).
+//!
+//! ```
+//! use shmsched::scheduler::{Concurrency, Scheduler};
+//! use shmsched::Priority;
+//!
+//! # fn main() -> shmsched::Result<()> {
+//! // At most 4 at once; low-priority work at most 1.
+//! let sched = Scheduler::new(Concurrency::max(4).low(1))?;
+//! let permit = sched.acquire(Priority::High)?;      // blocks until admitted
+//! assert_eq!(sched.stats().running, 1);
+//! drop(permit);                                     // released exactly once
+//!
+//! let answer = sched.run(Priority::Normal, || 6 * 7)?;
+//! assert_eq!(answer, 42);
+//!
+//! // A child adds a tighter local cap on top of its parent.
+//! let reads = sched.child(2)?;
+//! let _a = reads.try_acquire(Priority::Normal).expect("free");
+//! let _b = reads.try_acquire(Priority::Normal).expect("free");
+//! assert!(reads.try_acquire(Priority::Normal).is_none());
+//! # Ok(()) }
+//! ```
+
+mod caps;
+mod lottery;
+mod node;
+mod pool;
+mod shared;
+mod stats;
+mod waiter;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use caps::{Concurrency, MAX_CONCURRENCY};
+pub use lottery::LOTTERY_ODDS;
+pub use stats::{QueueStats, SchedulerStats, SharedStats};
+
+use crate::error::{Error, Result};
+use crate::priority::Priority;
+use node::{Node, Pool};
+use pool::LocalSlots;
+
+/// A handle to a scheduler. Clones share the same scheduler; disposing one
+/// disposes it for all.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    node: Arc<Node>,
+}
+
+/// The right to run one task. Releases its slot exactly once, on drop.
+///
+/// A permit inherited by a forked child belongs to the parent: dropping it
+/// in the child does nothing.
+#[must_use = "dropping a permit releases its slot at once"]
+#[derive(Debug)]
+pub struct Permit<'a> {
+    sched: &'a Scheduler,
+    ticket: u32,
+    priority: Priority,
+}
+
+impl Permit<'_> {
+    /// The priority this permit was acquired at.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let leaf = &self.sched.node;
+        if leaf.forked() {
+            return;
+        }
+        release_chain(leaf, self.ticket);
+    }
+}
+
+fn default_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Releases every level of the chain, root first (the global slot goes back
+/// soonest).
+fn release_chain(node: &Node, root_ticket: u32) {
+    match node.parent() {
+        None => node.release_level(root_ticket),
+        Some(parent) => {
+            release_chain(parent, root_ticket);
+            node.release_level(0);
+        }
+    }
+}
+
+impl Scheduler {
+    /// An in-process scheduler.
+    pub fn new(concurrency: impl Into<Concurrency>) -> Result<Scheduler> {
+        Scheduler::with_seed(concurrency, default_seed())
+    }
+
+    /// An in-process scheduler whose lottery is seeded, so that a test can
+    /// replay its decisions.
+    pub fn with_seed(concurrency: impl Into<Concurrency>, seed: u64) -> Result<Scheduler> {
+        let c = concurrency.into();
+        let caps = c.resolve()?;
+        let node = Node::new(caps, c.overall(), Pool::Local(LocalSlots::new()), None, seed);
+        Ok(Scheduler { node: Arc::new(node) })
+    }
+
+    /// Blocks until a slot is free at `priority`.
+    ///
+    /// Errors: [`Error::Disposed`] if the scheduler is (or becomes) disposed,
+    /// [`Error::ZeroConcurrency`] at once if nothing can ever be admitted.
+    pub fn acquire(&self, priority: Priority) -> Result<Permit<'_>> {
+        self.acquire_until(priority, None)
+    }
+
+    /// Like [`acquire`](Self::acquire), giving up with [`Error::Timeout`]
+    /// after `timeout`. A timed-out wait leaves no count behind.
+    pub fn acquire_timeout(&self, priority: Priority, timeout: Duration) -> Result<Permit<'_>> {
+        self.acquire_until(priority, Some(Instant::now() + timeout))
+    }
+
+    /// Takes a slot only if one is free at `priority` now and nothing is
+    /// queued at that priority; never queues.
+    pub fn try_acquire(&self, priority: Priority) -> Option<Permit<'_>> {
+        let leaf = &self.node;
+        if leaf.check_usable().is_err() {
+            return None;
+        }
+        // Fast path for a root: one CAS.
+        if leaf.parent().is_none() {
+            let ticket = leaf.try_level(priority)?;
+            return Some(Permit { sched: self, ticket, priority });
+        }
+        let mut taken: Vec<&Node> = Vec::new();
+        let mut cur = Some(&**leaf);
+        while let Some(node) = cur {
+            if node.check_usable().is_err() {
+                break;
+            }
+            match node.try_level(priority) {
+                Some(ticket) => {
+                    if node.parent().is_none() {
+                        return Some(Permit { sched: self, ticket, priority });
+                    }
+                    taken.push(node);
+                    cur = node.parent().map(|p| &**p);
+                }
+                None => break,
+            }
+        }
+        for node in taken.iter().rev() {
+            node.release_level(0);
+        }
+        None
+    }
+
+    fn acquire_until(&self, priority: Priority, deadline: Option<Instant>) -> Result<Permit<'_>> {
+        let leaf = &self.node;
+        if leaf.parent().is_none() {
+            let ticket = leaf.acquire_level(priority, deadline, Vec::new())?;
+            return Ok(Permit { sched: self, ticket, priority });
+        }
+        // Check every level first: a zero max or a disposed ancestor fails
+        // at once rather than after queueing below it.
+        let mut chain: Vec<&Node> = Vec::new();
+        let mut cur = Some(&**leaf);
+        while let Some(node) = cur {
+            node.check_usable()?;
+            chain.push(node);
+            cur = node.parent().map(|p| &**p);
+        }
+        let mut via = Vec::new();
+        for (i, node) in chain.iter().enumerate() {
+            match node.acquire_level(priority, deadline, via.clone()) {
+                Ok(ticket) if i == chain.len() - 1 => {
+                    return Ok(Permit { sched: self, ticket, priority });
+                }
+                Ok(_) => via.push(node.id()),
+                Err(e) => {
+                    for taken in chain[..i].iter().rev() {
+                        taken.release_level(0);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        unreachable!("the chain ends at a root")
+    }
+
+    /// Acquires at `priority`, runs `f`, releases (also if `f` panics).
+    pub fn run<T>(&self, priority: Priority, f: impl FnOnce() -> T) -> Result<T> {
+        let _permit = self.acquire(priority)?;
+        Ok(f())
+    }
+
+    /// A child scheduler: an extra local cap on top of this one. A task
+    /// through the child runs only when both admit it; the tightest cap in
+    /// the chain wins. Children nest. `Concurrency::unlimited()` adds no
+    /// local cap.
+    pub fn child(&self, concurrency: impl Into<Concurrency>) -> Result<Scheduler> {
+        self.node.check_usable().or_else(|e| match e {
+            Error::ZeroConcurrency => Ok(()),
+            e => Err(e),
+        })?;
+        let c = concurrency.into();
+        let caps = c.resolve()?;
+        let node = Arc::new(Node::new(
+            caps,
+            c.overall(),
+            Pool::Local(LocalSlots::new()),
+            Some(self.node.clone()),
+            default_seed() ^ self.node.id(),
+        ));
+        self.node.add_child(&node)?;
+        Ok(Scheduler { node })
+    }
+
+    /// Disposes this scheduler and its children: queued waiters get
+    /// [`Error::Disposed`], later calls fail at once. Permits still held
+    /// keep their slots until they drop, so the cap is never exceeded; a
+    /// child's slots then go back to its parent.
+    pub fn dispose(&self) {
+        self.node.dispose();
+    }
+
+    /// True once disposed (directly or through a parent).
+    pub fn is_disposed(&self) -> bool {
+        let mut cur = Some(&self.node);
+        while let Some(n) = cur {
+            if n.is_disposed() {
+                return true;
+            }
+            cur = n.parent();
+        }
+        false
+    }
+
+    /// The overall ceiling of this level (`None` when unlimited).
+    pub fn concurrency(&self) -> Option<u32> {
+        match self.node.max() {
+            u32::MAX => None,
+            m => Some(m),
+        }
+    }
+
+    /// A snapshot of gauges and counters.
+    pub fn stats(&self) -> SchedulerStats {
+        self.node.stats()
+    }
+}

@@ -1,0 +1,68 @@
+//! Scheduler statistics: the seed's gauges and counters, plus what a region
+//! knows exactly.
+
+use serde::Serialize;
+
+use crate::priority::LEVELS;
+
+/// One priority's queue: a gauge and cumulative counters.
+///
+/// While the scheduler is live, `deferred - completed == count`. A wait that
+/// is cancelled (timeout, dropped, disposed) leaves the queue too: it counts
+/// in `completed` and also in `cancelled`, so the invariant holds and
+/// `completed - cancelled` is the number dispatched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueStats {
+    /// Gauge: tasks queued now at this priority.
+    pub count: u64,
+    /// Counter: tasks ever queued here (they could not start at once).
+    pub deferred: u64,
+    /// Counter: tasks that ever left this queue (dispatched or cancelled).
+    pub completed: u64,
+    /// Counter: the part of `completed` that was cancelled, not dispatched.
+    pub cancelled: u64,
+}
+
+impl QueueStats {
+    pub(crate) fn add(&mut self, o: &QueueStats) {
+        self.count += o.count;
+        self.deferred += o.deferred;
+        self.completed += o.completed;
+        self.cancelled += o.cancelled;
+    }
+}
+
+/// What the region knows about everyone sharing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SharedStats {
+    /// Gauge: slots held across all processes right now.
+    pub running: u32,
+    /// The region's global max.
+    pub max: u32,
+    /// Gauge: tasks waiting in live processes, per priority (index = priority + 3).
+    pub waiters: [u32; LEVELS],
+    /// Gauge: processes attached to the region and alive.
+    pub processes: u32,
+    /// Counter: slots returned on behalf of processes that died holding them.
+    pub reclaimed: u64,
+    /// Counter: dead processes reaped.
+    pub reaped_processes: u64,
+}
+
+/// A snapshot of one scheduler. Allocates nothing on the acquire path; built
+/// on demand.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SchedulerStats {
+    /// Gauge: permits from this scheduler held right now (this process).
+    pub running: u64,
+    /// The configured overall ceiling (`None` = unlimited).
+    pub concurrency: Option<u32>,
+    /// Gauge: tasks queued in this scheduler.
+    pub pending: u64,
+    /// Roll-up of `queues`.
+    pub total: QueueStats,
+    /// Per priority, index = priority + 3.
+    pub queues: [QueueStats; LEVELS],
+    /// Region-wide figures, in shared mode only.
+    pub shared: Option<SharedStats>,
+}
