@@ -39,12 +39,14 @@ pub(crate) struct Pick {
 #[derive(Debug, Clone)]
 pub(crate) struct Lottery {
     state: u64,
+    /// Tests of strict priority switch the lottery off.
+    pub enabled: bool,
 }
 
 impl Lottery {
     /// A lottery with a fixed seed (0 is remapped: xorshift needs a nonzero state).
     pub fn new(seed: u64) -> Lottery {
-        Lottery { state: if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed } }
+        Lottery { state: if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed }, enabled: true }
     }
 
     fn next(&mut self) -> u64 {
@@ -64,7 +66,7 @@ impl Lottery {
             return None;
         }
         let r = self.next();
-        if r % LOTTERY_ODDS == 0 {
+        if self.enabled && r % LOTTERY_ODDS == 0 {
             let tier = ((r >> 32) % LEVELS as u64) as usize;
             if backlogged & (1 << tier) != 0 {
                 return Some(Pick { tier, lottery: true });

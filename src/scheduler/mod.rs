@@ -41,8 +41,11 @@ pub use stats::{QueueStats, SchedulerStats, SharedStats};
 
 use crate::error::{Error, Result};
 use crate::priority::Priority;
+use crate::region::Region;
 use node::{Node, Pool};
 use pool::LocalSlots;
+pub use shared::{MAX_SHARED_SLOTS, REAP_INTERVAL_MS};
+use shared::SharedSlots;
 
 /// A handle to a scheduler. Clones share the same scheduler; disposing one
 /// disposes it for all.
@@ -112,6 +115,73 @@ impl Scheduler {
         let caps = c.resolve()?;
         let node = Node::new(caps, c.overall(), Pool::Local(LocalSlots::new()), None, seed);
         Ok(Scheduler { node: Arc::new(node) })
+    }
+
+    /// A scheduler shared through `region`: the region's max is the global
+    /// ceiling across every process; `concurrency`'s per-priority caps apply
+    /// to this handle's tasks and compare against the global running count.
+    ///
+    /// A new region is initialised with `concurrency`'s max (required, at
+    /// most [`MAX_SHARED_SLOTS`]); an existing one must have the same max
+    /// (else [`Error::Mismatch`]). Use [`attach`](Self::attach) to join
+    /// whatever max a region has.
+    ///
+    /// ```no_run
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::{Concurrency, Scheduler};
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let region = Region::open_or_create("pool")?;
+    /// let sched = Scheduler::shared(&region, Concurrency::max(8).low(2))?;
+    /// sched.run(Priority::High, || { /* at most 8 at once, across processes */ })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn shared(region: &Region, concurrency: impl Into<Concurrency>) -> Result<Scheduler> {
+        let c = concurrency.into();
+        let Some(max) = c.overall() else {
+            return Err(Error::InvalidArgument(format!(
+                "a shared scheduler needs a finite max (0..={MAX_SHARED_SLOTS}); \
+                 use Scheduler::attach to join an existing region"
+            )));
+        };
+        c.validate()?;
+        let slots = SharedSlots::bind(region, Some(max))?;
+        Scheduler::from_slots(slots, c)
+    }
+
+    /// Joins the scheduler already initialised in `region`, whatever its max.
+    pub fn attach(region: &Region) -> Result<Scheduler> {
+        let slots = SharedSlots::bind(region, None)?;
+        Scheduler::from_slots(slots, Concurrency::unlimited())
+    }
+
+    fn from_slots(slots: SharedSlots, c: Concurrency) -> Result<Scheduler> {
+        let caps = c.with_max(Some(slots.max())).resolve()?;
+        let seed = default_seed() ^ u64::from(slots.owner());
+        let node = Node::new(caps, None, Pool::Shared(Box::new(slots)), None, seed);
+        Ok(Scheduler { node: Arc::new(node) })
+    }
+
+    /// Returns now every slot held by dead processes sharing this
+    /// scheduler's region (waiters also do this by themselves, at a bounded
+    /// rate, when they find the budget full). Returns (processes reaped,
+    /// slots reclaimed). In-process schedulers have nothing to reap.
+    pub fn reap(&self) -> Result<(u32, u64)> {
+        let mut root = &self.node;
+        while let Some(p) = root.parent() {
+            root = p;
+        }
+        match root.pool() {
+            Pool::Shared(s) => s.reap(),
+            Pool::Local(_) => Ok((0, 0)),
+        }
+    }
+
+    /// Reseeds this level's lottery so that a test can replay its
+    /// decisions. `enabled: false` switches the lottery off (strict priority
+    /// within caps; starvation is then possible).
+    pub fn set_lottery(&self, seed: Option<u64>, enabled: bool) {
+        self.node.set_lottery(seed, enabled);
     }
 
     /// Blocks until a slot is free at `priority`.

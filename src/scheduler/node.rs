@@ -513,6 +513,16 @@ impl Node {
         }
     }
 
+    /// Reseeds the lottery, or switches it off (`enabled` false: strict
+    /// priority within caps).
+    pub fn set_lottery(&self, seed: Option<u64>, enabled: bool) {
+        let mut inner = self.lock();
+        if let Some(seed) = seed {
+            inner.lottery = Lottery::new(seed);
+        }
+        inner.lottery.enabled = enabled;
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         let inner = self.lock();
         let mut queues = inner.counters;

@@ -1,0 +1,265 @@
+//! The Scheduler shared by real processes through one region: the hard cap,
+//! exact crash recovery under SIGKILL chaos, cross-process priority, and
+//! waits that leave nothing behind.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{say, spawn, until, wait_parent, Kid};
+use shmsched::region::Region;
+use shmsched::scheduler::{Concurrency, Scheduler};
+use shmsched::{Error, Priority};
+
+const ENTRY: &str = "child_entry";
+
+struct Rng(u64);
+impl Rng {
+    fn new() -> Rng {
+        let t = Instant::now().elapsed().as_nanos() as u64;
+        Rng(u64::from(std::process::id()) << 20 ^ t ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn attach(path: &str) -> Scheduler {
+    let region = Region::open(path).expect("open region");
+    Scheduler::attach(&region).expect("attach")
+}
+
+/// Entry point of the child processes (does nothing in a normal test run).
+#[test]
+fn child_entry() {
+    let Some((role, args)) = common::role() else { return };
+    let mut rng = Rng::new();
+    match role.as_str() {
+        // Acquire/release `iters` times at random priorities, then hold
+        // `hold` permits until told to finish.
+        "hammer" => {
+            let s = attach(&args[0]);
+            let iters: u64 = args[1].parse().unwrap();
+            let hold: usize = args[2].parse().unwrap();
+            for _ in 0..iters {
+                let p = Priority::ALL[rng.below(7) as usize];
+                let _permit = s.acquire(p).unwrap();
+                for _ in 0..rng.below(200) {
+                    std::hint::spin_loop();
+                }
+            }
+            let held: Vec<_> = (0..hold).map(|_| s.acquire(Priority::Normal).unwrap()).collect();
+            say(&format!("holding {}", held.len()));
+            wait_parent();
+        }
+        // Wait at one priority with the lottery off; report; hold until told.
+        "waiter" => {
+            let s = attach(&args[0]);
+            s.set_lottery(None, false);
+            let p: Priority = args[1].parse().unwrap();
+            say("start");
+            let _permit = s.acquire(p).unwrap();
+            say("got");
+            wait_parent();
+        }
+        // Churn until killed.
+        "churn" => {
+            let s = attach(&args[0]);
+            say("start");
+            loop {
+                let p = Priority::ALL[rng.below(7) as usize];
+                let _permit = s.acquire(p).unwrap();
+                for _ in 0..rng.below(2000) {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+struct TempRegion(String);
+impl TempRegion {
+    fn new(tag: &str) -> TempRegion {
+        TempRegion(format!("/dev/shm/shmsched-{}", common::unique_name(tag)))
+    }
+}
+impl Drop for TempRegion {
+    fn drop(&mut self) {
+        let _ = Region::remove(&self.0);
+    }
+}
+
+/// Samples the global running count on a thread until stopped; returns the
+/// highest value seen.
+fn observe(s: &Scheduler, stop: &AtomicBool, worst: &AtomicU32) {
+    while !stop.load(Ordering::Relaxed) {
+        let r = s.stats().shared.unwrap().running;
+        worst.fetch_max(r, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn eight_processes_never_exceed_max() {
+    let tmp = TempRegion::new("hammer");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, 3).unwrap();
+    let stop = AtomicBool::new(false);
+    let worst = AtomicU32::new(0);
+    let holds = [0, 1, 0, 1, 0, 0, 1, 0];
+    std::thread::scope(|sc| {
+        sc.spawn(|| observe(&me, &stop, &worst));
+        let mut kids: Vec<Kid> = holds
+            .iter()
+            .map(|h| spawn(ENTRY, "hammer", &[tmp.0.clone(), "3000".into(), h.to_string()]))
+            .collect();
+        let mut total = 0;
+        for k in &mut kids {
+            total += k.expect_line("holding").parse::<u32>().unwrap();
+        }
+        // Quiescent: every child holds what it said, nothing else is held.
+        let st = me.stats().shared.unwrap();
+        assert_eq!(st.running, total, "running equals the sum of live holdings");
+        assert_eq!(st.processes, 9);
+        assert_eq!(st.waiters, [0; 7]);
+        for k in kids {
+            assert!(k.finish().success());
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(worst.load(Ordering::Relaxed) <= 3, "observed {} > max 3", worst.load(Ordering::Relaxed));
+    assert!(worst.load(Ordering::Relaxed) >= 1, "the observer saw the load");
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.running, 0);
+    assert_eq!(st.reclaimed, 0, "clean exits leave nothing to reclaim");
+}
+
+#[test]
+fn high_priority_in_another_process_is_served_first() {
+    let tmp = TempRegion::new("prio");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, 1).unwrap();
+    let hold = me.acquire(Priority::Normal).unwrap();
+    let mut low = spawn(ENTRY, "waiter", &[tmp.0.clone(), "low".into()]);
+    low.expect_line("start");
+    until("low queued", 10, || me.stats().shared.unwrap().waiters[Priority::Low.index()] == 1);
+    let mut high = spawn(ENTRY, "waiter", &[tmp.0.clone(), "high".into()]);
+    high.expect_line("start");
+    until("high queued", 10, || me.stats().shared.unwrap().waiters[Priority::High.index()] == 1);
+    drop(hold);
+    high.expect_line("got");
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.waiters[Priority::Low.index()], 1, "low still waits while high runs");
+    assert_eq!(st.running, 1);
+    assert!(high.finish().success());
+    low.expect_line("got");
+    assert!(low.finish().success());
+    assert_eq!(me.stats().shared.unwrap().running, 0);
+}
+
+#[test]
+fn chaos_sigkill_holders_nothing_leaks() {
+    const MAX: u32 = 4;
+    const KILLS: usize = 500;
+    let tmp = TempRegion::new("chaos");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, MAX).unwrap();
+    let stop = AtomicBool::new(false);
+    let worst = AtomicU32::new(0);
+    let mut rng = Rng::new();
+    let started = Instant::now();
+    std::thread::scope(|sc| {
+        sc.spawn(|| observe(&me, &stop, &worst));
+        let mut kids: Vec<Kid> = (0..6).map(|_| spawn(ENTRY, "churn", &[tmp.0.clone()])).collect();
+        for k in &mut kids {
+            k.expect_line("start");
+        }
+        for _ in 0..KILLS {
+            assert!(started.elapsed() < Duration::from_secs(240), "chaos took too long");
+            let i = rng.below(kids.len() as u64) as usize;
+            // A random instant inside the victim's churn loop.
+            std::thread::sleep(Duration::from_micros(rng.below(3000)));
+            let victim = kids.swap_remove(i);
+            victim.kill();
+            let mut k = spawn(ENTRY, "churn", &[tmp.0.clone()]);
+            k.expect_line("start");
+            kids.push(k);
+        }
+        for k in kids {
+            k.kill();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(worst.load(Ordering::Relaxed) <= MAX, "cap violated: {}", worst.load(Ordering::Relaxed));
+    me.reap().unwrap();
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.running, 0, "every slot of every dead process came back: {st:?}");
+    assert_eq!(st.waiters, [0; 7]);
+    assert_eq!(st.processes, 1);
+    // The budget is whole: all MAX slots can be taken at once.
+    let all: Vec<_> = (0..MAX).map(|_| me.try_acquire(Priority::Normal).expect("slot")).collect();
+    assert!(me.try_acquire(Priority::Highest).is_none());
+    drop(all);
+    eprintln!(
+        "chaos: {KILLS} kills in {:?}, {} slots reclaimed from {} dead processes",
+        started.elapsed(),
+        st.reclaimed,
+        st.reaped_processes
+    );
+}
+
+#[test]
+fn waiter_reclaims_slots_of_a_dead_holder_by_itself() {
+    let tmp = TempRegion::new("autoreap");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, 2).unwrap();
+    let mut kid = spawn(ENTRY, "hammer", &[tmp.0.clone(), "0".into(), "2".into()]);
+    assert_eq!(kid.expect_line("holding"), "2");
+    assert!(me.try_acquire(Priority::High).is_none());
+    kid.kill();
+    // No explicit reap: the blocked waiter finds the dead holder itself.
+    let p = me.acquire_timeout(Priority::Normal, Duration::from_secs(10)).expect("reclaimed");
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.reclaimed, 2);
+    assert_eq!(st.reaped_processes, 1);
+    assert_eq!(st.running, 1);
+    drop(p);
+}
+
+#[test]
+fn timed_out_shared_wait_leaves_no_waiter_count() {
+    let tmp = TempRegion::new("timeout");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, 1).unwrap();
+    let other = Scheduler::attach(&region).unwrap();
+    let _hold = me.acquire(Priority::Normal).unwrap();
+    let e = other.acquire_timeout(Priority::High, Duration::from_millis(30)).unwrap_err();
+    assert!(matches!(e, Error::Timeout));
+    let st = other.stats();
+    assert_eq!(st.shared.as_ref().unwrap().waiters, [0; 7]);
+    assert_eq!(st.queues[Priority::High.index()].cancelled, 1);
+    assert_eq!(st.pending, 0);
+    // The fast path is open again for everyone.
+    drop(_hold);
+    assert!(other.try_acquire(Priority::Low).is_some());
+}
+
+#[test]
+fn opening_with_another_max_is_an_error() {
+    let tmp = TempRegion::new("mismatch");
+    let region = Region::create(&tmp.0).unwrap();
+    let _a = Scheduler::shared(&region, Concurrency::max(4)).unwrap();
+    let e = Scheduler::shared(&region, 5).unwrap_err().to_string();
+    assert!(e.contains('4') && e.contains('5'), "{e}");
+    let e = Scheduler::shared(&region, Concurrency::unlimited()).unwrap_err().to_string();
+    assert!(e.contains("finite max"), "{e}");
+    let e = Scheduler::shared(&Region::anonymous().unwrap(), 70_000).unwrap_err().to_string();
+    assert!(e.contains("70000") && e.contains("65536"), "{e}");
+}
