@@ -54,10 +54,18 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Io { op, path: Some(p), source } => {
+            Error::Io {
+                op,
+                path: Some(p),
+                source,
+            } => {
                 write!(f, "{op} {}: {source}", p.display())
             }
-            Error::Io { op, path: None, source } => write!(f, "{op}: {source}"),
+            Error::Io {
+                op,
+                path: None,
+                source,
+            } => write!(f, "{op}: {source}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::BadRegion(m) => write!(f, "bad region: {m}"),
             Error::Mismatch(m) => write!(f, "region mismatch: {m}"),
@@ -85,8 +93,13 @@ impl std::error::Error for Error {
 
 impl Error {
     /// Wraps the current `errno` as an [`Error::Io`].
+    #[allow(dead_code)] // for the objects above `region`
     pub(crate) fn last_os(op: &'static str, path: Option<PathBuf>) -> Error {
-        Error::Io { op, path, source: io::Error::last_os_error() }
+        Error::Io {
+            op,
+            path,
+            source: io::Error::last_os_error(),
+        }
     }
 
     /// Wraps an [`io::Error`] as an [`Error::Io`].

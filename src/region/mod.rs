@@ -1,1 +1,335 @@
-//! region (in progress)
+//! Regions: a shared, memory-mapped file that one object lives in.
+//!
+//! A [`Region`] is an opened, possibly still empty file: a named file
+//! (by default under `/dev/shm`, which is tmpfs) or an anonymous memfd that
+//! a prefork master creates before forking its workers. Objects
+//! ([`Scheduler`](crate::scheduler), limiter, fair share) *bind* to it with
+//! [`Region::bind`], which initialises the region on first use (race-free and
+//! crash-safe, see [`create`]) or validates it, maps it, and gives a
+//! [`Mapping`] with the header, the process table ([`proc_table`]) and the
+//! object's area.
+//!
+//! Names: a name without `/` maps to `/dev/shm/shmsched.<name>`; anything
+//! containing `/` is a path. Files are created `0600` unless
+//! [`RegionOptions::mode`] asks for group access; world-writable modes are
+//! refused.
+
+pub mod create;
+pub mod layout;
+pub mod mapping;
+pub mod proc_table;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+pub use create::ObjectSpec;
+pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
+pub use mapping::Mapping;
+pub use proc_table::{ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJ_WORDS};
+
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::sys::file::OpenMode;
+
+/// Directory where named regions live.
+pub const SHM_DIR: &str = "/dev/shm";
+/// Prefix of a named region's file name.
+pub const NAME_PREFIX: &str = "shmsched.";
+/// Longest accepted region name, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
+/// How a region is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionOptions {
+    /// Permission bits of a created file (default `0o600`). Must include
+    /// owner read and write, must not be world-writable, only `0o777` bits.
+    pub mode: u32,
+    /// Number of process-table entries (default 128, `1..=4096`). Used when
+    /// this process initialises the region; an existing region keeps its own.
+    pub process_slots: u32,
+}
+
+impl Default for RegionOptions {
+    fn default() -> Self {
+        RegionOptions {
+            mode: 0o600,
+            process_slots: 128,
+        }
+    }
+}
+
+impl RegionOptions {
+    fn validate(&self) -> Result<()> {
+        if self.mode & !0o777 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "mode {:#o} has bits outside 0o777",
+                self.mode
+            )));
+        }
+        if self.mode & 0o002 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "mode {:#o} is world-writable; at most group access (0o660) is allowed",
+                self.mode
+            )));
+        }
+        if self.mode & 0o600 != 0o600 {
+            return Err(Error::InvalidArgument(format!(
+                "mode {:#o} lacks owner read/write (0o600), which every user of a region needs",
+                self.mode
+            )));
+        }
+        if self.process_slots == 0 || self.process_slots > MAX_PROCESS_SLOTS {
+            return Err(Error::InvalidArgument(format!(
+                "process_slots {} out of range 1..={MAX_PROCESS_SLOTS}",
+                self.process_slots
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct RegionInner {
+    fd: OwnedFd,
+    path: Option<PathBuf>,
+    opts: RegionOptions,
+    /// The mapping this process bound, shared by every object handle.
+    bound: Mutex<Weak<Mapping>>,
+}
+
+/// An opened region file (or memfd). Cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Region {
+    inner: Arc<RegionInner>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.inner.path)
+            .field("opts", &self.inner.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps a region name or path to the file path (see the module docs).
+pub fn resolve_path(name_or_path: &str) -> Result<PathBuf> {
+    if name_or_path.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "region name {name_or_path:?} contains a NUL byte"
+        )));
+    }
+    if name_or_path.contains('/') {
+        return Ok(PathBuf::from(name_or_path));
+    }
+    if name_or_path.is_empty() {
+        return Err(Error::InvalidArgument("region name is empty".into()));
+    }
+    if name_or_path == "." || name_or_path == ".." {
+        return Err(Error::InvalidArgument(format!(
+            "region name {name_or_path:?} is not a file name"
+        )));
+    }
+    if name_or_path.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "region name is {} bytes, longer than the limit of {MAX_NAME_LEN}",
+            name_or_path.len()
+        )));
+    }
+    Ok(Path::new(SHM_DIR).join(format!("{NAME_PREFIX}{name_or_path}")))
+}
+
+impl Region {
+    fn from_fd(fd: OwnedFd, path: Option<PathBuf>, opts: RegionOptions) -> Region {
+        Region {
+            inner: Arc::new(RegionInner {
+                fd,
+                path,
+                opts,
+                bound: Mutex::new(Weak::new()),
+            }),
+        }
+    }
+
+    /// Creates a new region file with default options; it must not exist.
+    pub fn create(name_or_path: &str) -> Result<Region> {
+        Region::create_with(name_or_path, RegionOptions::default())
+    }
+
+    /// Creates a new region file (`O_EXCL`) with `opts`; its mode is set
+    /// exactly to `opts.mode` whatever the umask.
+    pub fn create_with(name_or_path: &str, opts: RegionOptions) -> Result<Region> {
+        opts.validate()?;
+        let path = resolve_path(name_or_path)?;
+        let fd = sys::file::open_file(&path, OpenMode::CreateNew, opts.mode)
+            .map_err(|e| Error::io("create", Some(path.clone()), e))?;
+        sys::file::fchmod(fd.as_fd(), opts.mode)
+            .map_err(|e| Error::io("fchmod", Some(path.clone()), e))?;
+        Ok(Region::from_fd(fd, Some(path), opts))
+    }
+
+    /// Opens an existing region file.
+    pub fn open(name_or_path: &str) -> Result<Region> {
+        let path = resolve_path(name_or_path)?;
+        let fd = sys::file::open_file(&path, OpenMode::Existing, 0)
+            .map_err(|e| Error::io("open", Some(path.clone()), e))?;
+        Ok(Region::from_fd(fd, Some(path), RegionOptions::default()))
+    }
+
+    /// Opens the region file, creating it (with default options) if missing.
+    pub fn open_or_create(name_or_path: &str) -> Result<Region> {
+        Region::open_or_create_with(name_or_path, RegionOptions::default())
+    }
+
+    /// Opens the region file, creating it with `opts` if missing. Only a file
+    /// this call created gets `opts.mode`.
+    pub fn open_or_create_with(name_or_path: &str, opts: RegionOptions) -> Result<Region> {
+        opts.validate()?;
+        let path = resolve_path(name_or_path)?;
+        // Create-or-open races with other creators and with `remove`; a few
+        // rounds always settle it unless someone removes in a tight loop.
+        let mut last = None;
+        for _ in 0..16 {
+            match sys::file::open_file(&path, OpenMode::CreateNew, opts.mode) {
+                Ok(fd) => {
+                    sys::file::fchmod(fd.as_fd(), opts.mode)
+                        .map_err(|e| Error::io("fchmod", Some(path.clone()), e))?;
+                    return Ok(Region::from_fd(fd, Some(path), opts));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("create", Some(path), e)),
+            }
+            match sys::file::open_file(&path, OpenMode::Existing, 0) {
+                Ok(fd) => return Ok(Region::from_fd(fd, Some(path), opts)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
+                Err(e) => return Err(Error::io("open", Some(path), e)),
+            }
+        }
+        Err(Error::io(
+            "open or create",
+            Some(path),
+            last.unwrap_or_else(|| std::io::Error::other("file kept disappearing")),
+        ))
+    }
+
+    /// An anonymous region (memfd) with default options. It has no name;
+    /// share it by creating it before `fork`.
+    pub fn anonymous() -> Result<Region> {
+        Region::anonymous_with(RegionOptions::default())
+    }
+
+    /// An anonymous region with `opts` (`mode` is irrelevant for a memfd).
+    pub fn anonymous_with(opts: RegionOptions) -> Result<Region> {
+        opts.validate()?;
+        let fd =
+            sys::file::memfd_create("shmsched").map_err(|e| Error::io("memfd_create", None, e))?;
+        Ok(Region::from_fd(fd, None, opts))
+    }
+
+    /// Removes a named region's file. Processes that have it open keep
+    /// using it; new opens fail (or create a new region).
+    pub fn remove(name_or_path: &str) -> Result<()> {
+        let path = resolve_path(name_or_path)?;
+        sys::file::unlink(&path).map_err(|e| Error::io("unlink", Some(path), e))
+    }
+
+    /// The file's path, `None` for an anonymous region.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// The options this handle was opened with.
+    pub fn options(&self) -> RegionOptions {
+        self.inner.opts
+    }
+
+    /// The region's file descriptor (for `sys` calls).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// The file's permission bits.
+    pub fn mode(&self) -> Result<u32> {
+        sys::file::file_mode(self.fd()).map_err(|e| Error::io("fstat", self.inner.path.clone(), e))
+    }
+
+    /// The validated header of an initialised region, `None` if no object
+    /// has been created in it yet. Read under a shared lock, so never a
+    /// half-written header.
+    pub fn info(&self) -> Result<Option<HeaderInfo>> {
+        let lock = sys::file::reopen_fd(self.fd())
+            .map_err(|e| Error::io("reopen region for flock", self.inner.path.clone(), e))?;
+        sys::lock::flock_shared(lock.as_fd())
+            .map_err(|e| Error::io("flock shared", self.inner.path.clone(), e))?;
+        let r = create::examine(self, lock.as_fd());
+        let _ = sys::lock::flock_unlock(lock.as_fd());
+        match r? {
+            layout::HeaderState::Ready(h) => Ok(Some(h)),
+            layout::HeaderState::Uninitialised => Ok(None),
+        }
+    }
+
+    /// Maps the region and returns this process's [`Mapping`] for an object
+    /// of `kind`.
+    ///
+    /// If the region is not (fully) initialised and `spec` is given, this
+    /// initialises it (header, zeroed process table and object area, then
+    /// `spec.init`), under an exclusive `flock`, marking it ready last. If it
+    /// is initialised, validates magic, layout version, kind and sizes, and
+    /// (with a spec) that the parameters and object size equal the spec's,
+    /// else `Mismatch` naming both. Without a spec, an uninitialised region is
+    /// `BadRegion("not initialised")`.
+    ///
+    /// All objects of one process bound through clones of one `Region` share
+    /// one `Mapping` (one registration).
+    pub fn bind(&self, kind: ObjectKind, spec: Option<&ObjectSpec<'_>>) -> Result<Arc<Mapping>> {
+        let mut cache = self.inner.bound.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = cache.upgrade() {
+            create::check_against(&m.header(), kind, spec)?;
+            return Ok(m);
+        }
+        let m = Arc::new(create::bind_new(self, kind, spec)?);
+        *cache = Arc::downgrade(&m);
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_and_validate() {
+        assert_eq!(
+            resolve_path("pool").unwrap(),
+            PathBuf::from("/dev/shm/shmsched.pool")
+        );
+        assert_eq!(resolve_path("/tmp/x").unwrap(), PathBuf::from("/tmp/x"));
+        assert_eq!(resolve_path("./x").unwrap(), PathBuf::from("./x"));
+        for bad in ["", ".", "..", "a\0b"] {
+            let e = resolve_path(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
+        }
+        assert!(resolve_path(&"a".repeat(200)).is_ok());
+        let e = resolve_path(&"a".repeat(201)).unwrap_err().to_string();
+        assert!(e.contains("201") && e.contains("200"), "{e}");
+    }
+
+    #[test]
+    fn options_validate() {
+        let ok = RegionOptions::default();
+        assert!(ok.validate().is_ok());
+        assert!(RegionOptions { mode: 0o660, ..ok }.validate().is_ok());
+        for mode in [0o666, 0o602, 0o1600, 0o400, 0o200] {
+            assert!(RegionOptions { mode, ..ok }.validate().is_err(), "{mode:o}");
+        }
+        for process_slots in [0, 4097] {
+            assert!(RegionOptions {
+                process_slots,
+                ..ok
+            }
+            .validate()
+            .is_err());
+        }
+    }
+}

@@ -1,24 +1,147 @@
-//! TEMPORARY stand-in; replaced by the region branch's futex module.
-#![allow(missing_docs)]
+//! Shared futex wait and wake.
+//!
+//! The futex words live in a `MAP_SHARED` mapping used by several
+//! processes, so these calls use the *shared* futex operations (no
+//! `FUTEX_PRIVATE_FLAG`): the kernel keys the wait queue on the underlying
+//! page (inode + offset), not on this process's address space, so a waiter in
+//! one process is woken by a waker in another even though the word sits at
+//! different virtual addresses in each.
+//!
+//! The timeout of `FUTEX_WAIT` is relative and measured on
+//! `CLOCK_MONOTONIC`, so wall-clock changes do not stretch or cut a wait.
+
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+/// How a [`futex_wait`] ended. Every outcome may be spurious from the
+/// caller's point of view: callers re-check their condition in a loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitResult { Woken, TimedOut, Mismatch, Interrupted }
+pub enum WaitResult {
+    /// Woken by a [`futex_wake`] (or spuriously).
+    Woken,
+    /// The timeout elapsed.
+    TimedOut,
+    /// The word did not hold `expected` when the kernel looked, so the call
+    /// returned at once (`EAGAIN`).
+    Mismatch,
+    /// A signal interrupted the wait (`EINTR`).
+    Interrupted,
+}
 
+/// Sleeps while `word == expected`, at most `timeout` (relative,
+/// `CLOCK_MONOTONIC`) if given.
+///
+/// The check of the word and the going to sleep are atomic with respect to
+/// [`futex_wake`]: a wake issued after the word changed cannot be missed.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
-    let ts = timeout.map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as _ });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, 0usize, 0u32) };
-    if r == 0 { return WaitResult::Woken; }
+    let ts = timeout.map(|d| libc::timespec {
+        // Saturate absurdly long timeouts instead of wrapping to negative.
+        tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr: *const libc::timespec = match &ts {
+        Some(t) => t,
+        None => std::ptr::null(),
+    };
+    // SAFETY: `word.as_ptr()` points to a live, aligned u32 for the whole call
+    // (we hold a shared reference to it); the kernel only reads it. `ts_ptr` is
+    // null or points to `ts`, which outlives the call. FUTEX_WAIT (shared) has
+    // no other memory effects.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            ts_ptr,
+        )
+    };
+    if r == 0 {
+        return WaitResult::Woken;
+    }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
         Some(libc::EAGAIN) => WaitResult::Mismatch,
-        _ => WaitResult::Interrupted,
+        Some(libc::EINTR) => WaitResult::Interrupted,
+        e => {
+            // EFAULT/EINVAL/ENOSYS cannot happen with a valid reference and a
+            // normalised timespec; callers loop anyway, so report it as an
+            // interruption in release builds.
+            debug_assert!(false, "unexpected futex wait error {e:?}");
+            WaitResult::Interrupted
+        }
     }
 }
 
+/// Wakes up to `n` waiters sleeping on `word` (in any process that maps the
+/// same page). Returns how many were woken.
+///
+/// `FUTEX_WAKE` never reads or writes the word itself; it only uses the
+/// address as a key. That is why a wake on memory that another process has
+/// just unmapped is harmless, and why `EFAULT` (which can only arise if the
+/// page went away under us) can be ignored: there is nobody to wake on a
+/// mapping that no longer exists.
 pub fn futex_wake(word: &AtomicU32, n: i32) -> usize {
-    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n, 0usize, 0usize, 0u32) };
-    r.max(0) as usize
+    // SAFETY: `word.as_ptr()` is a live, aligned u32 for the whole call; the
+    // kernel uses the address only to find the wait queue and does not write
+    // through it.
+    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n) };
+    if r < 0 {
+        // Only EFAULT (harmless, see above) or EINVAL (n < 0 is not an error
+        // for FUTEX_WAKE, so none) are possible.
+        debug_assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EFAULT)
+        );
+        return 0;
+    }
+    r as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn wait_times_out() {
+        let w = AtomicU32::new(7);
+        let t = Instant::now();
+        assert_eq!(
+            futex_wait(&w, 7, Some(Duration::from_millis(30))),
+            WaitResult::TimedOut
+        );
+        assert!(t.elapsed() >= Duration::from_millis(25));
+    }
+
+    #[test]
+    fn wait_on_changed_word_returns_mismatch() {
+        let w = AtomicU32::new(1);
+        assert_eq!(
+            futex_wait(&w, 2, Some(Duration::from_secs(5))),
+            WaitResult::Mismatch
+        );
+    }
+
+    #[test]
+    fn wake_with_no_waiters_wakes_none() {
+        let w = AtomicU32::new(0);
+        assert_eq!(futex_wake(&w, i32::MAX), 0);
+    }
+
+    #[test]
+    fn wake_wakes_a_thread() {
+        let w = Arc::new(AtomicU32::new(0));
+        let w2 = w.clone();
+        let h = std::thread::spawn(move || {
+            while w2.load(Ordering::Acquire) == 0 {
+                futex_wait(&w2, 0, Some(Duration::from_secs(10)));
+            }
+        });
+        w.store(1, Ordering::Release);
+        futex_wake(&w, 1);
+        h.join().unwrap();
+    }
 }

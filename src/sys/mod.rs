@@ -1,3 +1,24 @@
-//! sys (placeholder in main until the region branch lands)
+//! The only module with raw syscalls and `libc` calls.
+//!
+//! Everything above `sys` (the region, the objects) calls these small,
+//! documented wrappers and never touches `libc` itself. One file per
+//! concept:
+//!
+//! - [`futex`]: shared (cross-process) futex wait and wake.
+//! - [`clock`]: `CLOCK_MONOTONIC`, the clock all processes of a host share.
+//! - [`lock`]: liveness locks (OFD byte locks) and whole-file `flock`.
+//! - [`file`]: opening, creating, sizing, reopening and mapping region files
+//!   and memfds; `getpid`.
+//! - [`fork`]: the `pthread_atfork` child handler that drops the library's
+//!   liveness locks in a forked child.
+//!
+//! A robust process-shared mutex (`robust_mutex`) will join these later.
+
+pub mod clock;
+pub mod file;
 pub mod fork;
 pub mod futex;
+pub mod lock;
+
+pub use clock::{monotonic_ms, monotonic_ns};
+pub use futex::{futex_wait, futex_wake, WaitResult};

@@ -1,0 +1,210 @@
+//! A region mapped into this process, bound to one object.
+
+use std::os::fd::AsFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::layout::HeaderInfo;
+use super::proc_table::{ProcEntry, ProcId};
+use super::Region;
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::sys::fork::LockFd;
+
+/// This process's registration in the process table.
+#[derive(Debug)]
+pub(super) struct Registration {
+    pub(super) id: ProcId,
+    /// Holds the entry's byte lock; recorded in the fork table.
+    pub(super) lock: LockFd,
+    /// [`sys::fork::fork_generation`] when registered.
+    pub(super) fork_generation: u64,
+}
+
+/// A bound region: the shared mapping, the validated header, and this
+/// process's registration. `Send + Sync`; objects hold it in an `Arc`, and
+/// the mapping stays valid as long as any `Arc` does.
+///
+/// # After `fork`
+///
+/// A child that inherits a `Mapping` keeps a valid mapping of the same
+/// shared memory, but not its parent's identity: the library's `atfork`
+/// handler closes the child's copies of the liveness-lock fds, and the
+/// child's first [`me`](Mapping::me) registers it as a new process with a
+/// new entry and owner id. The parent's entry stays the parent's, alive
+/// exactly as long as the parent is.
+#[derive(Debug)]
+pub struct Mapping {
+    region: Region,
+    map: memmap2::MmapRaw,
+    header: HeaderInfo,
+    /// An open file description that never holds locks, for `F_OFD_GETLK`.
+    probe: OwnedFd,
+    reg: Mutex<Option<Registration>>,
+    /// Fast path of `me()`: `(fork_generation as u32) << 32 | owner`, 0 when
+    /// unregistered. Owner ids are never 0.
+    fast: AtomicU64,
+}
+
+impl Mapping {
+    /// Wraps a freshly validated mapping. `map.len()` must be at least
+    /// `header.total_size` (the caller checked the file size).
+    pub(super) fn new(
+        region: Region,
+        map: memmap2::MmapRaw,
+        header: HeaderInfo,
+    ) -> Result<Mapping> {
+        if (map.len() as u64) < header.total_size {
+            return Err(Error::BadRegion(format!(
+                "mapping is {} bytes but the region needs {}",
+                map.len(),
+                header.total_size
+            )));
+        }
+        let probe = sys::file::reopen_fd(region.fd()).map_err(|e| {
+            Error::io(
+                "reopen region for probing",
+                region.path().map(|p| p.to_path_buf()),
+                e,
+            )
+        })?;
+        Ok(Mapping {
+            region,
+            map,
+            header,
+            probe,
+            reg: Mutex::new(None),
+            fast: AtomicU64::new(0),
+        })
+    }
+
+    /// The region this mapping belongs to.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// Start of the mapping (the header page).
+    pub(super) fn header_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    pub(super) fn probe_fd(&self) -> BorrowedFd<'_> {
+        self.probe.as_fd()
+    }
+
+    /// A copy of the header as validated when the region was bound. Offsets
+    /// and sizes come from this copy, never from the (writable) region again.
+    pub fn header(&self) -> HeaderInfo {
+        self.header
+    }
+
+    /// Start of the object area (128-byte aligned, `object_len()` bytes,
+    /// valid while `self` lives). Shared with other processes: access it only
+    /// through atomics (or under the object's own lock).
+    pub fn object_ptr(&self) -> *mut u8 {
+        // `object_offset + object_size <= total_size <= map.len()` was
+        // validated, so this stays inside the mapping.
+        self.map
+            .as_mut_ptr()
+            .wrapping_add(self.header.object_offset as usize)
+    }
+
+    /// Size of the object area in bytes (as the object asked for it).
+    pub fn object_len(&self) -> usize {
+        self.header.object_size as usize
+    }
+
+    /// Number of process-table entries.
+    pub fn process_slots(&self) -> u32 {
+        self.header.process_slots
+    }
+
+    /// Entry `idx` of the process table, or `BadRegion` if `idx` is out of
+    /// range (for example an index decoded from a scribbled owner id).
+    pub fn proc_entry(&self, idx: u32) -> Result<&ProcEntry> {
+        if idx >= self.header.process_slots {
+            return Err(Error::BadRegion(format!(
+                "process entry index {idx} out of range (the table has {} entries)",
+                self.header.process_slots
+            )));
+        }
+        Ok(self.entry(idx))
+    }
+
+    /// Entry `idx`; `idx < process_slots` is the caller's promise.
+    pub(super) fn entry(&self, idx: u32) -> &ProcEntry {
+        assert!(
+            idx < self.header.process_slots,
+            "internal: entry index checked by callers"
+        );
+        let off = self.header.proc_table_offset as usize
+            + idx as usize * std::mem::size_of::<ProcEntry>();
+        // SAFETY: the process table lies inside the mapping (validated layout:
+        // proc_table_offset + process_slots * 128 <= object_offset <= len),
+        // the mapping is page aligned and offsets are multiples of 128, so the
+        // pointer is aligned for ProcEntry. ProcEntry consists only of atomics,
+        // for which every bit pattern is valid and shared mutation (by this
+        // and other processes) is allowed through `&`. The reference cannot
+        // outlive `self`, which keeps the mapping alive.
+        unsafe { &*(self.map.as_ptr().add(off) as *const ProcEntry) }
+    }
+
+    /// This process's registration, registering lazily on first use.
+    ///
+    /// After `fork` (detected through the atfork handler's fork generation,
+    /// and the pid), the child registers afresh as a NEW process (new entry,
+    /// new owner id): it never reuses its parent's identity.
+    ///
+    /// `ProcessTableFull` if no entry is free; entries of dead processes
+    /// become free when reaped ([`reap_dead`](Mapping::reap_dead)), so an
+    /// object should reap and retry.
+    pub fn me(&self) -> Result<ProcId> {
+        let fast = self.fast.load(Ordering::Acquire);
+        let owner = fast as u32;
+        if owner != 0 && (fast >> 32) as u32 == sys::fork::fork_generation() as u32 {
+            return ProcId::decode(owner, self.header.process_slots);
+        }
+        self.me_slow()
+    }
+
+    fn me_slow(&self) -> Result<ProcId> {
+        let mut g = self.reg.lock().unwrap_or_else(|p| p.into_inner());
+        let gen = sys::fork::fork_generation();
+        if let Some(r) = g.as_ref() {
+            if r.fork_generation == gen && r.lock.is_current_process() {
+                return Ok(r.id);
+            }
+        }
+        // Either never registered, or a registration inherited across fork:
+        // drop it (LockFd does not close in a child; the handler did) and
+        // register this process on its own.
+        self.fast.store(0, Ordering::Release);
+        *g = None;
+        let r = self.register()?;
+        let id = r.id;
+        self.fast.store(
+            (u64::from(r.fork_generation as u32) << 32) | u64::from(id.owner),
+            Ordering::Release,
+        );
+        *g = Some(r);
+        Ok(id)
+    }
+
+    /// Deregisters this process cleanly: frees its entry (bumping the
+    /// generation) and drops its liveness lock. The object calls this only
+    /// when the process holds nothing in the object; otherwise it lets the
+    /// entry die with the process (or the last handle) and be reaped. A later
+    /// [`me`](Mapping::me) registers again with a new owner id.
+    pub fn deregister(&self) -> Result<()> {
+        let mut g = self.reg.lock().unwrap_or_else(|p| p.into_inner());
+        self.fast.store(0, Ordering::Release);
+        let Some(r) = g.take() else { return Ok(()) };
+        if r.fork_generation != sys::fork::fork_generation() || !r.lock.is_current_process() {
+            return Ok(()); // inherited; the parent's entry is not ours to free
+        }
+        let res = self.free_own_entry(r.id);
+        drop(r); // closes the lock fd after the entry is FREE
+        res
+    }
+}

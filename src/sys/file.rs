@@ -1,0 +1,128 @@
+//! Region files and memfds: open, create, size, reopen, map.
+//!
+//! Every descriptor is opened `O_CLOEXEC`: it survives `fork` (a prefork
+//! master hands its region to its workers that way) but never leaks into an
+//! `exec`ed program, which could otherwise keep a liveness lock alive.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// How [`open_file`] treats a missing or existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The file must exist.
+    Existing,
+    /// The file must not exist; it is created (`O_CREAT | O_EXCL`).
+    CreateNew,
+}
+
+/// Opens `path` read-write with `O_CLOEXEC` (and `O_NOFOLLOW` on creation).
+/// `mode` is the permission passed to `open` on creation; the caller fixes it
+/// with [`fchmod`] afterwards because the umask may have narrowed it.
+pub fn open_file(path: &Path, how: OpenMode, mode: u32) -> io::Result<OwnedFd> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    if how == OpenMode::CreateNew {
+        o.create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW);
+    }
+    // std always adds O_CLOEXEC.
+    o.open(path).map(OwnedFd::from)
+}
+
+/// Creates an anonymous memory file (`memfd_create`, `MFD_CLOEXEC`).
+///
+/// It is inherited across `fork` and closed on `exec`.
+pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
+    let c = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; the
+    // flags are a valid combination.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `/proc/self/fd/N` for `fd`, which yields a NEW open file description
+/// of the same file (unlike `dup`, which shares the description). Works for
+/// regular files, tmpfs files and memfds. Each process that registers in a
+/// region needs its own description so that it owns its OFD locks alone.
+pub fn reopen_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .map(OwnedFd::from)
+}
+
+fn with_file<R>(fd: BorrowedFd<'_>, f: impl FnOnce(&File) -> R) -> R {
+    // SAFETY: the raw fd is live for the borrow. The File is wrapped in
+    // ManuallyDrop so it never closes a descriptor it does not own.
+    let file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd.as_raw_fd()) });
+    f(&file)
+}
+
+/// Sets the file's size (`ftruncate`); new bytes read as zero.
+pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    with_file(fd, |f| f.set_len(len))
+}
+
+/// The file's current size (`fstat`).
+pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    with_file(fd, |f| f.metadata().map(|m| m.len()))
+}
+
+/// The file's permission bits (`fstat`, `st_mode & 0o7777`).
+pub fn file_mode(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    with_file(fd, |f| {
+        f.metadata().map(|m| m.permissions().mode() & 0o7777)
+    })
+}
+
+/// Sets the file's permission bits exactly (`fchmod`), regardless of umask.
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: `fd` is live for the borrow; fchmod has no memory effects.
+    let r = unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` (`pread`). Fails with
+/// `UnexpectedEof` if the file is shorter.
+pub fn read_exact_at(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    with_file(fd, |f| f.read_exact_at(buf, offset))
+}
+
+/// Writes all of `buf` at `offset` (`pwrite`).
+pub fn write_all_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<()> {
+    with_file(fd, |f| f.write_all_at(buf, offset))
+}
+
+/// Maps `len` bytes of the file `MAP_SHARED`, read-write.
+///
+/// The caller must have checked that the file is at least `len` bytes long:
+/// touching a mapped page past end-of-file raises `SIGBUS`.
+pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<memmap2::MmapRaw> {
+    memmap2::MmapOptions::new().len(len).map_raw(&fd)
+}
+
+/// Removes a file name (`unlink`).
+pub fn unlink(path: &Path) -> io::Result<()> {
+    std::fs::remove_file(path)
+}
+
+/// This process's id (`getpid`).
+pub fn getpid() -> i32 {
+    std::process::id() as i32
+}
