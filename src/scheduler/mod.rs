@@ -322,6 +322,16 @@ impl Scheduler {
         }
     }
 
+    /// Slots held right now across everyone sharing this scheduler's root
+    /// (all processes, for a region). Cheap: no syscall, no allocation.
+    pub fn global_running(&self) -> u32 {
+        let mut root = &self.node;
+        while let Some(p) = root.parent() {
+            root = p;
+        }
+        root.pool_running()
+    }
+
     /// A snapshot of gauges and counters.
     pub fn stats(&self) -> SchedulerStats {
         self.node.stats()

@@ -154,7 +154,11 @@ impl Node {
             queued: AtomicU32::new(0),
             disposed: AtomicBool::new(false),
             held: AtomicU32::new(0),
-            fork_gen: fork_generation(),
+            fork_gen: {
+                // Without the handler, a fork would go unnoticed (ENOMEM only).
+                let _ = crate::sys::fork::install_atfork_handler();
+                fork_generation()
+            },
             inner: Mutex::new(Inner {
                 queues: Default::default(),
                 counters: Default::default(),
@@ -184,6 +188,10 @@ impl Node {
 
     pub fn parent(&self) -> Option<&Arc<Node>> {
         self.parent.as_ref()
+    }
+
+    pub fn pool_running(&self) -> u32 {
+        self.pool.running()
     }
 
     pub fn pool(&self) -> &Pool {

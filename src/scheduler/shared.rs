@@ -183,8 +183,24 @@ impl SharedSlots {
         if base as usize % 128 != 0 {
             return Err(Error::BadRegion("scheduler object area is not 128-byte aligned".into()));
         }
-        let me = map.me()?;
-        let s = SharedSlots { map, me, max, words: l.words, base, layout: l, hint: AtomicU32::new(0) };
+        let mut s = SharedSlots {
+            map,
+            me: ProcId { idx: 0, owner: 0 },
+            max,
+            words: l.words,
+            base,
+            layout: l,
+            hint: AtomicU32::new(0),
+        };
+        s.me = match s.map.me() {
+            Err(Error::ProcessTableFull { .. }) => {
+                // Dead processes may still hold entries: return what they
+                // held, free their entries, and try once more.
+                s.reap()?;
+                s.map.me()?
+            }
+            r => r?,
+        };
         let (hmax, hwords) = (s.header().max.load(Ordering::Relaxed), s.header().words.load(Ordering::Relaxed));
         if hmax != max || hwords as usize != l.words {
             return Err(Error::BadRegion(format!(
@@ -192,7 +208,7 @@ impl SharedSlots {
                 l.words
             )));
         }
-        s.hint.store(me.idx % l.words as u32, Ordering::Relaxed);
+        s.hint.store(s.me.idx % l.words as u32, Ordering::Relaxed);
         Ok(s)
     }
 
