@@ -1,0 +1,1 @@
+//! The shared-memory home of the ledger (in progress).
