@@ -1,1 +1,2 @@
 //! sys (in progress)
+pub mod robust_mutex;
