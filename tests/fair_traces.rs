@@ -33,11 +33,13 @@ fn t02() {
     assert_eq!(c.fairness_unit, shmsched::fair::FairnessUnit::Requests);
 }
 
+type Mutation = Box<dyn Fn(&mut FairConfig)>;
+
 /// Construction validation: every refusal names the value.
 #[test]
 fn config_validation_names_values() {
     let good = common::cfg2();
-    let cases: Vec<(Box<dyn Fn(&mut FairConfig)>, &str)> = vec![
+    let cases: Vec<(Mutation, &str)> = vec![
         (Box::new(|c| c.ceiling = 0.0), "ceiling 0"),
         (Box::new(|c| c.ceiling = f64::INFINITY), "ceiling inf"),
         (Box::new(|c| c.ceiling = f64::NAN), "ceiling NaN"),

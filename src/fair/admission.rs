@@ -450,7 +450,9 @@ pub(crate) fn acquire(
             me.last_activity_ms = now;
             if me.want_open == 1 {
                 let waited = now - me.want_since_ms.min(now);
-                me.worst_reclaim_plus1 = me.worst_reclaim_plus1.max(waited + 1);
+                me.worst_reclaim_plus1 = me
+                    .worst_reclaim_plus1
+                    .max(waited.saturating_add(1).min(super::store::COUNTER_LIMIT));
                 me.want_open = 0;
                 me.want = 0.0;
             }

@@ -4,7 +4,7 @@
 //! This is the ledger of `seeds/fair-share-ceiling.txt`, closed by the
 //! rulings of `FAIR-SHARE.md`. Every entry point takes an explicit `now`
 //! (milliseconds): there are no timers and no background sweeps, so a stall
-//! can be replayed exactly from a recorded call log ([`replay`]).
+//! can be replayed exactly from a recorded call log ([`replay()`]).
 //!
 //! ```
 //! use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
@@ -177,7 +177,7 @@ impl FairShare {
     }
 
     /// Like [`FairShare::with_capacity`], recording every call from
-    /// construction on in the call-log format (see [`replay`]).
+    /// construction on in the call-log format (see [`replay()`]).
     pub fn recording(cfg: FairConfig, lease_capacity: usize) -> Result<FairShare, FairError> {
         let mut f = FairShare::with_capacity(cfg, lease_capacity)?;
         let mut line =

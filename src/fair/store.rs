@@ -28,6 +28,10 @@ use super::error::FairError;
 /// than this is treated as not coverable.
 pub const MAX_SLICES: usize = 8;
 
+/// Counters above this are corrupt (unreachable in practice: 2^62 calls);
+/// the bound lets arithmetic on them never overflow.
+pub(crate) const COUNTER_LIMIT: u64 = 1 << 62;
+
 /// Flag in [`Params::flags`]: a refused acquire does not count as activity.
 /// Test seam for trace T10 only; never set in production.
 pub(crate) const FLAG_REFUSAL_NOT_ACTIVITY: u32 = 1;
@@ -238,6 +242,17 @@ impl TenantRec {
         if self.next_lease_no == 0 {
             return c("lease counter is 0".into());
         }
+        for (name, v) in [
+            ("next_lease_no", self.next_lease_no),
+            ("live_leases", self.live_leases),
+            ("granted_requests", self.granted_requests),
+            ("reaped_leases", self.reaped_leases),
+            ("worst_reclaim", self.worst_reclaim_plus1),
+        ] {
+            if v > COUNTER_LIMIT {
+                return c(format!("{name} {v} exceeds {COUNTER_LIMIT}"));
+            }
+        }
         Ok(())
     }
 }
@@ -392,6 +407,12 @@ impl<'a> View<'a> {
     /// A validated copy of the meta record.
     pub fn meta(&self) -> Result<MetaRec, FairError> {
         let m = *self.meta;
+        if m.next_seq > COUNTER_LIMIT || m.reaped_total > COUNTER_LIMIT {
+            return Err(FairError::Corrupt(format!(
+                "lease sequence {} / reaped total {} exceed {COUNTER_LIMIT}",
+                m.next_seq, m.reaped_total
+            )));
+        }
         if m.lease_hwm as usize > self.leases.len() {
             return Err(FairError::Corrupt(format!(
                 "lease high-water mark {} > capacity {}",

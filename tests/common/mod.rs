@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod shm;
+
 use shmsched::fair::{
     AcquireResult, FairConfig, FairError, FairLedger, FairnessUnit, Lease, Refusal, RefusalReason,
 };
