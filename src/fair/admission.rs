@@ -713,3 +713,19 @@ pub(crate) fn report(v: &mut View<'_>, now: u64) -> Result<FairnessReport, FairE
         units_disagree: disagree,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fmt_num;
+
+    #[test]
+    fn numbers_in_explanations() {
+        assert_eq!(fmt_num(50.0), "50");
+        assert_eq!(fmt_num(0.0), "0");
+        assert_eq!(fmt_num(-0.0), "0");
+        assert_eq!(fmt_num(1e-12), "0");
+        assert_eq!(fmt_num(0.15000000000000002), "0.15");
+        assert_eq!(fmt_num(13.333333333333334), "13.333333333");
+        assert_eq!(fmt_num(100_000.0), "100000");
+    }
+}

@@ -523,3 +523,104 @@ impl<'a> View<'a> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(n: u32, cap: u32) -> Params {
+        Params {
+            ceiling: 100.0,
+            total_weight: 2.0,
+            unit: 0,
+            flags: 0,
+            reclaim_horizon_ms: 100,
+            idle_after_ms: 1000,
+            started_at_ms: 0,
+            tenant_count: n,
+            lease_capacity: cap,
+        }
+    }
+
+    fn state() -> (MetaRec, Vec<TenantRec>, Vec<LeaseRec>) {
+        let t = vec![
+            TenantRec::new("a", 1.0, 50.0, 0).unwrap(),
+            TenantRec::new("b", 1.0, 50.0, 0).unwrap(),
+        ];
+        (MetaRec::default(), t, vec![LeaseRec::default(); 4])
+    }
+
+    #[test]
+    fn records_are_plain_fixed_size() {
+        assert_eq!(std::mem::size_of::<MetaRec>() % 8, 0);
+        assert_eq!(std::mem::size_of::<TenantRec>() % 8, 0);
+        assert_eq!(std::mem::size_of::<LeaseRec>() % 8, 0);
+        assert_eq!(std::mem::size_of::<SliceRec>(), 16);
+    }
+
+    #[test]
+    fn corrupt_fields_are_errors() {
+        let (mut m, mut t, mut l) = state();
+        t[1].own_held = f64::NAN;
+        t[0].id_len = 99;
+        l[0] = LeaseRec {
+            state: 1,
+            tenant: 7,
+            no: 1,
+            ..LeaseRec::default()
+        };
+        l[1] = LeaseRec {
+            state: 1,
+            tenant: 0,
+            n_slices: 1,
+            no: 1,
+            ..LeaseRec::default()
+        };
+        l[1].slices[0].lender = 0; // lends to itself
+        l[2] = LeaseRec {
+            state: 9,
+            ..LeaseRec::default()
+        };
+        l[3] = LeaseRec {
+            state: 1,
+            tenant: 1,
+            no: 1,
+            granted_ms: 5,
+            deadline_ms: 4,
+            ..LeaseRec::default()
+        };
+        m.lease_hwm = 4;
+        let v = View::new(params(2, 4), &mut m, &mut t, &mut l).unwrap();
+        for e in [
+            v.tenant(0).unwrap_err(),
+            v.tenant(1).unwrap_err(),
+            v.tenant(2).unwrap_err(),
+        ] {
+            assert!(matches!(e, FairError::Corrupt(_)), "{e}");
+        }
+        for s in 0..4 {
+            assert!(matches!(v.lease(s), Err(FairError::Corrupt(_))), "slot {s}");
+        }
+        assert!(v.live_leases().is_err());
+        assert!(v.lease(4).is_err());
+    }
+
+    #[test]
+    fn meta_and_params_are_checked() {
+        let (mut m, mut t, mut l) = state();
+        assert!(
+            View::new(params(3, 4), &mut m, &mut t, &mut l).is_err(),
+            "tenant count mismatch"
+        );
+        let mut p = params(2, 4);
+        p.idle_after_ms = 100;
+        assert!(View::new(p, &mut m, &mut t, &mut l).is_err());
+        p = params(2, 4);
+        p.unit = 5;
+        assert!(View::new(p, &mut m, &mut t, &mut l).is_err());
+        m.lease_hwm = 5;
+        let v = View::new(params(2, 4), &mut m, &mut t, &mut l).unwrap();
+        assert!(v.meta().is_err());
+        assert!(v.free_slot().is_err());
+    }
+}
