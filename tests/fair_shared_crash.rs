@@ -51,7 +51,82 @@ fn snapshot<L: FairLedger>(l: &mut L) -> serde_json::Value {
     })
 }
 
+/// One test function so the binary forks from a single thread.
 #[test]
+fn crash_consistency_and_concurrency() {
+    killed_holder_at_every_step_leaves_committed_state();
+    concurrent_processes_keep_the_ledger_exact();
+}
+
+/// Four processes hammer one ledger through their own handles; every grant
+/// and release is accounted for and the ceiling is never exceeded.
+fn concurrent_processes_keep_the_ledger_exact() {
+    let cfg = common::cfg(
+        100.0,
+        shmsched::fair::FairnessUnit::Cost,
+        &[("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 1.0)],
+        100,
+        1000,
+        0,
+    );
+    let t = TestShared::create(&cfg, 64).unwrap();
+    let mut pids = Vec::new();
+    for (k, tenant) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        // SAFETY: forked from this single-threaded test binary.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut h = t.attach().unwrap();
+            h.set_owner(k as u32 + 1);
+            let mut granted = 0;
+            for i in 0..300u64 {
+                // Everyone uses the same instant: time never goes backwards.
+                if let Ok(Ok(l)) = h.acquire(tenant, 5.0, 10, 0) {
+                    granted += 1;
+                    let s = h.stats(0).unwrap();
+                    let held: f64 = s.tenants.iter().map(|x| x.held).sum();
+                    if held > 100.0 + 1e-6 {
+                        // SAFETY: report failure through the exit code.
+                        unsafe { libc::_exit(10) };
+                    }
+                    if i % 3 != 0 && h.release(&l.id, 0).is_err() {
+                        // SAFETY: as above.
+                        unsafe { libc::_exit(11) };
+                    }
+                }
+            }
+            // SAFETY: exit code carries how many grants this child got.
+            unsafe { libc::_exit(if granted > 0 { 0 } else { 12 }) };
+        }
+        pids.push(pid);
+    }
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: `pid` is our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status}"
+        );
+    }
+    let mut h = t.attach().unwrap();
+    let s = h.stats(0).unwrap();
+    let held: f64 = s.tenants.iter().map(|x| x.held).sum();
+    assert!(held <= 100.0 + 1e-6);
+    for x in &s.tenants {
+        assert_eq!(x.held, 5.0 * x.leases as f64, "{x:?}");
+        assert_eq!(
+            x.leases, 5,
+            "each tenant ends holding its full 25 in unreleased leases"
+        );
+    }
+    assert_eq!(h.recoveries(), 0);
+    // The reaper gives back everything owner 1 ("a") still holds.
+    let a_leases = s.tenant("a").unwrap().leases;
+    assert_eq!(h.reap_owner(1, 0).unwrap(), a_leases);
+    assert_eq!(h.stats(0).unwrap().tenant("a").unwrap().held, 0.0);
+}
+
 fn killed_holder_at_every_step_leaves_committed_state() {
     let points = [
         CrashPoint::AfterLock,
