@@ -2,12 +2,12 @@
 //! exact crash recovery under SIGKILL chaos, cross-process priority, and
 //! waits that leave nothing behind.
 
-mod common;
+mod procs;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{say, spawn, until, wait_parent, Kid};
+use procs::{say, spawn, until, wait_parent, Kid};
 use shmsched::region::Region;
 use shmsched::scheduler::{Concurrency, Scheduler};
 use shmsched::{Error, Priority};
@@ -39,7 +39,7 @@ fn attach(path: &str) -> Scheduler {
 /// Entry point of the child processes (does nothing in a normal test run).
 #[test]
 fn child_entry() {
-    let Some((role, args)) = common::role() else { return };
+    let Some((role, args)) = procs::role() else { return };
     let mut rng = Rng::new();
     match role.as_str() {
         // Acquire/release `iters` times at random priorities, then hold
@@ -92,7 +92,7 @@ fn child_entry() {
 struct TempRegion(String);
 impl TempRegion {
     fn new(tag: &str) -> TempRegion {
-        TempRegion(format!("/dev/shm/shmsched-{}", common::unique_name(tag)))
+        TempRegion(format!("/dev/shm/shmsched-{}", procs::unique_name(tag)))
     }
 }
 impl Drop for TempRegion {

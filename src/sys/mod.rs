@@ -1,3 +1,4 @@
+<<<<<<< HEAD
 //! The only module with raw syscalls and `libc` calls.
 //!
 //! Everything above `sys` (the region, the objects) calls these small,
@@ -22,3 +23,7 @@ pub mod lock;
 
 pub use clock::{monotonic_ms, monotonic_ns};
 pub use futex::{futex_wait, futex_wake, WaitResult};
+=======
+//! sys (in progress)
+pub mod robust_mutex;
+>>>>>>> fair

@@ -1,0 +1,101 @@
+//! Helpers for cross-process tests: children are this same test binary,
+//! re-executed with a role in the environment, so no test forks a
+//! multi-threaded harness.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The role a re-executed child plays, if any.
+pub fn role() -> Option<(String, Vec<String>)> {
+    let r = std::env::var("SHMSCHED_TEST_ROLE").ok()?;
+    let args = std::env::var("SHMSCHED_TEST_ARGS").unwrap_or_default();
+    Some((r, args.split(' ').filter(|s| !s.is_empty()).map(String::from).collect()))
+}
+
+/// A child process running `role` through the test named `entry`.
+pub struct Kid {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub out: BufReader<ChildStdout>,
+}
+
+pub fn spawn(entry: &str, role: &str, args: &[String]) -> Kid {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = Command::new(exe)
+        .args(["--exact", entry, "--nocapture", "--test-threads=1", "-q"])
+        .env("SHMSCHED_TEST_ROLE", role)
+        .env("SHMSCHED_TEST_ARGS", args.join(" "))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdin = child.stdin.take();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    Kid { child, stdin, out }
+}
+
+impl Kid {
+    /// Reads lines until one starts with `prefix`; returns the rest of it.
+    pub fn expect_line(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.out.read_line(&mut line).expect("read child stdout");
+            assert!(n > 0, "child exited before printing {prefix:?}");
+            if let Some(rest) = line.trim_end().strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Closes stdin (the child's signal to finish) and waits for it.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("wait child")
+    }
+
+    pub fn send(&mut self, line: &str) {
+        let s = self.stdin.as_mut().unwrap();
+        writeln!(s, "{line}").unwrap();
+        s.flush().unwrap();
+    }
+
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Child side: prints a line to the parent.
+pub fn say(line: &str) {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{line}").unwrap();
+    o.flush().unwrap();
+}
+
+/// Child side: blocks until the parent closes stdin or sends a line.
+pub fn wait_parent() -> Option<String> {
+    let mut s = String::new();
+    match std::io::stdin().read_line(&mut s) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(s.trim().to_string()),
+    }
+}
+
+/// Polls `cond` (yielding) until true, failing after `secs`.
+pub fn until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A region name unique to this test run.
+pub fn unique_name(tag: &str) -> String {
+    format!("test-{tag}-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos())
+}
