@@ -1,4 +1,3 @@
-<<<<<<< HEAD
 //! The only module with raw syscalls and `libc` calls.
 //!
 //! Everything above `sys` (the region, the objects) calls these small,
@@ -13,17 +12,15 @@
 //! - [`fork`]: the `pthread_atfork` child handler that drops the library's
 //!   liveness locks in a forked child.
 //!
-//! A robust process-shared mutex (`robust_mutex`) will join these later.
+//! - [`robust_mutex`]: a process-shared robust pthread mutex for the
+//!   fair-share ledger (`EOWNERDEAD` recovery).
 
 pub mod clock;
 pub mod file;
 pub mod fork;
 pub mod futex;
 pub mod lock;
+pub mod robust_mutex;
 
 pub use clock::{monotonic_ms, monotonic_ns};
 pub use futex::{futex_wait, futex_wake, WaitResult};
-=======
-//! sys (in progress)
-pub mod robust_mutex;
->>>>>>> fair
