@@ -125,9 +125,6 @@ pub(crate) struct Node {
     /// Bit `i` set while tier `i`'s queue is non-empty (read on the fast path).
     queued: AtomicU32,
     disposed: AtomicBool,
-    /// Permits of this level held now, in this process (region roots only;
-    /// a local pool's counter is this gauge already).
-    held: AtomicU32,
     fork_gen: u64,
     inner: Mutex<Inner>,
 }
@@ -153,7 +150,6 @@ impl Node {
             parent,
             queued: AtomicU32::new(0),
             disposed: AtomicBool::new(false),
-            held: AtomicU32::new(0),
             fork_gen: {
                 // Without the handler, a fork would go unnoticed (ENOMEM only).
                 let _ = crate::sys::fork::install_atfork_handler();
@@ -180,10 +176,6 @@ impl Node {
 
     pub fn max(&self) -> u32 {
         self.max
-    }
-
-    pub fn configured(&self) -> Option<u32> {
-        self.configured
     }
 
     pub fn parent(&self) -> Option<&Arc<Node>> {
@@ -238,11 +230,7 @@ impl Node {
 
     #[inline]
     fn take(&self, limit: u32) -> Option<u32> {
-        let t = self.pool.try_take(limit)?;
-        if let Pool::Shared(_) = self.pool {
-            self.held.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(t)
+        self.pool.try_take(limit)
     }
 
     /// The fast path: no lock, no syscall. `None` means "go slow".
@@ -276,7 +264,12 @@ impl Node {
     }
 
     /// Blocking acquire at this level.
-    pub fn acquire_level(&self, p: Priority, deadline: Option<Instant>, via: Vec<u64>) -> Result<u32> {
+    pub fn acquire_level(
+        &self,
+        p: Priority,
+        deadline: Option<Instant>,
+        via: Vec<u64>,
+    ) -> Result<u32> {
         self.check_usable()?;
         if let Some(t) = self.try_fast(p) {
             return Ok(t);
@@ -313,7 +306,11 @@ impl Node {
     /// cannot take it ahead of the lottery. Returns a process to wake when a
     /// higher-priority waiter elsewhere should get a slot instead, and the
     /// in-hand slot if nobody here could use it.
-    fn dispatch_locked(&self, inner: &mut Inner, mut in_hand: Option<u32>) -> (Option<u32>, Option<u32>) {
+    fn dispatch_locked(
+        &self,
+        inner: &mut Inner,
+        mut in_hand: Option<u32>,
+    ) -> (Option<u32>, Option<u32>) {
         let mut granted_shared = false;
         let mut defer = None;
         loop {
@@ -322,14 +319,19 @@ impl Node {
                 break;
             }
             // The in-hand slot is being freed: it does not count as running.
-            let running = self.pool.running().saturating_sub(u32::from(in_hand.is_some()));
+            let running = self
+                .pool
+                .running()
+                .saturating_sub(u32::from(in_hand.is_some()));
             let mut admissible = 0u8;
             for (i, &cap) in self.caps.iter().enumerate() {
                 if running < cap {
                     admissible |= 1 << i;
                 }
             }
-            let Some(pick) = inner.lottery.pick(backlogged, admissible) else { break };
+            let Some(pick) = inner.lottery.pick(backlogged, admissible) else {
+                break;
+            };
             if let (false, Pool::Shared(s)) = (pick.lottery, &self.pool) {
                 if let Some(idx) = s.defer_to(pick.tier, running) {
                     defer = Some(idx);
@@ -339,14 +341,20 @@ impl Node {
             let ticket = match in_hand.take() {
                 Some(t) => t,
                 None => {
-                    let limit = if pick.lottery { self.max } else { self.caps[pick.tier] };
+                    let limit = if pick.lottery {
+                        self.max
+                    } else {
+                        self.caps[pick.tier]
+                    };
                     match self.take(limit) {
                         Some(t) => t,
                         None => break,
                     }
                 }
             };
-            let w = inner.queues[pick.tier].pop_front().expect("tier is backlogged");
+            let w = inner.queues[pick.tier]
+                .pop_front()
+                .expect("tier is backlogged");
             self.leave_queue(inner, pick.tier, false);
             w.ticket.store(ticket, Ordering::Relaxed);
             w.state.store(GRANTED, Ordering::Release);
@@ -381,9 +389,6 @@ impl Node {
     #[inline]
     fn give(&self, ticket: u32) {
         self.pool.give(ticket);
-        if let Pool::Shared(_) = self.pool {
-            self.held.fetch_sub(1, Ordering::Relaxed);
-        }
     }
 
     /// Book-keeping for a waiter that just left tier `tier`'s queue.
@@ -542,7 +547,8 @@ impl Node {
         drop(inner);
         let (running, shared) = match &self.pool {
             Pool::Local(l) => (l.running() as u64, None),
-            Pool::Shared(s) => (self.held.load(Ordering::Relaxed) as u64, Some(s.stats())),
+            // Cells this process owns (one scan; stats are not a hot path).
+            Pool::Shared(s) => (u64::from(s.held_by(s.owner())), Some(s.stats())),
         };
         SchedulerStats {
             running,
