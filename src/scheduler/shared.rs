@@ -253,12 +253,12 @@ impl SharedSlots {
     }
 
     fn waiting(&self) -> &[AtomicU64] {
-        // SAFETY: WAITING_WORDS u64s at `waiting_off` lie inside the checked
-        // object area, 8-aligned.
+        // SAFETY: `pwords` (≤ WAITING_WORDS) u64s at `waiting_off` lie inside
+        // the checked object area, 8-aligned.
         unsafe {
             std::slice::from_raw_parts(
                 self.base.add(self.layout.waiting_off) as *const AtomicU64,
-                WAITING_WORDS,
+                self.pwords,
             )
         }
     }
@@ -352,15 +352,14 @@ impl SharedSlots {
             return;
         }
         self.bitmap()[c / 64].fetch_and(!(1u64 << (c % 64)), Ordering::SeqCst);
-        // A failed CAS means the cell was already reclaimed (this process was
-        // wrongly taken for dead, or the region was scribbled on): never free
-        // a cell that is not ours.
-        let _ = self.owners()[c].compare_exchange(
-            self.me.owner,
-            0,
-            Ordering::SeqCst,
-            Ordering::Relaxed,
-        );
+        // Only the owner frees a cell while the owner lives (the reaper
+        // touches only cells of dead processes), so a plain store suffices
+        // and saves an atomic RMW. A cell that is not ours (the region was
+        // scribbled on) is left alone.
+        let owner = &self.owners()[c];
+        if owner.load(Ordering::Relaxed) == self.me.owner {
+            owner.store(0, Ordering::Release);
+        }
     }
 
     /// True if a process other than this one has waiters.
