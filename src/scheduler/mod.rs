@@ -25,6 +25,7 @@
 //! ```
 
 mod caps;
+mod future;
 mod lottery;
 mod node;
 mod pool;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use caps::{Concurrency, MAX_CONCURRENCY};
+pub use future::Acquire;
 pub use lottery::LOTTERY_ODDS;
 pub use stats::{QueueStats, SchedulerStats, SharedStats};
 
@@ -290,6 +292,23 @@ impl Scheduler {
             }
         }
         unreachable!("the chain ends at a root")
+    }
+
+    /// An async acquire that works with any executor (no runtime
+    /// dependency). Dropping the future before it completes removes its
+    /// queued place and leaves no count behind; use your runtime's timeout
+    /// to bound the wait.
+    ///
+    /// ```
+    /// # use shmsched::scheduler::Scheduler;
+    /// # use shmsched::Priority;
+    /// # async fn demo(sched: Scheduler) -> shmsched::Result<()> {
+    /// let permit = sched.acquire_async(Priority::High).await?;
+    /// drop(permit);
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire_async(&self, priority: Priority) -> Acquire<'_> {
+        Acquire::new(self, priority)
     }
 
     /// Acquires at `priority`, runs `f`, releases (also if `f` panics).

@@ -48,6 +48,29 @@ pub(crate) const BACKSTOP: Duration = Duration::from_millis(50);
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The pump loop (see [`Node::ensure_pump`]).
+fn pump(weak: Weak<Node>) {
+    loop {
+        let Some(node) = weak.upgrade() else { return };
+        let Pool::Shared(s) = &node.pool else { return };
+        if node.async_waiting.load(Ordering::SeqCst) == 0 || node.is_disposed() {
+            node.pump_running.store(false, Ordering::SeqCst);
+            // A waiter may have queued between the check and the store.
+            if node.async_waiting.load(Ordering::SeqCst) == 0
+                || node.pump_running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+        let seq = s.my_futex().load(Ordering::SeqCst);
+        node.dispatch(None);
+        if s.running() >= node.max {
+            s.maybe_reap();
+        }
+        futex_wait(s.my_futex(), seq, Some(BACKSTOP));
+    }
+}
+
 /// Where a level's slots come from.
 #[derive(Debug)]
 pub(crate) enum Pool {
@@ -125,6 +148,10 @@ pub(crate) struct Node {
     /// Bit `i` set while tier `i`'s queue is non-empty (read on the fast path).
     queued: AtomicU32,
     disposed: AtomicBool,
+    /// Async waiters queued here (region mode: the pump runs while > 0).
+    async_waiting: AtomicU32,
+    /// True while this node's pump thread runs.
+    pump_running: AtomicBool,
     fork_gen: u64,
     inner: Mutex<Inner>,
 }
@@ -150,6 +177,8 @@ impl Node {
             parent,
             queued: AtomicU32::new(0),
             disposed: AtomicBool::new(false),
+            async_waiting: AtomicU32::new(0),
+            pump_running: AtomicBool::new(false),
             fork_gen: {
                 // Without the handler, a fork would go unnoticed (ENOMEM only).
                 let _ = crate::sys::fork::install_atfork_handler();
@@ -274,7 +303,13 @@ impl Node {
         if let Some(t) = self.try_fast(p) {
             return Ok(t);
         }
-        let waiter = Arc::new(Waiter::new(p, via));
+        let waiter = self.enqueue(p, via, false)?;
+        self.wait(&waiter, deadline)
+    }
+
+    /// Queues a waiter at `p` and runs dispatch (which may grant it at once).
+    pub fn enqueue(&self, p: Priority, via: Vec<u64>, is_async: bool) -> Result<Arc<Waiter>> {
+        let waiter = Arc::new(Waiter::new(p, via, is_async));
         let target = {
             let mut inner = self.lock();
             if self.is_disposed() {
@@ -283,6 +318,9 @@ impl Node {
             let tier = p.index();
             inner.queues[tier].push_back(waiter.clone());
             inner.counters[tier].deferred += 1;
+            if is_async {
+                self.async_waiting.fetch_add(1, Ordering::SeqCst);
+            }
             self.queued.fetch_or(1 << tier, Ordering::SeqCst);
             if let Pool::Shared(s) = &self.pool {
                 s.publish_waiting(tier, 1, self.caps[tier]);
@@ -290,7 +328,7 @@ impl Node {
             self.dispatch_locked(&mut inner, None).0
         };
         self.wake_remote(target);
-        self.wait(&waiter, deadline)
+        Ok(waiter)
     }
 
     fn wake_remote(&self, target: Option<u32>) {
@@ -355,15 +393,10 @@ impl Node {
             let w = inner.queues[pick.tier]
                 .pop_front()
                 .expect("tier is backlogged");
-            self.leave_queue(inner, pick.tier, false);
+            self.leave_queue(inner, &w, false);
             w.ticket.store(ticket, Ordering::Relaxed);
             w.state.store(GRANTED, Ordering::Release);
-            match &self.pool {
-                Pool::Local(_) => {
-                    futex_wake(&w.state, 1);
-                }
-                Pool::Shared(_) => granted_shared = true,
-            }
+            self.notify(&w, &mut granted_shared);
         }
         if granted_shared {
             if let Pool::Shared(s) = &self.pool {
@@ -391,8 +424,28 @@ impl Node {
         self.pool.give(ticket);
     }
 
-    /// Book-keeping for a waiter that just left tier `tier`'s queue.
-    fn leave_queue(&self, inner: &mut Inner, tier: usize, cancelled: bool) {
+    /// Wakes whoever waits on `w`: its task, or its thread (in a region,
+    /// threads sleep on the process's futex word: `batch` asks the caller
+    /// to wake it once after the loop).
+    fn notify(&self, w: &Waiter, batch: &mut bool) {
+        if w.is_async {
+            w.wake_task();
+            return;
+        }
+        match &self.pool {
+            Pool::Local(_) => {
+                futex_wake(&w.state, 1);
+            }
+            Pool::Shared(_) => *batch = true,
+        }
+    }
+
+    /// Book-keeping for a waiter that just left its tier's queue.
+    fn leave_queue(&self, inner: &mut Inner, w: &Waiter, cancelled: bool) {
+        let tier = w.priority.index();
+        if w.is_async {
+            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
         inner.counters[tier].completed += 1;
         if cancelled {
             inner.counters[tier].cancelled += 1;
@@ -442,8 +495,9 @@ impl Node {
         }
     }
 
-    /// Removes a waiter whose deadline passed, unless a grant beat it.
-    fn cancel(&self, w: &Arc<Waiter>) -> Result<u32> {
+    /// Removes a waiter whose deadline passed (or whose future was
+    /// dropped), unless a grant beat it: then the slot is returned as `Ok`.
+    pub fn cancel(&self, w: &Arc<Waiter>) -> Result<u32> {
         let mut inner = self.lock();
         match w.state() {
             GRANTED => return Ok(w.ticket.load(Ordering::Relaxed)),
@@ -453,7 +507,7 @@ impl Node {
         let tier = w.priority.index();
         if let Some(pos) = inner.queues[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
             inner.queues[tier].remove(pos);
-            self.leave_queue(&mut inner, tier, true);
+            self.leave_queue(&mut inner, w, true);
         }
         w.state.store(FAILED, Ordering::Release);
         drop(inner);
@@ -510,19 +564,33 @@ impl Node {
                     continue;
                 }
                 let w = inner.queues[tier].remove(i).expect("index in range");
-                self.leave_queue(&mut inner, tier, true);
+                self.leave_queue(&mut inner, &w, true);
                 w.state.store(FAILED, Ordering::Release);
-                match &self.pool {
-                    Pool::Local(_) => {
-                        futex_wake(&w.state, 1);
-                    }
-                    Pool::Shared(_) => failed_shared = true,
-                }
+                self.notify(&w, &mut failed_shared);
             }
         }
         drop(inner);
         if let (true, Pool::Shared(s)) = (failed_shared, &self.pool) {
             s.notify_mine();
+        }
+    }
+
+    /// In region mode, async waiters have no thread of their own to notice
+    /// a release in another process: one pump thread per node and process
+    /// sleeps on the process's futex word while async waiters are queued,
+    /// and runs dispatch when woken (which wakes the granted tasks).
+    pub fn ensure_pump(self: &Arc<Node>) {
+        if !matches!(self.pool, Pool::Shared(_)) || self.pump_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("shmsched-pump".into())
+            .spawn(move || pump(weak));
+        if spawned.is_err() {
+            // No thread: async waiters still get slots handed over by local
+            // releases; cross-process wakes wait for the next local event.
+            self.pump_running.store(false, Ordering::Release);
         }
     }
 

@@ -8,6 +8,8 @@
 //! grant.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::task::Waker;
 
 use crate::priority::Priority;
 
@@ -28,15 +30,38 @@ pub(crate) struct Waiter {
     /// Ids of the child nodes between the caller's scheduler and the node
     /// whose queue this waiter sits in; disposing any of them fails it.
     pub via: Vec<u64>,
+    /// True for a waiter behind an async future (no thread sleeps on it).
+    pub is_async: bool,
+    /// The task to wake on grant or failure (async waiters only).
+    pub waker: Mutex<Option<Waker>>,
 }
 
 impl Waiter {
-    pub fn new(priority: Priority, via: Vec<u64>) -> Waiter {
+    pub fn new(priority: Priority, via: Vec<u64>, is_async: bool) -> Waiter {
         Waiter {
             state: AtomicU32::new(WAITING),
             ticket: AtomicU32::new(0),
             priority,
             via,
+            is_async,
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Wakes the async task waiting on this waiter, if any.
+    pub fn wake_task(&self) {
+        let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// Records the task to wake (async waiters only).
+    pub fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
         }
     }
 

@@ -1,0 +1,165 @@
+//! `acquire_async`: a runtime-agnostic future for a permit.
+//!
+//! The future walks the chain leaf → root like the blocking acquire. At each
+//! level it tries the fast path, else queues an *async* waiter whose grant
+//! wakes the task instead of a thread. In a region, a release in another
+//! process is noticed by the node's pump thread (one per node and process,
+//! alive only while async waiters are queued), which runs dispatch.
+//!
+//! **Cancellation.** Dropping the future before it completes removes its
+//! queued place (or, if a grant raced the drop, returns the granted slot) and
+//! releases the levels it already holds, so nothing is left behind. There
+//! are no timers in here: wrap the future in your runtime's timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::node::Node;
+use super::waiter::{Waiter, FAILED, GRANTED, WAITING};
+use super::{Permit, Scheduler};
+use crate::error::{Error, Result};
+use crate::priority::Priority;
+
+/// The future returned by [`Scheduler::acquire_async`].
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct Acquire<'a> {
+    sched: &'a Scheduler,
+    priority: Priority,
+    /// The level being acquired (0 = the scheduler itself, then parents).
+    level: usize,
+    /// Ids of the levels already taken (for dispose of a child).
+    via: Vec<u64>,
+    waiter: Option<Arc<Waiter>>,
+    done: bool,
+}
+
+impl<'a> Acquire<'a> {
+    pub(super) fn new(sched: &'a Scheduler, priority: Priority) -> Acquire<'a> {
+        Acquire {
+            sched,
+            priority,
+            level: 0,
+            via: Vec::new(),
+            waiter: None,
+            done: false,
+        }
+    }
+
+    fn node_at(&self, level: usize) -> &'a Arc<Node> {
+        let mut n = &self.sched.node;
+        for _ in 0..level {
+            n = n.parent().expect("level within the chain");
+        }
+        n
+    }
+
+    /// Records a slot taken at the current level; returns the permit when
+    /// that level is the root.
+    fn advance(&mut self, ticket: u32) -> Option<Permit<'a>> {
+        let node = self.node_at(self.level);
+        if node.parent().is_none() {
+            self.done = true;
+            return Some(Permit {
+                sched: self.sched,
+                ticket,
+                priority: self.priority,
+            });
+        }
+        self.via.push(node.id());
+        self.level += 1;
+        None
+    }
+
+    /// Releases the levels below the current one (all taken), leaf last.
+    fn unwind(&mut self) {
+        for i in (0..self.level).rev() {
+            self.node_at(i).release_level(0);
+        }
+        self.level = 0;
+        self.via.clear();
+    }
+
+    fn fail(&mut self, e: Error) -> Poll<Result<Permit<'a>>> {
+        self.unwind();
+        self.done = true;
+        Poll::Ready(Err(e))
+    }
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = Result<Permit<'a>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is Unpin.
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(Err(Error::InvalidArgument(
+                "acquire_async polled after completion".into(),
+            )));
+        }
+        loop {
+            let node = this.node_at(this.level);
+            if let Some(w) = this.waiter.clone() {
+                match w.state() {
+                    GRANTED => {
+                        this.waiter = None;
+                        if let Some(p) =
+                            this.advance(w.ticket.load(std::sync::atomic::Ordering::Relaxed))
+                        {
+                            return Poll::Ready(Ok(p));
+                        }
+                        continue;
+                    }
+                    FAILED => {
+                        this.waiter = None;
+                        return this.fail(Error::Disposed);
+                    }
+                    _ => {
+                        w.set_waker(cx.waker());
+                        // A grant between the check and the registration
+                        // took the old waker (or none): look again.
+                        if w.state() == WAITING {
+                            return Poll::Pending;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if let Err(e) = node.check_usable() {
+                return this.fail(e);
+            }
+            if let Some(t) = node.try_fast(this.priority) {
+                if let Some(p) = this.advance(t) {
+                    return Poll::Ready(Ok(p));
+                }
+                continue;
+            }
+            match node.enqueue(this.priority, this.via.clone(), true) {
+                Ok(w) => {
+                    node.ensure_pump();
+                    this.waiter = Some(w);
+                }
+                Err(e) => return this.fail(e),
+            }
+        }
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        if self.done || self.sched.node.forked() {
+            return;
+        }
+        if let Some(w) = self.waiter.take() {
+            let node = self.node_at(self.level);
+            // Granted just before the drop: give the slot back.
+            if let Ok(t) = node.cancel(&w) {
+                node.release_level(t);
+            }
+        }
+        self.unwind();
+    }
+}

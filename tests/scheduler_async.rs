@@ -1,0 +1,145 @@
+//! `acquire_async` under two executors (tokio and `futures`' executor), its
+//! cancellation, and a cross-process wake of an async waiter.
+
+mod procs;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use procs::{say, spawn, until, wait_parent};
+use shmsched::region::Region;
+use shmsched::scheduler::Scheduler;
+use shmsched::{Error, Priority};
+
+/// Entry point of child processes (does nothing in a normal run).
+#[test]
+fn child_entry() {
+    let Some((role, args)) = procs::role() else {
+        return;
+    };
+    assert_eq!(role, "async-waiter");
+    let region = Region::open(&args[0]).unwrap();
+    let s = Scheduler::attach(&region).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        say("start");
+        let _p = s.acquire_async(Priority::High).await.unwrap();
+        say("got");
+        wait_parent();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_tasks_are_served_by_priority() {
+    let s = Scheduler::with_seed(1, 5).unwrap();
+    s.set_lottery(None, false);
+    let hold = s.acquire(Priority::Normal).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (k, p) in [Priority::Low, Priority::Highest, Priority::Normal]
+        .into_iter()
+        .enumerate()
+    {
+        let (s2, order) = (s.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = s2.acquire_async(p).await.unwrap();
+            order.lock().unwrap().push(p);
+        }));
+        let s3 = s.clone();
+        tokio::task::spawn_blocking(move || {
+            until("queued", 10, || s3.stats().pending == k as u64 + 1)
+        })
+        .await
+        .unwrap();
+    }
+    drop(hold);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec![Priority::Highest, Priority::Normal, Priority::Low]
+    );
+    assert_eq!(s.stats().running, 0);
+}
+
+#[test]
+fn futures_executor_and_threads() {
+    let s = Scheduler::new(2).unwrap();
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| {
+                for _ in 0..200 {
+                    let p = futures::executor::block_on(s.acquire_async(Priority::Normal)).unwrap();
+                    assert!(s.stats().running <= 2);
+                    drop(p);
+                }
+            });
+        }
+    });
+    let st = s.stats();
+    assert_eq!((st.running, st.pending), (0, 0));
+}
+
+#[tokio::test]
+async fn dropped_future_leaves_nothing_behind() {
+    let root = Scheduler::new(1).unwrap();
+    let child = root.child(3).unwrap();
+    let hold = root.acquire(Priority::Normal).unwrap();
+    // Times out while queued in the root, holding a child slot.
+    let r = tokio::time::timeout(
+        Duration::from_millis(20),
+        child.acquire_async(Priority::High),
+    )
+    .await;
+    assert!(r.is_err(), "must time out");
+    assert_eq!(child.stats().running, 0, "child slot returned");
+    let st = root.stats();
+    assert_eq!(st.pending, 0);
+    assert_eq!(st.queues[Priority::High.index()].cancelled, 1);
+    drop(hold);
+    assert!(
+        root.try_acquire(Priority::Low).is_some(),
+        "the slot is free again"
+    );
+}
+
+#[tokio::test]
+async fn dispose_fails_an_async_waiter() {
+    let s = Scheduler::new(1).unwrap();
+    let _hold = s.acquire(Priority::Normal).unwrap();
+    let s2 = s.clone();
+    let t = tokio::spawn(async move { s2.acquire_async(Priority::Low).await.map(|_| ()) });
+    let s3 = s.clone();
+    tokio::task::spawn_blocking(move || until("queued", 10, || s3.stats().pending == 1))
+        .await
+        .unwrap();
+    s.dispose();
+    assert!(matches!(t.await.unwrap(), Err(Error::Disposed)));
+    assert!(matches!(
+        s.acquire_async(Priority::Low).await,
+        Err(Error::Disposed)
+    ));
+}
+
+#[test]
+fn async_waiter_in_another_process_is_woken_by_a_release() {
+    let path = format!("/dev/shm/shmsched-{}", procs::unique_name("async"));
+    let region = Region::create(&path).unwrap();
+    let me = Scheduler::shared(&region, 1).unwrap();
+    let hold = me.acquire(Priority::Normal).unwrap();
+    let mut kid = spawn("child_entry", "async-waiter", &[path.clone()]);
+    kid.expect_line("start");
+    until("child queued", 10, || {
+        me.stats().shared.unwrap().waiters[Priority::High.index()] == 1
+    });
+    drop(hold);
+    kid.expect_line("got");
+    assert_eq!(me.stats().shared.unwrap().running, 1);
+    assert!(kid.finish().success());
+    assert_eq!(me.stats().shared.unwrap().running, 0);
+    Region::remove(&path).unwrap();
+}
