@@ -121,17 +121,56 @@ pub fn send(w: &mut File, vals: &[u32]) {
     }
 }
 
-/// Reads one u32 from a pipe, None on EOF.
+/// Waits (at most `limit`) until `r` is readable; false on timeout.
+fn readable(r: &File, limit: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: `p` is one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
+
+/// Reads one u32 from a pipe; None on EOF or after 30 s without data.
+///
+/// Forked children inherit every fd of the (multi-threaded) test process,
+/// so EOF cannot serve as a signal; all handshakes count bytes instead.
 pub fn recv(r: &mut File) -> Option<u32> {
     let mut b = [0u8; 4];
-    r.read_exact(&mut b).ok()?;
+    let mut got = 0;
+    while got < 4 {
+        if !readable(r, Duration::from_secs(30)) {
+            return None;
+        }
+        match r.read(&mut b[got..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got += n,
+        }
+    }
     Some(u32::from_ne_bytes(b))
 }
 
-/// Blocks until EOF on `r` (all write ends closed).
-pub fn wait_eof(r: &mut File) {
-    let mut b = [0u8; 64];
-    while matches!(r.read(&mut b), Ok(n) if n > 0) {}
+/// Releases `n` waiters blocked in [`wait_go`] on the other end.
+pub fn go(w: &mut File, n: usize) {
+    w.write_all(&vec![1u8; n]).unwrap();
+}
+
+/// Blocks until one "go" byte arrives (or 60 s pass: then returns false).
+pub fn wait_go(r: &mut File) -> bool {
+    let mut b = [0u8; 1];
+    readable(r, Duration::from_secs(60)) && matches!(r.read(&mut b), Ok(1))
 }
 
 pub fn as_atomic_u32(p: *mut u8) -> &'static AtomicU32 {
