@@ -397,3 +397,32 @@ fn deregister_frees_and_reregister_gets_new_owner() {
         0
     );
 }
+
+#[test]
+fn threads_binding_through_separate_handles_agree() {
+    // Each handle binds through its own open file description, so flock
+    // excludes threads of one process too: one initialisation, one header.
+    let name = unique_name("threads");
+    let _c = Cleanup(name.clone());
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (name, barrier) = (name.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let r = Region::open_or_create(&name).unwrap();
+                barrier.wait();
+                let m = r.bind(ObjectKind::Scheduler, Some(&spec(3))).unwrap();
+                let id = m.me().unwrap();
+                (m, id)
+            })
+        })
+        .collect();
+    let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let h0 = got[0].0.header();
+    let mut idxs = std::collections::HashSet::new();
+    for (m, id) in &got {
+        assert_eq!(m.header(), h0);
+        assert!(idxs.insert(id.idx), "two handles share entry {}", id.idx);
+        assert!(got[0].0.is_alive(id.idx).unwrap());
+    }
+}

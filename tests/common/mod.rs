@@ -114,11 +114,12 @@ pub fn pipe() -> (File, File) {
     }
 }
 
-/// Writes u32s to a pipe.
+/// Writes u32s to a pipe in ONE write (atomic for up to PIPE_BUF bytes, so
+/// reports of concurrent children never interleave).
 pub fn send(w: &mut File, vals: &[u32]) {
-    for v in vals {
-        w.write_all(&v.to_ne_bytes()).unwrap();
-    }
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    assert!(bytes.len() <= 512);
+    w.write_all(&bytes).unwrap();
 }
 
 /// Waits (at most `limit`) until `r` is readable; false on timeout.
