@@ -185,6 +185,18 @@ fn dead_process_is_detected_and_reaped_exactly_once() {
     assert_eq!(wait_child(child, LIMIT), Exit::Signal(libc::SIGKILL));
     assert!(!m.is_alive(idx).unwrap());
     assert!(m.is_alive(me.idx).unwrap());
+    // A newcomer finds the table full of one live and one dead process;
+    // me() refuses, me_reaping() would reap. (Checked in a child that
+    // reports without reaping, so the concurrent-reaper check below still
+    // has its dead entry.)
+    let probe = fork_child({
+        let m = m.clone();
+        move || match m.me() {
+            Err(Error::ProcessTableFull { .. }) => 0,
+            _ => 1,
+        }
+    });
+    assert_eq!(wait_child(probe, LIMIT), Exit::Code(0));
     let summary = m.live_processes().unwrap();
     let s = summary.iter().find(|s| s.idx == idx).unwrap();
     assert!(!s.alive && s.state == ProcState::Live && s.owner == owner);
@@ -246,7 +258,19 @@ fn dead_process_is_detected_and_reaped_exactly_once() {
     go(&mut hold_w, 1);
     assert_eq!(wait_child(child2, LIMIT), Exit::Code(0));
     assert!(!m.is_alive(idx2).unwrap());
-    assert_eq!(m.reap_dead(&mut |_, _| {}).unwrap(), 1);
+    // A newcomer in a full table (parent + dead child2) reaps and registers.
+    let newcomer = fork_child({
+        let m = m.clone();
+        move || {
+            let mut released = vec![];
+            match m.me_reaping(&mut |i, o| released.push((i, o))) {
+                Ok(id) if id.idx == idx2 && released == [(idx2, owner2)] => 0,
+                _ => 1,
+            }
+        }
+    });
+    assert_eq!(wait_child(newcomer, LIMIT), Exit::Code(0));
+    assert_eq!(m.reap_dead(&mut |i, _| assert_eq!(i, idx2)).unwrap(), 1);
 }
 
 #[test]

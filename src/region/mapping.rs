@@ -177,6 +177,23 @@ impl Mapping {
         self.me_slow()
     }
 
+    /// Like [`me`](Mapping::me), but if the table is full, reaps dead
+    /// processes (calling `release` for each, see
+    /// [`reap_dead`](Mapping::reap_dead)) and tries once more.
+    pub fn me_reaping(&self, release: &mut dyn FnMut(u32, u32)) -> Result<ProcId> {
+        match self.me() {
+            Err(Error::ProcessTableFull { .. }) => {
+                if self.reap_dead(release)? == 0 {
+                    return Err(Error::ProcessTableFull {
+                        slots: self.process_slots(),
+                    });
+                }
+                self.me()
+            }
+            r => r,
+        }
+    }
+
     fn me_slow(&self) -> Result<ProcId> {
         let mut g = self.reg.lock();
         let gen = sys::fork::fork_generation();
