@@ -3,8 +3,8 @@
 use std::os::fd::AsFd;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
+use super::fork_lock::ForkSafeMutex;
 use super::layout::HeaderInfo;
 use super::proc_table::{ProcEntry, ProcId};
 use super::Region;
@@ -34,6 +34,15 @@ pub(super) struct Registration {
 /// child's first [`me`](Mapping::me) registers it as a new process with a
 /// new entry and owner id. The parent's entry stays the parent's, alive
 /// exactly as long as the parent is.
+///
+/// # Drop
+///
+/// Dropping the last `Arc<Mapping>` unmaps the region and closes this
+/// process's liveness-lock fd, but does not free the process entry: the
+/// entry then looks like a dead process's and the next
+/// [`reap_dead`](Mapping::reap_dead) gives back whatever the object recorded
+/// in it. An object that knows it holds nothing calls
+/// [`deregister`](Mapping::deregister) first for a clean exit.
 #[derive(Debug)]
 pub struct Mapping {
     region: Region,
@@ -41,7 +50,7 @@ pub struct Mapping {
     header: HeaderInfo,
     /// An open file description that never holds locks, for `F_OFD_GETLK`.
     probe: OwnedFd,
-    reg: Mutex<Option<Registration>>,
+    reg: ForkSafeMutex<Option<Registration>>,
     /// Fast path of `me()`: `(fork_generation as u32) << 32 | owner`, 0 when
     /// unregistered. Owner ids are never 0.
     fast: AtomicU64,
@@ -74,7 +83,7 @@ impl Mapping {
             map,
             header,
             probe,
-            reg: Mutex::new(None),
+            reg: ForkSafeMutex::new(None),
             fast: AtomicU64::new(0),
         })
     }
@@ -168,8 +177,25 @@ impl Mapping {
         self.me_slow()
     }
 
+    /// Like [`me`](Mapping::me), but if the table is full, reaps dead
+    /// processes (calling `release` for each, see
+    /// [`reap_dead`](Mapping::reap_dead)) and tries once more.
+    pub fn me_reaping(&self, release: &mut dyn FnMut(u32, u32)) -> Result<ProcId> {
+        match self.me() {
+            Err(Error::ProcessTableFull { .. }) => {
+                if self.reap_dead(release)? == 0 {
+                    return Err(Error::ProcessTableFull {
+                        slots: self.process_slots(),
+                    });
+                }
+                self.me()
+            }
+            r => r,
+        }
+    }
+
     fn me_slow(&self) -> Result<ProcId> {
-        let mut g = self.reg.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.reg.lock();
         let gen = sys::fork::fork_generation();
         if let Some(r) = g.as_ref() {
             if r.fork_generation == gen && r.lock.is_current_process() {
@@ -197,7 +223,7 @@ impl Mapping {
     /// entry die with the process (or the last handle) and be reaped. A later
     /// [`me`](Mapping::me) registers again with a new owner id.
     pub fn deregister(&self) -> Result<()> {
-        let mut g = self.reg.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.reg.lock();
         self.fast.store(0, Ordering::Release);
         let Some(r) = g.take() else { return Ok(()) };
         if r.fork_generation != sys::fork::fork_generation() || !r.lock.is_current_process() {

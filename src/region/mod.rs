@@ -15,13 +15,16 @@
 //! refused.
 
 pub mod create;
+mod fork_lock;
 pub mod layout;
 pub mod mapping;
 pub mod proc_table;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use fork_lock::ForkSafeMutex;
 
 pub use create::ObjectSpec;
 pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
@@ -94,7 +97,7 @@ struct RegionInner {
     path: Option<PathBuf>,
     opts: RegionOptions,
     /// The mapping this process bound, shared by every object handle.
-    bound: Mutex<Weak<Mapping>>,
+    bound: ForkSafeMutex<Weak<Mapping>>,
 }
 
 /// An opened region file (or memfd). Cheap to clone, `Send + Sync`.
@@ -146,7 +149,7 @@ impl Region {
                 fd,
                 path,
                 opts,
-                bound: Mutex::new(Weak::new()),
+                bound: ForkSafeMutex::new(Weak::new()),
             }),
         }
     }
@@ -283,7 +286,7 @@ impl Region {
     /// All objects of one process bound through clones of one `Region` share
     /// one `Mapping` (one registration).
     pub fn bind(&self, kind: ObjectKind, spec: Option<&ObjectSpec<'_>>) -> Result<Arc<Mapping>> {
-        let mut cache = self.inner.bound.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.inner.bound.lock();
         if let Some(m) = cache.upgrade() {
             create::check_against(&m.header(), kind, spec)?;
             return Ok(m);

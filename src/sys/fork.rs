@@ -20,7 +20,6 @@
 
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::Once;
 
 /// Capacity of the lock-fd table: how many liveness-lock fds one process may
 /// hold at once (one per bound region, plus one per reaper in progress).
@@ -32,9 +31,18 @@ pub const LOCK_FD_CAPACITY: usize = 256;
 const EMPTY: AtomicI32 = AtomicI32::new(-1);
 static LOCK_FDS: [AtomicI32; LOCK_FD_CAPACITY] = [EMPTY; LOCK_FD_CAPACITY];
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
-static INSTALL: Once = Once::new();
+/// 0: handler not installed; `DONE`: installed; any other value: the pid of
+/// the process one of whose threads is installing it right now. Not a
+/// `std::sync::Once`: a fork while another thread is inside `call_once`
+/// would leave the child's `Once` "running" forever, and the child's first
+/// registration would hang. A pid tag lets the child tell that the installer
+/// does not exist in its process, and start over.
+static INSTALL_STATE: AtomicI32 = AtomicI32::new(0);
+const DONE: i32 = -1;
 
 extern "C" fn child_after_fork() {
+    // This handler runs, so it is registered in the child too.
+    INSTALL_STATE.store(DONE, Ordering::SeqCst);
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
     for slot in LOCK_FDS.iter() {
         let fd = slot.swap(-1, Ordering::SeqCst);
@@ -53,16 +61,35 @@ extern "C" fn child_after_fork() {
 /// Installs the `pthread_atfork` child handler, once per process. Cheap to
 /// call repeatedly. A failure to install (ENOMEM) is reported.
 pub fn install_atfork_handler() -> std::io::Result<()> {
-    let mut result = Ok(());
-    INSTALL.call_once(|| {
-        // SAFETY: `child_after_fork` is an `extern "C" fn()` with static
-        // lifetime that only performs async-signal-safe work.
-        let r = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
-        if r != 0 {
-            result = Err(std::io::Error::from_raw_os_error(r));
+    let me = super::file::getpid();
+    loop {
+        match INSTALL_STATE.load(Ordering::SeqCst) {
+            DONE => return Ok(()),
+            0 => {
+                if INSTALL_STATE
+                    .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err()
+                {
+                    continue;
+                }
+                // SAFETY: `child_after_fork` is an `extern "C" fn()` with static
+                // lifetime that only performs async-signal-safe work.
+                let r = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+                if r != 0 {
+                    INSTALL_STATE.store(0, Ordering::SeqCst);
+                    return Err(std::io::Error::from_raw_os_error(r));
+                }
+                INSTALL_STATE.store(DONE, Ordering::SeqCst);
+                return Ok(());
+            }
+            pid if pid != me => {
+                // Inherited mid-install from a parent whose handler did not
+                // run in this child: not registered here. Start over.
+                let _ = INSTALL_STATE.compare_exchange(pid, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
+            _ => std::thread::yield_now(), // another thread is installing (a few µs)
         }
-    });
-    result
+    }
 }
 
 /// How many times this process's lineage has forked into the current
@@ -110,10 +137,14 @@ impl LockFd {
 
     /// The fd, borrowed. Only meaningful in the process that created it.
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        // SAFETY: in the creating process the fd stays open until `drop`; in a
-        // forked child the number may be closed (or reused), which is why
-        // callers check `is_current_process` first. A BorrowedFd to a closed
-        // number makes syscalls fail with EBADF, not undefined behaviour.
+        // SAFETY: in the creating process the fd stays open until `drop`, which
+        // cannot run while this borrow of `self` lives. In a forked child the
+        // number may be closed or reused; the library only calls `fd()` in
+        // the creating process (registration and reaping create and use their
+        // LockFd without an intervening fork of this thread, and deregistering
+        // checks `is_current_process` first). Even a stale number would only
+        // make fcntl fail with EBADF or lock an unrelated file's byte range far
+        // past its end; it cannot corrupt memory.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) }
     }
 

@@ -7,7 +7,7 @@
 //! - [`futex`]: shared (cross-process) futex wait and wake.
 //! - [`clock`]: `CLOCK_MONOTONIC`, the clock all processes of a host share.
 //! - [`lock`]: liveness locks (OFD byte locks) and whole-file `flock`.
-//! - [`file`]: opening, creating, sizing, reopening and mapping region files
+//! - [`file`](mod@file): opening, creating, sizing, reopening and mapping region files
 //!   and memfds; `getpid`.
 //! - [`fork`]: the `pthread_atfork` child handler that drops the library's
 //!   liveness locks in a forked child.
