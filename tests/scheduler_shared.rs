@@ -219,7 +219,7 @@ fn chaos_sigkill_holders_nothing_leaks() {
         sc.spawn(|| observe(&me, &stop, &worst));
         let _stop = StopOnDrop(&stop);
         let mut kids: Vec<Kid> = (0..5)
-            .map(|_| spawn(ENTRY, "churn", &[tmp.0.clone()]))
+            .map(|_| spawn(ENTRY, "churn", std::slice::from_ref(&tmp.0)))
             .collect();
         for k in &mut kids {
             k.expect_line("start");
@@ -234,7 +234,7 @@ fn chaos_sigkill_holders_nothing_leaks() {
             std::thread::sleep(Duration::from_micros(rng.below(3000)));
             let victim = kids.swap_remove(i);
             victim.kill();
-            let mut k = spawn(ENTRY, "churn", &[tmp.0.clone()]);
+            let mut k = spawn(ENTRY, "churn", std::slice::from_ref(&tmp.0));
             k.expect_line("start");
             kids.push(k);
         }

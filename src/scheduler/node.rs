@@ -40,7 +40,7 @@ use super::waiter::{Waiter, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
 use crate::sys::fork::fork_generation;
-use crate::sys::futex::{futex_wait, futex_wake};
+use crate::sys::futex::{futex_wait, futex_wake, WaitResult};
 
 /// In region mode a sleeping waiter wakes at least this often to run
 /// dispatch itself and, if the budget is full, to look for dead holders.
@@ -67,7 +67,7 @@ fn pump(weak: Weak<Node>) {
         if s.running() >= node.max {
             s.maybe_reap();
         }
-        futex_wait(s.my_futex(), seq, Some(BACKSTOP));
+        s.sleep(seq, BACKSTOP);
     }
 }
 
@@ -106,10 +106,10 @@ impl Pool {
     }
 
     #[inline]
-    fn others_waiting(&self) -> bool {
+    fn anyone_waiting(&self) -> bool {
         match self {
             Pool::Local(_) => false,
-            Pool::Shared(s) => s.others_waiting(),
+            Pool::Shared(s) => s.anyone_waiting(),
         }
     }
 }
@@ -267,7 +267,7 @@ impl Node {
     pub fn try_fast(&self, p: Priority) -> Option<u32> {
         if self.is_disposed()
             || self.queued.load(Ordering::SeqCst) & (1 << p.index()) != 0
-            || self.pool.others_waiting()
+            || self.pool.anyone_waiting()
         {
             return None;
         }
@@ -477,7 +477,13 @@ impl Node {
             };
             match &self.pool {
                 Pool::Local(_) => {
-                    futex_wait(&w.state, WAITING, remaining);
+                    // Wake now and then to run dispatch: a tier capped below
+                    // the running count gets lottery draws even when nothing
+                    // else happens.
+                    let nap = remaining.map_or(BACKSTOP, |r| r.min(BACKSTOP));
+                    if futex_wait(&w.state, WAITING, Some(nap)) == WaitResult::TimedOut {
+                        self.dispatch(None);
+                    }
                 }
                 Pool::Shared(s) => {
                     let seq = s.my_futex().load(Ordering::SeqCst);
@@ -489,7 +495,7 @@ impl Node {
                         s.maybe_reap();
                     }
                     let nap = remaining.map_or(BACKSTOP, |r| r.min(BACKSTOP));
-                    futex_wait(s.my_futex(), seq, Some(nap));
+                    s.sleep(seq, nap);
                 }
             }
         }

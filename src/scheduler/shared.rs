@@ -43,7 +43,8 @@ use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region};
 use crate::sys::clock::monotonic_ms;
-use crate::sys::futex::futex_wake;
+use crate::sys::futex::{futex_wait, futex_wake};
+use std::time::Duration;
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
@@ -54,6 +55,10 @@ const OBJECT_REV: u64 = 1;
 /// Process slots covered by the waiting-process bitmap (the region's limit).
 const WAITING_BITS: usize = 4096;
 const WAITING_WORDS: usize = WAITING_BITS / 64;
+
+/// Per-process word (in the process entry) counting this process's threads
+/// asleep on its futex word; words 0..7 hold the waiter counts per tier.
+const SLEEPERS: usize = LEVELS;
 
 /// Minimum time between two scans for dead processes, region-wide.
 pub const REAP_INTERVAL_MS: u64 = 20;
@@ -362,37 +367,49 @@ impl SharedSlots {
         }
     }
 
-    /// True if a process other than this one has waiters.
+    /// True if anyone waits, in any process (this one included: several
+    /// schedulers of one process share its registration).
     #[inline]
-    pub fn others_waiting(&self) -> bool {
-        let (my_w, my_b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
-        self.waiting().iter().enumerate().any(|(w, word)| {
-            let mut v = word.load(Ordering::SeqCst);
-            if w == my_w {
-                v &= !(1 << my_b);
-            }
-            v != 0
-        })
+    pub fn anyone_waiting(&self) -> bool {
+        self.waiting().iter().any(|w| w.load(Ordering::SeqCst) != 0)
     }
 
     /// Publishes a change of this process's waiter count at `tier`.
-    /// Called under the owning scheduler's lock.
+    ///
+    /// All schedulers of a process bound through one `Region` share one
+    /// registration, so the word is updated with a CAS, and the waiting bit
+    /// is re-checked after a clear (a concurrent increment may have raced
+    /// it).
     pub fn publish_waiting(&self, tier: usize, delta: i32, cap: u32) {
         let Ok(entry) = self.map.proc_entry(self.me.idx) else {
             return;
         };
         let word = &entry.obj[tier];
-        let old = word.load(Ordering::Relaxed);
-        let count = ((old & 0xffff_ffff) as i64 + i64::from(delta)).max(0) as u64;
-        word.store((u64::from(cap) << 32) | count, Ordering::SeqCst);
-        let any = entry.obj[..LEVELS]
-            .iter()
-            .any(|w| w.load(Ordering::Relaxed) & 0xffff_ffff != 0);
+        let mut old = word.load(Ordering::SeqCst);
+        loop {
+            let count = ((old & 0xffff_ffff) as i64 + i64::from(delta)).max(0) as u64;
+            let new = (u64::from(cap) << 32) | count;
+            match word.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        let any = || {
+            entry.obj[..LEVELS]
+                .iter()
+                .any(|w| w.load(Ordering::SeqCst) & 0xffff_ffff != 0)
+        };
         let (w, b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
-        if any {
-            self.waiting()[w].fetch_or(1 << b, Ordering::SeqCst);
+        let Some(bits) = self.waiting().get(w) else {
+            return;
+        };
+        if any() {
+            bits.fetch_or(1 << b, Ordering::SeqCst);
         } else {
-            self.waiting()[w].fetch_and(!(1 << b), Ordering::SeqCst);
+            bits.fetch_and(!(1 << b), Ordering::SeqCst);
+            if any() {
+                bits.fetch_or(1 << b, Ordering::SeqCst);
+            }
         }
     }
 
@@ -432,29 +449,66 @@ impl SharedSlots {
     /// Another process whose waiter should get a slot before this process's
     /// waiter at `tier`.
     pub fn defer_to(&self, tier: usize, running: u32) -> Option<u32> {
-        if !self.others_waiting() {
+        if !self.anyone_waiting() {
             return None;
         }
         self.best_waiting(Some(tier), running)
     }
 
-    /// After a release: wake the process with the best admissible waiter.
+    /// After a release: wake the process with the best admissible waiter
+    /// (this process too, for its other schedulers' waiters).
     #[inline]
     pub fn wake_after_release(&self) {
-        if !self.others_waiting() {
+        if !self.anyone_waiting() {
             return;
         }
-        if let Some(idx) = self.best_waiting(None, self.running()) {
-            self.wake_process(idx);
+        let running = self.running();
+        match self.best_waiting(None, running) {
+            Some(idx) => self.wake_process(idx),
+            None => {
+                if self.mine_waiting(running) {
+                    self.notify_mine();
+                }
+            }
         }
     }
 
-    /// Wakes every waiter of process `idx` (they re-run dispatch).
+    /// True if this process has an admissible waiter (another scheduler
+    /// handle of this process may be the one that can use a freed slot).
+    fn mine_waiting(&self, running: u32) -> bool {
+        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
+            return false;
+        };
+        entry.obj[..LEVELS].iter().any(|w| {
+            let x = w.load(Ordering::SeqCst);
+            x & 0xffff_ffff != 0 && running < (x >> 32) as u32
+        })
+    }
+
+    /// Wakes every waiter of process `idx` (they re-run dispatch). The
+    /// futex syscall is skipped when nobody in that process sleeps: sleepers
+    /// count themselves in `obj[SLEEPERS]` before re-checking the word, and
+    /// the waker bumps the word before reading the count (both SeqCst), so
+    /// one of the two always sees the other.
     pub fn wake_process(&self, idx: u32) {
         if let Ok(entry) = self.map.proc_entry(idx) {
             entry.futex.fetch_add(1, Ordering::SeqCst);
-            futex_wake(&entry.futex, i32::MAX);
+            if entry.obj[SLEEPERS].load(Ordering::SeqCst) != 0 {
+                futex_wake(&entry.futex, i32::MAX);
+            }
         }
+    }
+
+    /// Sleeps on this process's futex word until woken or `nap` passes,
+    /// unless the word moved past `seq` already.
+    pub fn sleep(&self, seq: u32, nap: Duration) {
+        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
+            std::thread::sleep(nap);
+            return;
+        };
+        entry.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
+        futex_wait(&entry.futex, seq, Some(nap));
+        entry.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The futex word this process's waiters sleep on.

@@ -53,7 +53,9 @@ pub struct SharedStats {
 /// on demand.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SchedulerStats {
-    /// Gauge: permits from this scheduler held right now (this process).
+    /// Gauge: permits held right now: from this scheduler in process mode;
+    /// by this whole process in region mode (its schedulers share one
+    /// registration).
     pub running: u64,
     /// The configured overall ceiling (`None` = unlimited).
     pub concurrency: Option<u32>,
