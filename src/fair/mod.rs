@@ -47,6 +47,7 @@ mod admission;
 mod config;
 mod error;
 mod plan;
+pub mod region;
 pub mod replay;
 pub mod shared;
 mod store;
@@ -56,6 +57,7 @@ pub use admission::TOLERANCE;
 pub use config::{FairConfig, FairnessUnit, DEFAULT_LEASE_CAPACITY, MAX_TENANT_ID_BYTES};
 pub use error::FairError;
 pub use plan::plan_allocation;
+pub use region::{ReapOutcome, SharedFairShare};
 pub use replay::{replay, ReplaySummary};
 pub use store::MAX_SLICES;
 pub use types::{
@@ -63,6 +65,7 @@ pub use types::{
     TenantStats,
 };
 
+use crate::sys::clock::monotonic_ms;
 use serde::Serializer;
 use store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
 
@@ -257,6 +260,33 @@ impl FairShare {
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
         self.record(serde_json::json!({"op":"report","now_ms":now_ms}));
         admission::report(&mut self.view()?, now_ms)
+    }
+
+    /// [`acquire`](Self::acquire) at `CLOCK_MONOTONIC` milliseconds (the
+    /// clock a region's processes share; read while `&mut self` excludes
+    /// every other call, so time never goes backwards).
+    pub fn acquire_now(&mut self, tenant: &str, cost: f64, hold_ms: u64) -> AcquireResult {
+        self.acquire(tenant, cost, hold_ms, monotonic_ms())
+    }
+
+    /// [`release`](Self::release) at the clock.
+    pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
+        self.release(lease_id, monotonic_ms())
+    }
+
+    /// [`stats`](Self::stats) at the clock.
+    pub fn stats_now(&mut self) -> Result<Stats, FairError> {
+        self.stats(monotonic_ms())
+    }
+
+    /// [`plan`](Self::plan) at the clock.
+    pub fn plan_now(&mut self) -> Result<Plan, FairError> {
+        self.plan(monotonic_ms())
+    }
+
+    /// [`fairness_report`](Self::fairness_report) at the clock.
+    pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
+        self.fairness_report(monotonic_ms())
     }
 }
 
