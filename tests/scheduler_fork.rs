@@ -10,11 +10,7 @@ use shmsched::region::Region;
 use shmsched::scheduler::Scheduler;
 use shmsched::{Error, Priority};
 
-fn child_checks(
-    region: &Region,
-    inherited: &Scheduler,
-    permit: shmsched::scheduler::Permit<'_>,
-) -> i32 {
+fn child_checks(region: &Region, inherited: &Scheduler, permit: shmsched::scheduler::Permit<'_>) -> i32 {
     match inherited.acquire(Priority::Normal) {
         Err(Error::Forked(m)) if m.contains("Scheduler::shared") => {}
         _ => return 10,
@@ -22,9 +18,7 @@ fn child_checks(
     if inherited.try_acquire(Priority::Normal).is_some() {
         return 11;
     }
-    let Ok(own) = Scheduler::attach(region) else {
-        return 12;
-    };
+    let Ok(own) = Scheduler::attach(region) else { return 12 };
     if own.stats().shared.map(|s| s.running) != Some(1) {
         return 13;
     }
@@ -32,9 +26,7 @@ fn child_checks(
     if own.stats().shared.map(|s| s.running) != Some(1) {
         return 14; // the parent's slot must stay the parent's
     }
-    let Some(mine) = own.try_acquire(Priority::Normal) else {
-        return 15;
-    };
+    let Some(mine) = own.try_acquire(Priority::Normal) else { return 15 };
     std::mem::forget(mine); // exit holding it: the parent must reclaim it
     0
 }
@@ -49,10 +41,8 @@ fn inherited_handles_after_fork() {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
-        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            child_checks(&region, &sched, permit)
-        }))
-        .unwrap_or(99);
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child_checks(&region, &sched, permit)))
+            .unwrap_or(99);
         // SAFETY: leave the child without running the parent's destructors.
         unsafe { libc::_exit(code) };
     }
@@ -60,11 +50,7 @@ fn inherited_handles_after_fork() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "child crashed: {status:#x}");
-    assert_eq!(
-        libc::WEXITSTATUS(status),
-        0,
-        "child check failed (code = step)"
-    );
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed (code = step)");
     // The child's own slot comes back when its death is noticed.
     let (procs, slots) = sched.reap().unwrap();
     assert_eq!((procs, slots), (1, 1));

@@ -13,11 +13,7 @@ use shmsched::{Error, Priority};
 fn until(s: &Scheduler, what: &str, cond: impl Fn(&SchedulerStats) -> bool) {
     let start = Instant::now();
     while !cond(&s.stats()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}: {:?}",
-            s.stats()
-        );
+        assert!(start.elapsed() < Duration::from_secs(10), "timed out waiting for {what}: {:?}", s.stats());
         thread::yield_now();
     }
 }
@@ -42,9 +38,7 @@ fn fifo_within_a_priority() {
                 let _p = s.acquire(Priority::Normal).unwrap();
                 order.lock().unwrap().push(i);
             });
-            until(s, "queued", |st| {
-                st.queues[Priority::Normal.index()].count == i + 1
-            });
+            until(s, "queued", |st| st.queues[Priority::Normal.index()].count == i + 1);
         }
         drop(hold);
     });
@@ -62,15 +56,7 @@ fn higher_priority_is_served_first() {
     let hold = s.acquire(Priority::Normal).unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     thread::scope(|sc| {
-        for (k, p) in [
-            Priority::Lowest,
-            Priority::Low,
-            Priority::Highest,
-            Priority::High,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (k, p) in [Priority::Lowest, Priority::Low, Priority::Highest, Priority::High].into_iter().enumerate() {
             let s = &s;
             let order = order.clone();
             sc.spawn(move || {
@@ -83,12 +69,7 @@ fn higher_priority_is_served_first() {
     });
     assert_eq!(
         *order.lock().unwrap(),
-        vec![
-            Priority::Highest,
-            Priority::High,
-            Priority::Low,
-            Priority::Lowest
-        ]
+        vec![Priority::Highest, Priority::High, Priority::Low, Priority::Lowest]
     );
 }
 
@@ -97,19 +78,13 @@ fn per_priority_caps_compare_against_total_running() {
     let s = Scheduler::new(Concurrency::max(4).low(1)).unwrap();
     let a = s.try_acquire(Priority::Low).expect("1 < low cap");
     assert!(s.try_acquire(Priority::Low).is_none(), "low cap 1 reached");
-    assert!(
-        s.try_acquire(Priority::Lowest).is_none(),
-        "lowest inherits 1"
-    );
+    assert!(s.try_acquire(Priority::Lowest).is_none(), "lowest inherits 1");
     let b = s.try_acquire(Priority::Normal).unwrap();
     let c = s.try_acquire(Priority::High).unwrap();
     let d = s.try_acquire(Priority::Normal).unwrap();
     assert!(s.try_acquire(Priority::Highest).is_none(), "max 4 reached");
     drop((b, c, d));
-    assert!(
-        s.try_acquire(Priority::Low).is_none(),
-        "1 running: low still capped"
-    );
+    assert!(s.try_acquire(Priority::Low).is_none(), "1 running: low still capped");
     drop(a);
     assert!(s.try_acquire(Priority::Low).is_some());
 }
@@ -171,20 +146,13 @@ fn lottery_bound_under_sustained_high_priority_saturation() {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    let (lo, hi) = (
-        low_runs.load(Ordering::Relaxed),
-        high_runs.load(Ordering::Relaxed),
-    );
+    let (lo, hi) = (low_runs.load(Ordering::Relaxed), high_runs.load(Ordering::Relaxed));
     let share = lo as f64 / (lo + hi) as f64;
     // The lottery serves a backlogged tier on >= 1/56 of dispatches in
     // expectation; `lowest` is backlogged only while its thread waits, so
     // allow half of that.
     assert!(lo + hi >= 2_000, "too few dispatches: {lo} + {hi}");
-    assert!(
-        share >= 1.0 / 112.0,
-        "lowest got {lo} of {} dispatches ({share:.4})",
-        lo + hi
-    );
+    assert!(share >= 1.0 / 112.0, "lowest got {lo} of {} dispatches ({share:.4})", lo + hi);
     check_invariant(&s.stats());
 }
 
@@ -192,17 +160,12 @@ fn lottery_bound_under_sustained_high_priority_saturation() {
 fn timeout_leaves_no_count_behind() {
     let s = Scheduler::new(1).unwrap();
     let _hold = s.acquire(Priority::Normal).unwrap();
-    let e = s
-        .acquire_timeout(Priority::Low, Duration::from_millis(20))
-        .unwrap_err();
+    let e = s.acquire_timeout(Priority::Low, Duration::from_millis(20)).unwrap_err();
     assert!(matches!(e, Error::Timeout), "{e}");
     let st = s.stats();
     check_invariant(&st);
     let q = st.queues[Priority::Low.index()];
-    assert_eq!(
-        (q.count, q.deferred, q.completed, q.cancelled),
-        (0, 1, 1, 1)
-    );
+    assert_eq!((q.count, q.deferred, q.completed, q.cancelled), (0, 1, 1, 1));
     assert_eq!(st.running, 1);
 }
 
@@ -229,20 +192,11 @@ fn dispose_fails_waiters_and_later_calls() {
 #[test]
 fn zero_concurrency_fails_at_once() {
     let s = Scheduler::new(0).unwrap();
-    assert!(matches!(
-        s.acquire(Priority::Normal),
-        Err(Error::ZeroConcurrency)
-    ));
-    assert_eq!(
-        s.acquire(Priority::Normal).unwrap_err().to_string(),
-        "Scheduler concurrency is 0"
-    );
+    assert!(matches!(s.acquire(Priority::Normal), Err(Error::ZeroConcurrency)));
+    assert_eq!(s.acquire(Priority::Normal).unwrap_err().to_string(), "Scheduler concurrency is 0");
     assert!(s.try_acquire(Priority::Normal).is_none());
     let c = Scheduler::new(4).unwrap().child(0).unwrap();
-    assert!(matches!(
-        c.acquire(Priority::Normal),
-        Err(Error::ZeroConcurrency)
-    ));
+    assert!(matches!(c.acquire(Priority::Normal), Err(Error::ZeroConcurrency)));
 }
 
 #[test]
@@ -271,9 +225,7 @@ fn child_waits_for_parent_and_timeout_undoes_every_level() {
     let root = Scheduler::new(1).unwrap();
     let child = root.child(2).unwrap();
     let _hold = root.acquire(Priority::Normal).unwrap();
-    let e = child
-        .acquire_timeout(Priority::High, Duration::from_millis(20))
-        .unwrap_err();
+    let e = child.acquire_timeout(Priority::High, Duration::from_millis(20)).unwrap_err();
     assert!(matches!(e, Error::Timeout));
     assert_eq!(child.stats().running, 0, "child slot given back");
     assert_eq!(root.stats().pending, 0);
@@ -324,10 +276,7 @@ fn disposing_a_parent_disposes_children() {
         assert!(matches!(h.join().unwrap(), Err(Error::Disposed)));
     });
     assert!(child.is_disposed());
-    assert!(matches!(
-        child.acquire(Priority::Normal),
-        Err(Error::Disposed)
-    ));
+    assert!(matches!(child.acquire(Priority::Normal), Err(Error::Disposed)));
     drop(held);
     assert_eq!(root.stats().running, 0);
 }

@@ -39,9 +39,7 @@ fn attach(path: &str) -> Scheduler {
 /// Entry point of the child processes (does nothing in a normal test run).
 #[test]
 fn child_entry() {
-    let Some((role, args)) = procs::role() else {
-        return;
-    };
+    let Some((role, args)) = procs::role() else { return };
     let mut rng = Rng::new();
     match role.as_str() {
         // Acquire/release `iters` times at random priorities, then hold
@@ -57,9 +55,7 @@ fn child_entry() {
                     std::hint::spin_loop();
                 }
             }
-            let held: Vec<_> = (0..hold)
-                .map(|_| s.acquire(Priority::Normal).unwrap())
-                .collect();
+            let held: Vec<_> = (0..hold).map(|_| s.acquire(Priority::Normal).unwrap()).collect();
             say(&format!("holding {}", held.len()));
             wait_parent();
         }
@@ -137,13 +133,7 @@ fn eight_processes_never_exceed_max() {
         let _stop = StopOnDrop(&stop);
         let mut kids: Vec<Kid> = holds
             .iter()
-            .map(|h| {
-                spawn(
-                    ENTRY,
-                    "hammer",
-                    &[tmp.0.clone(), "3000".into(), h.to_string()],
-                )
-            })
+            .map(|h| spawn(ENTRY, "hammer", &[tmp.0.clone(), "3000".into(), h.to_string()]))
             .collect();
         let mut total = 0;
         for k in &mut kids {
@@ -159,15 +149,8 @@ fn eight_processes_never_exceed_max() {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    assert!(
-        worst.load(Ordering::Relaxed) <= 3,
-        "observed {} > max 3",
-        worst.load(Ordering::Relaxed)
-    );
-    assert!(
-        worst.load(Ordering::Relaxed) >= 1,
-        "the observer saw the load"
-    );
+    assert!(worst.load(Ordering::Relaxed) <= 3, "observed {} > max 3", worst.load(Ordering::Relaxed));
+    assert!(worst.load(Ordering::Relaxed) >= 1, "the observer saw the load");
     let st = me.stats().shared.unwrap();
     assert_eq!(st.running, 0);
     assert_eq!(st.reclaimed, 0, "clean exits leave nothing to reclaim");
@@ -181,22 +164,14 @@ fn high_priority_in_another_process_is_served_first() {
     let hold = me.acquire(Priority::Normal).unwrap();
     let mut low = spawn(ENTRY, "waiter", &[tmp.0.clone(), "low".into()]);
     low.expect_line("start");
-    until("low queued", 10, || {
-        me.stats().shared.unwrap().waiters[Priority::Low.index()] == 1
-    });
+    until("low queued", 10, || me.stats().shared.unwrap().waiters[Priority::Low.index()] == 1);
     let mut high = spawn(ENTRY, "waiter", &[tmp.0.clone(), "high".into()]);
     high.expect_line("start");
-    until("high queued", 10, || {
-        me.stats().shared.unwrap().waiters[Priority::High.index()] == 1
-    });
+    until("high queued", 10, || me.stats().shared.unwrap().waiters[Priority::High.index()] == 1);
     drop(hold);
     high.expect_line("got");
     let st = me.stats().shared.unwrap();
-    assert_eq!(
-        st.waiters[Priority::Low.index()],
-        1,
-        "low still waits while high runs"
-    );
+    assert_eq!(st.waiters[Priority::Low.index()], 1, "low still waits while high runs");
     assert_eq!(st.running, 1);
     assert!(high.finish().success());
     low.expect_line("got");
@@ -218,17 +193,12 @@ fn chaos_sigkill_holders_nothing_leaks() {
     std::thread::scope(|sc| {
         sc.spawn(|| observe(&me, &stop, &worst));
         let _stop = StopOnDrop(&stop);
-        let mut kids: Vec<Kid> = (0..5)
-            .map(|_| spawn(ENTRY, "churn", &[tmp.0.clone()]))
-            .collect();
+        let mut kids: Vec<Kid> = (0..5).map(|_| spawn(ENTRY, "churn", &[tmp.0.clone()])).collect();
         for k in &mut kids {
             k.expect_line("start");
         }
         for _ in 0..KILLS {
-            assert!(
-                started.elapsed() < Duration::from_secs(240),
-                "chaos took too long"
-            );
+            assert!(started.elapsed() < Duration::from_secs(240), "chaos took too long");
             let i = rng.below(kids.len() as u64) as usize;
             // A random instant inside the victim's churn loop.
             std::thread::sleep(Duration::from_micros(rng.below(3000)));
@@ -243,23 +213,14 @@ fn chaos_sigkill_holders_nothing_leaks() {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    assert!(
-        worst.load(Ordering::Relaxed) <= MAX,
-        "cap violated: {}",
-        worst.load(Ordering::Relaxed)
-    );
+    assert!(worst.load(Ordering::Relaxed) <= MAX, "cap violated: {}", worst.load(Ordering::Relaxed));
     me.reap().unwrap();
     let st = me.stats().shared.unwrap();
-    assert_eq!(
-        st.running, 0,
-        "every slot of every dead process came back: {st:?}"
-    );
+    assert_eq!(st.running, 0, "every slot of every dead process came back: {st:?}");
     assert_eq!(st.waiters, [0; 7]);
     assert_eq!(st.processes, 1);
     // The budget is whole: all MAX slots can be taken at once.
-    let all: Vec<_> = (0..MAX)
-        .map(|_| me.try_acquire(Priority::Normal).expect("slot"))
-        .collect();
+    let all: Vec<_> = (0..MAX).map(|_| me.try_acquire(Priority::Normal).expect("slot")).collect();
     assert!(me.try_acquire(Priority::Highest).is_none());
     drop(all);
     eprintln!(
@@ -280,9 +241,7 @@ fn waiter_reclaims_slots_of_a_dead_holder_by_itself() {
     assert!(me.try_acquire(Priority::High).is_none());
     kid.kill();
     // No explicit reap: the blocked waiter finds the dead holder itself.
-    let p = me
-        .acquire_timeout(Priority::Normal, Duration::from_secs(10))
-        .expect("reclaimed");
+    let p = me.acquire_timeout(Priority::Normal, Duration::from_secs(10)).expect("reclaimed");
     let st = me.stats().shared.unwrap();
     assert_eq!(st.reclaimed, 2);
     assert_eq!(st.reaped_processes, 1);
@@ -297,9 +256,7 @@ fn timed_out_shared_wait_leaves_no_waiter_count() {
     let me = Scheduler::shared(&region, 1).unwrap();
     let other = Scheduler::attach(&region).unwrap();
     let _hold = me.acquire(Priority::Normal).unwrap();
-    let e = other
-        .acquire_timeout(Priority::High, Duration::from_millis(30))
-        .unwrap_err();
+    let e = other.acquire_timeout(Priority::High, Duration::from_millis(30)).unwrap_err();
     assert!(matches!(e, Error::Timeout));
     let st = other.stats();
     assert_eq!(st.shared.as_ref().unwrap().waiters, [0; 7]);
@@ -317,12 +274,8 @@ fn opening_with_another_max_is_an_error() {
     let _a = Scheduler::shared(&region, Concurrency::max(4)).unwrap();
     let e = Scheduler::shared(&region, 5).unwrap_err().to_string();
     assert!(e.contains('4') && e.contains('5'), "{e}");
-    let e = Scheduler::shared(&region, Concurrency::unlimited())
-        .unwrap_err()
-        .to_string();
+    let e = Scheduler::shared(&region, Concurrency::unlimited()).unwrap_err().to_string();
     assert!(e.contains("finite max"), "{e}");
-    let e = Scheduler::shared(&Region::anonymous().unwrap(), 70_000)
-        .unwrap_err()
-        .to_string();
+    let e = Scheduler::shared(&Region::anonymous().unwrap(), 70_000).unwrap_err().to_string();
     assert!(e.contains("70000") && e.contains("65536"), "{e}");
 }

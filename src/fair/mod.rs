@@ -225,40 +225,41 @@ impl FairShare {
         )
     }
 
-    fn record(&mut self, v: serde_json::Value) {
+    /// Appends a call-log line; the line is only built when recording.
+    fn record(&mut self, v: impl FnOnce() -> serde_json::Value) {
         if let Some(log) = &mut self.log {
-            log.push(v.to_string());
+            log.push(v().to_string());
         }
     }
 
     /// Asks for `cost` held for `hold_ms` on behalf of `tenant` at `now_ms`.
     /// See the module docs for the decision order.
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
-        self.record(serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
         admission::acquire(&mut self.view()?, 0, tenant, cost, hold_ms, now_ms)
     }
 
     /// Releases the lease `lease_id` at `now_ms` (activity of its holder).
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
-        self.record(serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
         admission::release(&mut self.view()?, lease_id, now_ms)
     }
 
     /// Stats at `now_ms` (integrates deficits up to `now_ms`).
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
-        self.record(serde_json::json!({"op":"stats","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"stats","now_ms":now_ms}));
         admission::stats(&mut self.view()?, now_ms)
     }
 
     /// The weighted max-min plan for current demand at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
-        self.record(serde_json::json!({"op":"plan","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"plan","now_ms":now_ms}));
         admission::plan(&mut self.view()?, now_ms)
     }
 
     /// Cost and request shares of granted leases since start.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
-        self.record(serde_json::json!({"op":"report","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"report","now_ms":now_ms}));
         admission::report(&mut self.view()?, now_ms)
     }
 

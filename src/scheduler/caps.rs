@@ -54,18 +54,12 @@ impl Concurrency {
     /// At most `max` tasks at once (0 admits nothing: blocking calls then
     /// fail at once with [`Error::ZeroConcurrency`]).
     pub const fn max(max: u32) -> Concurrency {
-        Concurrency {
-            max: Some(max),
-            caps: [None; LEVELS],
-        }
+        Concurrency { max: Some(max), caps: [None; LEVELS] }
     }
 
     /// No overall limit (only per-priority caps, if any, and a parent's).
     pub const fn unlimited() -> Concurrency {
-        Concurrency {
-            max: None,
-            caps: [None; LEVELS],
-        }
+        Concurrency { max: None, caps: [None; LEVELS] }
     }
 
     /// The overall maximum, `None` when unlimited.
@@ -190,15 +184,9 @@ mod tests {
     #[test]
     fn no_caps_means_max_everywhere_and_unlimited_is_u32_max() {
         assert_eq!(names(Concurrency::max(3).resolve().unwrap()), vec![3; 7]);
-        assert_eq!(
-            names(Concurrency::unlimited().resolve().unwrap()),
-            vec![u32::MAX; 7]
-        );
+        assert_eq!(names(Concurrency::unlimited().resolve().unwrap()), vec![u32::MAX; 7]);
         let c = Concurrency::unlimited().low(2).resolve().unwrap();
-        assert_eq!(
-            names(c),
-            vec![2, 2, 2, u32::MAX, u32::MAX, u32::MAX, u32::MAX]
-        );
+        assert_eq!(names(c), vec![2, 2, 2, u32::MAX, u32::MAX, u32::MAX, u32::MAX]);
     }
 
     #[test]
@@ -209,16 +197,9 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_value_and_limit() {
-        let e = Concurrency::max(u32::MAX)
-            .resolve()
-            .unwrap_err()
-            .to_string();
+        let e = Concurrency::max(u32::MAX).resolve().unwrap_err().to_string();
         assert!(e.contains("4294967295") && e.contains("2147483647"), "{e}");
-        let e = Concurrency::max(4)
-            .low(u32::MAX)
-            .resolve()
-            .unwrap_err()
-            .to_string();
+        let e = Concurrency::max(4).low(u32::MAX).resolve().unwrap_err().to_string();
         assert!(e.contains("low") && e.contains("2147483647"), "{e}");
     }
 }

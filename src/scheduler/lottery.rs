@@ -46,14 +46,7 @@ pub(crate) struct Lottery {
 impl Lottery {
     /// A lottery with a fixed seed (0 is remapped: xorshift needs a nonzero state).
     pub fn new(seed: u64) -> Lottery {
-        Lottery {
-            state: if seed == 0 {
-                0x9E37_79B9_7F4A_7C15
-            } else {
-                seed
-            },
-            enabled: true,
-        }
+        Lottery { state: if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed }, enabled: true }
     }
 
     fn next(&mut self) -> u64 {
@@ -76,20 +69,14 @@ impl Lottery {
         if self.enabled && r % LOTTERY_ODDS == 0 {
             let tier = ((r >> 32) % LEVELS as u64) as usize;
             if backlogged & (1 << tier) != 0 {
-                return Some(Pick {
-                    tier,
-                    lottery: true,
-                });
+                return Some(Pick { tier, lottery: true });
             }
         }
         let eligible = backlogged & admissible;
         if eligible == 0 {
             return None;
         }
-        Some(Pick {
-            tier: highest_bit(eligible),
-            lottery: false,
-        })
+        Some(Pick { tier: highest_bit(eligible), lottery: false })
     }
 }
 

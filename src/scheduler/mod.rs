@@ -44,8 +44,8 @@ use crate::priority::Priority;
 use crate::region::Region;
 use node::{Node, Pool};
 use pool::LocalSlots;
-use shared::SharedSlots;
 pub use shared::{MAX_SHARED_SLOTS, REAP_INTERVAL_MS};
+use shared::SharedSlots;
 
 /// A handle to a scheduler. Clones share the same scheduler; disposing one
 /// disposes it for all.
@@ -113,16 +113,8 @@ impl Scheduler {
     pub fn with_seed(concurrency: impl Into<Concurrency>, seed: u64) -> Result<Scheduler> {
         let c = concurrency.into();
         let caps = c.resolve()?;
-        let node = Node::new(
-            caps,
-            c.overall(),
-            Pool::Local(LocalSlots::new()),
-            None,
-            seed,
-        );
-        Ok(Scheduler {
-            node: Arc::new(node),
-        })
+        let node = Node::new(caps, c.overall(), Pool::Local(LocalSlots::new()), None, seed);
+        Ok(Scheduler { node: Arc::new(node) })
     }
 
     /// A scheduler shared through `region`: the region's max is the global
@@ -167,9 +159,7 @@ impl Scheduler {
         let caps = c.with_max(Some(slots.max())).resolve()?;
         let seed = default_seed() ^ u64::from(slots.owner());
         let node = Node::new(caps, None, Pool::Shared(Box::new(slots)), None, seed);
-        Ok(Scheduler {
-            node: Arc::new(node),
-        })
+        Ok(Scheduler { node: Arc::new(node) })
     }
 
     /// Returns now every slot held by dead processes sharing this
@@ -218,11 +208,7 @@ impl Scheduler {
         // Fast path for a root: one CAS.
         if leaf.parent().is_none() {
             let ticket = leaf.try_level(priority)?;
-            return Some(Permit {
-                sched: self,
-                ticket,
-                priority,
-            });
+            return Some(Permit { sched: self, ticket, priority });
         }
         let mut taken: Vec<&Node> = Vec::new();
         let mut cur = Some(&**leaf);
@@ -233,11 +219,7 @@ impl Scheduler {
             match node.try_level(priority) {
                 Some(ticket) => {
                     if node.parent().is_none() {
-                        return Some(Permit {
-                            sched: self,
-                            ticket,
-                            priority,
-                        });
+                        return Some(Permit { sched: self, ticket, priority });
                     }
                     taken.push(node);
                     cur = node.parent().map(|p| &**p);
@@ -255,11 +237,7 @@ impl Scheduler {
         let leaf = &self.node;
         if leaf.parent().is_none() {
             let ticket = leaf.acquire_level(priority, deadline, Vec::new())?;
-            return Ok(Permit {
-                sched: self,
-                ticket,
-                priority,
-            });
+            return Ok(Permit { sched: self, ticket, priority });
         }
         // Check every level first: a zero max or a disposed ancestor fails
         // at once rather than after queueing below it.
@@ -274,11 +252,7 @@ impl Scheduler {
         for (i, node) in chain.iter().enumerate() {
             match node.acquire_level(priority, deadline, via.clone()) {
                 Ok(ticket) if i == chain.len() - 1 => {
-                    return Ok(Permit {
-                        sched: self,
-                        ticket,
-                        priority,
-                    });
+                    return Ok(Permit { sched: self, ticket, priority });
                 }
                 Ok(_) => via.push(node.id()),
                 Err(e) => {

@@ -276,12 +276,7 @@ impl Node {
     }
 
     /// Blocking acquire at this level.
-    pub fn acquire_level(
-        &self,
-        p: Priority,
-        deadline: Option<Instant>,
-        via: Vec<u64>,
-    ) -> Result<u32> {
+    pub fn acquire_level(&self, p: Priority, deadline: Option<Instant>, via: Vec<u64>) -> Result<u32> {
         self.check_usable()?;
         if let Some(t) = self.try_fast(p) {
             return Ok(t);
@@ -318,11 +313,7 @@ impl Node {
     /// cannot take it ahead of the lottery. Returns a process to wake when a
     /// higher-priority waiter elsewhere should get a slot instead, and the
     /// in-hand slot if nobody here could use it.
-    fn dispatch_locked(
-        &self,
-        inner: &mut Inner,
-        mut in_hand: Option<u32>,
-    ) -> (Option<u32>, Option<u32>) {
+    fn dispatch_locked(&self, inner: &mut Inner, mut in_hand: Option<u32>) -> (Option<u32>, Option<u32>) {
         let mut granted_shared = false;
         let mut defer = None;
         loop {
@@ -331,19 +322,14 @@ impl Node {
                 break;
             }
             // The in-hand slot is being freed: it does not count as running.
-            let running = self
-                .pool
-                .running()
-                .saturating_sub(u32::from(in_hand.is_some()));
+            let running = self.pool.running().saturating_sub(u32::from(in_hand.is_some()));
             let mut admissible = 0u8;
             for (i, &cap) in self.caps.iter().enumerate() {
                 if running < cap {
                     admissible |= 1 << i;
                 }
             }
-            let Some(pick) = inner.lottery.pick(backlogged, admissible) else {
-                break;
-            };
+            let Some(pick) = inner.lottery.pick(backlogged, admissible) else { break };
             if let (false, Pool::Shared(s)) = (pick.lottery, &self.pool) {
                 if let Some(idx) = s.defer_to(pick.tier, running) {
                     defer = Some(idx);
@@ -353,20 +339,14 @@ impl Node {
             let ticket = match in_hand.take() {
                 Some(t) => t,
                 None => {
-                    let limit = if pick.lottery {
-                        self.max
-                    } else {
-                        self.caps[pick.tier]
-                    };
+                    let limit = if pick.lottery { self.max } else { self.caps[pick.tier] };
                     match self.take(limit) {
                         Some(t) => t,
                         None => break,
                     }
                 }
             };
-            let w = inner.queues[pick.tier]
-                .pop_front()
-                .expect("tier is backlogged");
+            let w = inner.queues[pick.tier].pop_front().expect("tier is backlogged");
             self.leave_queue(inner, pick.tier, false);
             w.ticket.store(ticket, Ordering::Relaxed);
             w.state.store(GRANTED, Ordering::Release);

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+
 /// An in-process slot counter: `running` never exceeds the limit passed to
 /// [`LocalSlots::try_take`], because the increment is a CAS against it.
 #[derive(Debug)]
@@ -13,9 +14,7 @@ pub(crate) struct LocalSlots {
 
 impl LocalSlots {
     pub fn new() -> LocalSlots {
-        LocalSlots {
-            running: AtomicU32::new(0),
-        }
+        LocalSlots { running: AtomicU32::new(0) }
     }
 
     /// Takes one slot iff fewer than `limit` are taken.
@@ -26,12 +25,7 @@ impl LocalSlots {
             if cur >= limit {
                 return false;
             }
-            match self.running.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::SeqCst,
-                Ordering::Relaxed,
-            ) {
+            match self.running.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
             }

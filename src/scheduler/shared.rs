@@ -96,13 +96,7 @@ fn layout(max: u32) -> Layout {
     let waiting_off = bitmap_off + round128(words * 8);
     let owners_off = waiting_off + round128(WAITING_WORDS * 8);
     let size = owners_off + round128(max as usize * 4).max(128);
-    Layout {
-        words,
-        bitmap_off,
-        waiting_off,
-        owners_off,
-        size,
-    }
+    Layout { words, bitmap_off, waiting_off, owners_off, size }
 }
 
 fn spec_params(max: u32) -> [u64; 8] {
@@ -175,10 +169,7 @@ impl SharedSlots {
             .ok()
             .filter(|&m| m <= MAX_SHARED_SLOTS)
             .ok_or_else(|| {
-                Error::BadRegion(format!(
-                    "scheduler max {} is above the limit {MAX_SHARED_SLOTS}",
-                    params[0]
-                ))
+                Error::BadRegion(format!("scheduler max {} is above the limit {MAX_SHARED_SLOTS}", params[0]))
             })?;
         let l = layout(max);
         if map.object_len() < l.size {
@@ -190,9 +181,7 @@ impl SharedSlots {
         }
         let base = map.object_ptr();
         if base as usize % 128 != 0 {
-            return Err(Error::BadRegion(
-                "scheduler object area is not 128-byte aligned".into(),
-            ));
+            return Err(Error::BadRegion("scheduler object area is not 128-byte aligned".into()));
         }
         let mut s = SharedSlots {
             map,
@@ -212,10 +201,7 @@ impl SharedSlots {
             }
             r => r?,
         };
-        let (hmax, hwords) = (
-            s.header().max.load(Ordering::Relaxed),
-            s.header().words.load(Ordering::Relaxed),
-        );
+        let (hmax, hwords) = (s.header().max.load(Ordering::Relaxed), s.header().words.load(Ordering::Relaxed));
         if hmax != max || hwords as usize != l.words {
             return Err(Error::BadRegion(format!(
                 "scheduler header says max {hmax} with {hwords} bitmap words; the region header says max {max} ({} words)",
@@ -237,22 +223,14 @@ impl SharedSlots {
     fn bitmap(&self) -> &[AtomicU64] {
         // SAFETY: `words` u64s at `bitmap_off` lie inside the checked object
         // area, 8-aligned (offset multiple of 128); AtomicU64 has u64's layout.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.layout.bitmap_off) as *const AtomicU64,
-                self.words,
-            )
-        }
+        unsafe { std::slice::from_raw_parts(self.base.add(self.layout.bitmap_off) as *const AtomicU64, self.words) }
     }
 
     fn waiting(&self) -> &[AtomicU64] {
         // SAFETY: WAITING_WORDS u64s at `waiting_off` lie inside the checked
         // object area, 8-aligned.
         unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.layout.waiting_off) as *const AtomicU64,
-                WAITING_WORDS,
-            )
+            std::slice::from_raw_parts(self.base.add(self.layout.waiting_off) as *const AtomicU64, WAITING_WORDS)
         }
     }
 
@@ -260,10 +238,7 @@ impl SharedSlots {
         // SAFETY: `max` u32s at `owners_off` lie inside the checked object
         // area, 4-aligned.
         unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.layout.owners_off) as *const AtomicU32,
-                self.max as usize,
-            )
+            std::slice::from_raw_parts(self.base.add(self.layout.owners_off) as *const AtomicU32, self.max as usize)
         }
     }
 
@@ -318,10 +293,7 @@ impl SharedSlots {
             while free != 0 {
                 let bit = free.trailing_zeros() as usize;
                 let c = w * 64 + bit;
-                if owners[c]
-                    .compare_exchange(0, self.me.owner, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
+                if owners[c].compare_exchange(0, self.me.owner, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
                     bitmap[w].fetch_or(1 << bit, Ordering::SeqCst);
                     if limit < self.max && self.running() > limit {
                         // Raced past a per-priority cap: back off.
@@ -348,12 +320,7 @@ impl SharedSlots {
         // A failed CAS means the cell was already reclaimed (this process was
         // wrongly taken for dead, or the region was scribbled on): never free
         // a cell that is not ours.
-        let _ = self.owners()[c].compare_exchange(
-            self.me.owner,
-            0,
-            Ordering::SeqCst,
-            Ordering::Relaxed,
-        );
+        let _ = self.owners()[c].compare_exchange(self.me.owner, 0, Ordering::SeqCst, Ordering::Relaxed);
     }
 
     /// True if a process other than this one has waiters.
@@ -372,16 +339,12 @@ impl SharedSlots {
     /// Publishes a change of this process's waiter count at `tier`.
     /// Called under the owning scheduler's lock.
     pub fn publish_waiting(&self, tier: usize, delta: i32, cap: u32) {
-        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
-            return;
-        };
+        let Ok(entry) = self.map.proc_entry(self.me.idx) else { return };
         let word = &entry.obj[tier];
         let old = word.load(Ordering::Relaxed);
         let count = ((old & 0xffff_ffff) as i64 + i64::from(delta)).max(0) as u64;
         word.store((u64::from(cap) << 32) | count, Ordering::SeqCst);
-        let any = entry.obj[..LEVELS]
-            .iter()
-            .any(|w| w.load(Ordering::Relaxed) & 0xffff_ffff != 0);
+        let any = entry.obj[..LEVELS].iter().any(|w| w.load(Ordering::Relaxed) & 0xffff_ffff != 0);
         let (w, b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
         if any {
             self.waiting()[w].fetch_or(1 << b, Ordering::SeqCst);
@@ -404,9 +367,7 @@ impl SharedSlots {
                 if idx == self.me.idx as usize || idx >= slots {
                     continue;
                 }
-                let Ok(entry) = self.map.proc_entry(idx as u32) else {
-                    continue;
-                };
+                let Ok(entry) = self.map.proc_entry(idx as u32) else { continue };
                 let from = above.map_or(0, |t| t + 1);
                 for t in (from..LEVELS).rev() {
                     let x = entry.obj[t].load(Ordering::SeqCst);
@@ -474,10 +435,7 @@ impl SharedSlots {
         if now.saturating_sub(last) < REAP_INTERVAL_MS {
             return;
         }
-        if h.last_reap_ms
-            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+        if h.last_reap_ms.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             let _ = self.reap();
         }
     }
@@ -516,10 +474,7 @@ impl SharedSlots {
         for (c, cell) in self.owners().iter().enumerate() {
             if cell.load(Ordering::SeqCst) == owner {
                 bitmap[c / 64].fetch_and(!(1u64 << (c % 64)), Ordering::SeqCst);
-                if cell
-                    .compare_exchange(owner, 0, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
+                if cell.compare_exchange(owner, 0, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
                     n += 1;
                 }
             }
@@ -537,10 +492,7 @@ impl SharedSlots {
 
     /// Cells held by `owner` now (for tests and the CLI).
     pub fn held_by(&self, owner: u32) -> u32 {
-        self.owners()
-            .iter()
-            .filter(|c| c.load(Ordering::Relaxed) == owner)
-            .count() as u32
+        self.owners().iter().filter(|c| c.load(Ordering::Relaxed) == owner).count() as u32
     }
 
     /// Region-wide figures.

@@ -32,12 +32,7 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub fn new(priority: Priority, via: Vec<u64>) -> Waiter {
-        Waiter {
-            state: AtomicU32::new(WAITING),
-            ticket: AtomicU32::new(0),
-            priority,
-            via,
-        }
+        Waiter { state: AtomicU32::new(WAITING), ticket: AtomicU32::new(0), priority, via }
     }
 
     pub fn state(&self) -> u32 {
