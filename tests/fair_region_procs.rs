@@ -172,11 +172,19 @@ fn kill_and_wait(mut child: Child) {
 /// Spawns a `hold` child and waits for its report line.
 fn holder(path: &str, arg: &str) -> (Child, String) {
     let mut child = spawn("hold", path, arg);
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("holder has no stdout");
+    };
+    let mut out = BufReader::new(stdout);
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "holder exited early");
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let st = child.wait();
+            panic!("holder exited early: {st:?}");
+        }
         if let Some(rest) = role_lines(&line).pop() {
             if let Some(rest) = rest.strip_prefix("held ") {
                 return (child, rest.to_string());

@@ -35,13 +35,55 @@
 //!
 //! # Two homes
 //!
-//! The ledger's state is a set of fixed-size `#[repr(C)]` records
-//! (`store.rs`) and all logic (`admission.rs`) runs over a validated view of
-//! them. [`FairShare`] keeps the records in boxed slices in this process;
-//! [`shared::SharedLedger`] keeps two copies of them in shared memory under a
-//! robust mutex and commits each call by flipping one index. The
-//! [`FairLedger`] trait is implemented by both, and the conformance traces
-//! run against each.
+//! The ledger's logic is written once (`admission.rs`) over fixed-size
+//! `#[repr(C)]` records (`store.rs`), and runs in either home:
+//!
+//! - **In-process**, [`FairShare`]: the records in boxed slices of this
+//!   process. For tests, single-process users and exact replays.
+//! - **In a region**, [`SharedFairShare`]: the same records in a
+//!   memory-mapped [`Region`](crate::region::Region) shared by many
+//!   processes, two copies under a robust process-shared mutex, each call
+//!   committed by flipping one index ([`shared`]), so a process killed
+//!   mid-call leaves the last committed state. [`FairShare::shared`] creates
+//!   the ledger (or validates an existing one: another configuration is
+//!   [`Error::Mismatch`](crate::Error::Mismatch) naming what differs), and
+//!   [`FairShare::attach`] joins whatever configuration a region stores.
+//!   Leases record the process that took them; a process that dies has its
+//!   leases released when its death is noticed ([`SharedFairShare::reap`],
+//!   and on the acquire path when capacity is short), counted as
+//!   `reaped_leases`.
+//!
+//! ```
+//! use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
+//! use shmsched::region::Region;
+//!
+//! let cfg = FairConfig {
+//!     ceiling: 100.0,
+//!     fairness_unit: FairnessUnit::Cost,
+//!     tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
+//!     reclaim_horizon_ms: 100,
+//!     idle_after_ms: 1_000,
+//!     started_at_ms: 0,
+//! };
+//! // A prefork master creates the region before forking its workers
+//! // (or every process opens the same name with `Region::open_or_create`).
+//! let region = Region::anonymous()?;
+//! let mut fair = FairShare::shared(&region, &cfg)?;
+//! // Times in a region are CLOCK_MONOTONIC ms, shared by every process;
+//! // the `*_now` calls read it while holding the ledger's lock.
+//! if let Ok(lease) = fair.acquire_now("a", 30.0, 50)? {
+//!     fair.release_now(&lease.id)?;
+//! }
+//! // Another process (or thread) joins whatever the region holds.
+//! let mut other = FairShare::attach(&region)?;
+//! assert_eq!(other.config(), &cfg);
+//! assert_eq!(other.stats_now()?.tenant("a").unwrap().held, 0.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The [`FairLedger`] trait is implemented by [`FairShare`],
+//! [`SharedFairShare`] and the raw [`shared::SharedLedger`], and the
+//! conformance traces of `FAIR-SHARE.md` run against each.
 
 mod admission;
 mod config;

@@ -38,9 +38,15 @@
 //! slot is written whole before the mark covers it).
 //!
 //! The region layer (process table, liveness, reaping) is bound on top of
-//! this type: each lease records the owner id of the process that took it
-//! ([`SharedLedger::set_owner`]), and [`SharedLedger::reap_owner`] releases a
-//! dead owner's leases, counted in `reaped_leases`.
+//! this type by [`SharedFairShare`](super::SharedFairShare): each lease
+//! records the owner id of the process that took it, and
+//! [`SharedLedger::reap_owner`] releases a dead owner's leases, counted in
+//! `reaped_leases`. This raw type works on any caller-provided memory
+//! (tests use an anonymous `MAP_SHARED` mapping).
+//!
+//! Calls with `now` = `None` inside the crate (the `*_now` calls of
+//! [`SharedFairShare`](super::SharedFairShare)) read `CLOCK_MONOTONIC` after
+//! taking the lock (ruling Q22).
 
 use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
