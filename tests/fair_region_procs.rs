@@ -157,6 +157,41 @@ fn child_role() {
             }
             say(format!("done {granted} {}", open.len()));
         }
+        // A handle inherited across fork acts as the child's own process:
+        // the child's lease is recorded under a new owner id, so when the
+        // child has exited, reaping returns exactly its lease and not ours.
+        "fork" => {
+            let mine = f.acquire_now("a", 10.0, 1000);
+            let Ok(Ok(mine)) = mine else {
+                fail(format!("{mine:?}"))
+            };
+            let parent_owner = f.owner().unwrap_or_else(|e| fail(e.to_string()));
+            // SAFETY: the child only uses the ledger (glibc's malloc is
+            // fork-safe) and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let code = match (f.owner(), f.acquire_now("a", 20.0, 1000)) {
+                    (Ok(o), Ok(Ok(_))) if o != parent_owner => 0,
+                    _ => 1,
+                };
+                // SAFETY: leave the forked child without running destructors.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: `pid` is our child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+                fail(format!("forked child status {status}"));
+            }
+            let held = f.stats_now().map(|s| s.tenant("a").map(|t| t.held));
+            let out = f.reap().unwrap_or_else(|e| fail(e.to_string()));
+            let after = f.stats_now().unwrap_or_else(|e| fail(e.to_string()));
+            let a = after.tenant("a").unwrap_or_else(|| fail("no a".into()));
+            say(format!(
+                "fork before {:?} reaped {} {} after {} {} kept {}",
+                held, out.processes, out.leases, a.held, a.reaped_leases, mine.id
+            ));
+        }
         other => fail(format!("unknown role {other}")),
     }
 }
@@ -307,4 +342,21 @@ fn several_processes_share_one_region_without_lost_updates() {
     let s = f.stats_now().unwrap();
     assert!(s.tenants.iter().all(|t| t.held == 0.0 && t.leases == 0));
     assert_eq!(f.recoveries(), 0);
+}
+
+#[test]
+fn a_handle_inherited_across_fork_is_the_childs_own_process() {
+    let tmp = TempRegion::new("fork");
+    let region = Region::create(&tmp.0).unwrap();
+    let _f = FairShare::shared_with_capacity(&region, &cfg(&["a", "b"]), 16).unwrap();
+    // Fork from a fresh single-purpose process, not from this test harness.
+    let out = spawn("fork", &tmp.0, "").wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{:?} {text}", out.status);
+    let lines = role_lines(&text);
+    assert_eq!(
+        lines,
+        ["fork before Ok(Some(30.0)) reaped 1 1 after 10 1 kept a1"],
+        "{text}"
+    );
 }
