@@ -49,6 +49,9 @@ pub enum FairError {
     Corrupt(String),
     /// The shared ledger's lock could not be taken or is unrecoverable.
     Lock(String),
+    /// The region under a shared ledger failed (registration in the process
+    /// table, reaping); the message is the region error's.
+    Region(String),
 }
 
 impl fmt::Display for FairError {
@@ -77,6 +80,7 @@ impl fmt::Display for FairError {
             ),
             FairError::Corrupt(m) => write!(f, "corrupt fair-share ledger: {m}"),
             FairError::Lock(m) => write!(f, "fair-share ledger lock: {m}"),
+            FairError::Region(m) => write!(f, "fair-share region: {m}"),
         }
     }
 }
@@ -86,7 +90,7 @@ impl std::error::Error for FairError {}
 impl From<FairError> for crate::Error {
     fn from(e: FairError) -> crate::Error {
         match e {
-            FairError::Corrupt(m) => crate::Error::BadRegion(m),
+            FairError::Corrupt(m) | FairError::Region(m) => crate::Error::BadRegion(m),
             other => crate::Error::InvalidArgument(other.to_string()),
         }
     }

@@ -35,18 +35,61 @@
 //!
 //! # Two homes
 //!
-//! The ledger's state is a set of fixed-size `#[repr(C)]` records
-//! (`store.rs`) and all logic (`admission.rs`) runs over a validated view of
-//! them. [`FairShare`] keeps the records in boxed slices in this process;
-//! [`shared::SharedLedger`] keeps two copies of them in shared memory under a
-//! robust mutex and commits each call by flipping one index. The
-//! [`FairLedger`] trait is implemented by both, and the conformance traces
-//! run against each.
+//! The ledger's logic is written once (`admission.rs`) over fixed-size
+//! `#[repr(C)]` records (`store.rs`), and runs in either home:
+//!
+//! - **In-process**, [`FairShare`]: the records in boxed slices of this
+//!   process. For tests, single-process users and exact replays.
+//! - **In a region**, [`SharedFairShare`]: the same records in a
+//!   memory-mapped [`Region`](crate::region::Region) shared by many
+//!   processes, two copies under a robust process-shared mutex, each call
+//!   committed by flipping one index ([`shared`]), so a process killed
+//!   mid-call leaves the last committed state. [`FairShare::shared`] creates
+//!   the ledger (or validates an existing one: another configuration is
+//!   [`Error::Mismatch`](crate::Error::Mismatch) naming what differs), and
+//!   [`FairShare::attach`] joins whatever configuration a region stores.
+//!   Leases record the process that took them; a process that dies has its
+//!   leases released when its death is noticed ([`SharedFairShare::reap`],
+//!   and on the acquire path when capacity is short), counted as
+//!   `reaped_leases`.
+//!
+//! ```
+//! use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
+//! use shmsched::region::Region;
+//!
+//! let cfg = FairConfig {
+//!     ceiling: 100.0,
+//!     fairness_unit: FairnessUnit::Cost,
+//!     tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
+//!     reclaim_horizon_ms: 100,
+//!     idle_after_ms: 1_000,
+//!     started_at_ms: 0,
+//! };
+//! // A prefork master creates the region before forking its workers
+//! // (or every process opens the same name with `Region::open_or_create`).
+//! let region = Region::anonymous()?;
+//! let mut fair = FairShare::shared(&region, &cfg)?;
+//! // Times in a region are CLOCK_MONOTONIC ms, shared by every process;
+//! // the `*_now` calls read it while holding the ledger's lock.
+//! if let Ok(lease) = fair.acquire_now("a", 30.0, 50)? {
+//!     fair.release_now(&lease.id)?;
+//! }
+//! // Another process (or thread) joins whatever the region holds.
+//! let mut other = FairShare::attach(&region)?;
+//! assert_eq!(other.config(), &cfg);
+//! assert_eq!(other.stats_now()?.tenant("a").unwrap().held, 0.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The [`FairLedger`] trait is implemented by [`FairShare`],
+//! [`SharedFairShare`] and the raw [`shared::SharedLedger`], and the
+//! conformance traces of `FAIR-SHARE.md` run against each.
 
 mod admission;
 mod config;
 mod error;
 mod plan;
+pub mod region;
 pub mod replay;
 pub mod shared;
 mod store;
@@ -56,6 +99,7 @@ pub use admission::TOLERANCE;
 pub use config::{FairConfig, FairnessUnit, DEFAULT_LEASE_CAPACITY, MAX_TENANT_ID_BYTES};
 pub use error::FairError;
 pub use plan::plan_allocation;
+pub use region::{ReapOutcome, SharedFairShare};
 pub use replay::{replay, ReplaySummary};
 pub use store::MAX_SLICES;
 pub use types::{
@@ -63,6 +107,7 @@ pub use types::{
     TenantStats,
 };
 
+use crate::sys::clock::monotonic_ms;
 use serde::Serializer;
 use store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
 
@@ -222,41 +267,69 @@ impl FairShare {
         )
     }
 
-    fn record(&mut self, v: serde_json::Value) {
+    /// Appends a call-log line; the line is only built when recording.
+    fn record(&mut self, v: impl FnOnce() -> serde_json::Value) {
         if let Some(log) = &mut self.log {
-            log.push(v.to_string());
+            log.push(v().to_string());
         }
     }
 
     /// Asks for `cost` held for `hold_ms` on behalf of `tenant` at `now_ms`.
     /// See the module docs for the decision order.
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
-        self.record(serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
         admission::acquire(&mut self.view()?, 0, tenant, cost, hold_ms, now_ms)
     }
 
     /// Releases the lease `lease_id` at `now_ms` (activity of its holder).
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
-        self.record(serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
         admission::release(&mut self.view()?, lease_id, now_ms)
     }
 
     /// Stats at `now_ms` (integrates deficits up to `now_ms`).
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
-        self.record(serde_json::json!({"op":"stats","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"stats","now_ms":now_ms}));
         admission::stats(&mut self.view()?, now_ms)
     }
 
     /// The weighted max-min plan for current demand at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
-        self.record(serde_json::json!({"op":"plan","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"plan","now_ms":now_ms}));
         admission::plan(&mut self.view()?, now_ms)
     }
 
     /// Cost and request shares of granted leases since start.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
-        self.record(serde_json::json!({"op":"report","now_ms":now_ms}));
+        self.record(|| serde_json::json!({"op":"report","now_ms":now_ms}));
         admission::report(&mut self.view()?, now_ms)
+    }
+
+    /// [`acquire`](Self::acquire) at `CLOCK_MONOTONIC` milliseconds (the
+    /// clock a region's processes share; read while `&mut self` excludes
+    /// every other call, so time never goes backwards).
+    pub fn acquire_now(&mut self, tenant: &str, cost: f64, hold_ms: u64) -> AcquireResult {
+        self.acquire(tenant, cost, hold_ms, monotonic_ms())
+    }
+
+    /// [`release`](Self::release) at the clock.
+    pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
+        self.release(lease_id, monotonic_ms())
+    }
+
+    /// [`stats`](Self::stats) at the clock.
+    pub fn stats_now(&mut self) -> Result<Stats, FairError> {
+        self.stats(monotonic_ms())
+    }
+
+    /// [`plan`](Self::plan) at the clock.
+    pub fn plan_now(&mut self) -> Result<Plan, FairError> {
+        self.plan(monotonic_ms())
+    }
+
+    /// [`fairness_report`](Self::fairness_report) at the clock.
+    pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
+        self.fairness_report(monotonic_ms())
     }
 }
 

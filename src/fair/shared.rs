@@ -38,9 +38,15 @@
 //! slot is written whole before the mark covers it).
 //!
 //! The region layer (process table, liveness, reaping) is bound on top of
-//! this type: each lease records the owner id of the process that took it
-//! ([`SharedLedger::set_owner`]), and [`SharedLedger::reap_owner`] releases a
-//! dead owner's leases, counted in `reaped_leases`.
+//! this type by [`SharedFairShare`](super::SharedFairShare): each lease
+//! records the owner id of the process that took it, and
+//! [`SharedLedger::reap_owner`] releases a dead owner's leases, counted in
+//! `reaped_leases`. This raw type works on any caller-provided memory
+//! (tests use an anonymous `MAP_SHARED` mapping).
+//!
+//! Calls with `now` = `None` inside the crate (the `*_now` calls of
+//! [`SharedFairShare`](super::SharedFairShare)) read `CLOCK_MONOTONIC` after
+//! taking the lock (ruling Q22).
 
 use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
@@ -49,8 +55,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use super::admission;
 use super::store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
 use super::{
-    initial_state, AcquireResult, FairConfig, FairError, FairLedger, FairnessReport, Plan, Stats,
+    initial_state, AcquireResult, FairConfig, FairError, FairLedger, FairnessReport, Lease, Plan,
+    Refusal, Stats,
 };
+use crate::sys::clock::monotonic_ms;
 use crate::sys::robust_mutex::{LockState, RobustMutex, MUTEX_LAYOUT_TAG};
 
 /// Magic number at offset 0 of a shared ledger: `"SHMFAIR1"`.
@@ -137,6 +145,11 @@ impl SharedLedger {
     pub fn required_size(cfg: &FairConfig, lease_capacity: usize) -> Result<usize, FairError> {
         cfg.validate()?;
         Self::size_for(cfg.tenants.len(), lease_capacity)
+    }
+
+    /// Bytes for `n` tenants and `cap` lease slots.
+    pub(crate) fn size_for_counts(n: usize, cap: usize) -> Result<usize, FairError> {
+        Self::size_for(n, cap)
     }
 
     fn size_for(n: usize, cap: usize) -> Result<usize, FairError> {
@@ -340,6 +353,18 @@ impl SharedLedger {
         &mut self,
         f: impl FnOnce(&mut View<'_>) -> Result<R, FairError>,
     ) -> Result<R, FairError> {
+        self.with_view_at(Some(0), |v, _| f(v).map(|r| (r, true)))
+    }
+
+    /// The general form of [`with_view`](Self::with_view): `at` is the
+    /// caller's `now`, or `None` to read `CLOCK_MONOTONIC` *after* taking the
+    /// lock (ruling Q22: concurrent processes then never go backwards); `f`
+    /// gets the resolved `now` and returns whether to commit.
+    fn with_view_at<R>(
+        &mut self,
+        at: Option<u64>,
+        f: impl FnOnce(&mut View<'_>, u64) -> Result<(R, bool), FairError>,
+    ) -> Result<R, FairError> {
         let nth = self.ops;
         self.ops += 1;
         let h = self.header();
@@ -353,6 +378,10 @@ impl SharedLedger {
                 .consistent()
                 .map_err(|e| FairError::Lock(e.to_string()))?;
         }
+        let now = match at {
+            Some(t) => t,
+            None => monotonic_ms(),
+        };
         self.maybe_crash(nth, CrashPoint::AfterLock);
         let committed = h.committed.load(Ordering::Acquire);
         if committed > 1 {
@@ -399,7 +428,10 @@ impl SharedLedger {
             )
         };
         let mut view = View::new(params, meta, tenants, leases)?;
-        let r = f(&mut view)?;
+        let (r, commit) = f(&mut view, now)?;
+        if !commit {
+            return Ok(r);
+        }
         self.maybe_crash(nth, CrashPoint::BeforeFlip);
         h.committed.store(scratch as u32, Ordering::Release);
         h.commits.fetch_add(1, Ordering::Relaxed);
@@ -414,6 +446,29 @@ impl SharedLedger {
         self.with_view(|v| admission::acquire(v, owner, tenant, cost, hold_ms, now_ms))
     }
 
+    /// Acquire on behalf of `owner` at `at` (`None`: the clock, read under
+    /// the lock). With `commit_refusal` false a refusal is answered
+    /// `Ok(None)` and not committed (nothing changes), so the caller can
+    /// reap dead processes and ask again without recording a refusal twice.
+    pub(crate) fn acquire_as(
+        &mut self,
+        owner: u32,
+        tenant: &str,
+        cost: f64,
+        hold_ms: u64,
+        at: Option<u64>,
+        commit_refusal: bool,
+    ) -> Result<Option<Result<Lease, Refusal>>, FairError> {
+        self.with_view_at(at, |v, now| {
+            let r = admission::acquire(v, owner, tenant, cost, hold_ms, now)?;
+            Ok(match r {
+                Ok(l) => (Some(Ok(l)), true),
+                Err(refusal) if commit_refusal => (Some(Err(refusal)), true),
+                Err(_) => (None, false),
+            })
+        })
+    }
+
     /// See [`FairLedger::release`].
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
         self.with_view(|v| admission::release(v, lease_id, now_ms))
@@ -423,6 +478,48 @@ impl SharedLedger {
     /// returns how many. Counted per tenant in `reaped_leases`; not activity.
     pub fn reap_owner(&mut self, owner: u32, now_ms: u64) -> Result<u64, FairError> {
         self.with_view(|v| admission::reap_owner(v, owner, now_ms))
+    }
+
+    /// Like [`reap_owner`](Self::reap_owner), at `max(at, last accepted
+    /// now)`: reaping never moves the ledger's time backwards or fails
+    /// because another process's call got in first.
+    pub(crate) fn reap_owner_latest(&mut self, owner: u32, at: u64) -> Result<u64, FairError> {
+        self.with_view_at(Some(at), |v, at| {
+            let now = at.max(v.meta()?.last_now_ms).max(v.p.started_at_ms);
+            admission::reap_owner(v, owner, now).map(|n| (n, true))
+        })
+    }
+
+    /// Releases `lease_id` at `at` (`None`: the clock, read under the lock).
+    pub(crate) fn release_at(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
+        self.with_view_at(at, |v, now| {
+            admission::release(v, lease_id, now).map(|r| (r, true))
+        })
+    }
+
+    /// Stats at `at` (`None`: the clock, read under the lock).
+    pub(crate) fn stats_at(&mut self, at: Option<u64>) -> Result<Stats, FairError> {
+        self.with_view_at(at, |v, now| admission::stats(v, now).map(|r| (r, true)))
+    }
+
+    /// Plan at `at` (`None`: the clock, read under the lock).
+    pub(crate) fn plan_at(&mut self, at: Option<u64>) -> Result<Plan, FairError> {
+        self.with_view_at(at, |v, now| admission::plan(v, now).map(|r| (r, true)))
+    }
+
+    /// Report at `at` (`None`: the clock, read under the lock).
+    pub(crate) fn report_at(&mut self, at: Option<u64>) -> Result<FairnessReport, FairError> {
+        self.with_view_at(at, |v, now| admission::report(v, now).map(|r| (r, true)))
+    }
+
+    /// Tenant records and lease slots of this ledger.
+    pub(crate) fn capacities(&self) -> (usize, usize) {
+        (self.n, self.cap)
+    }
+
+    /// The immutable parameters read from the header at create/attach.
+    pub(crate) fn params(&self) -> Params {
+        self.params
     }
 
     /// See [`FairLedger::stats`].
