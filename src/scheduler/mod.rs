@@ -25,6 +25,7 @@
 //! ```
 
 mod caps;
+mod inspect;
 mod lottery;
 mod node;
 mod pool;
