@@ -26,6 +26,7 @@
 
 mod caps;
 mod future;
+mod inspect;
 mod lottery;
 mod node;
 mod pool;

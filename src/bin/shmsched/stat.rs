@@ -1,0 +1,323 @@
+//! `stat`, `watch` and `reap`: a live region from the outside.
+//!
+//! Reading a scheduler's figures means attaching to it, which registers
+//! this process in the region's process table; every path here leaves
+//! through [`Scheduler::detach`], so the inspector leaves no entry behind
+//! and holds nothing. Its own entry is left out of the process list.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region};
+use shmsched::scheduler::{Scheduler, SharedStats};
+use shmsched::Priority;
+
+use crate::{signals, CliError, CliResult};
+
+/// Arguments of `stat`.
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Region name (maps to /dev/shm/shmsched.NAME) or path.
+    region: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Region name (maps to /dev/shm/shmsched.NAME) or path.
+    region: String,
+    /// Stop after this many refreshes (default: until Ctrl-C).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+    /// Print one JSON object per refresh, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `reap`.
+#[derive(Debug, Args)]
+pub struct ReapArgs {
+    /// Region name (maps to /dev/shm/shmsched.NAME) or path.
+    region: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The region header, as `stat` shows it.
+#[derive(Debug, Serialize)]
+struct Header {
+    path: String,
+    kind: &'static str,
+    layout_version: u32,
+    params: [u64; 8],
+    total_size: u64,
+    process_slots: u32,
+    created_at_unix_ms: u64,
+    created_pid: i32,
+}
+
+/// One registered process of a scheduler region.
+#[derive(Debug, Serialize)]
+struct Proc {
+    pid: i32,
+    entry: u32,
+    owner: u32,
+    alive: bool,
+    state: &'static str,
+    slots_held: u32,
+}
+
+/// A scheduler region's figures.
+#[derive(Debug, Serialize)]
+struct SchedView {
+    running: u32,
+    max: u32,
+    waiters: std::collections::BTreeMap<&'static str, u32>,
+    waiting_total: u32,
+    processes_alive: u32,
+    processes: Vec<Proc>,
+    slots_reclaimed: u64,
+    reaped_processes: u64,
+}
+
+/// What `stat --json` prints.
+#[derive(Debug, Serialize)]
+struct StatView {
+    region: Header,
+    /// Present for a scheduler region.
+    scheduler: Option<SchedView>,
+    /// Set when this kind has no detailed view yet.
+    note: Option<String>,
+}
+
+fn header(region: &Region, name: &str, h: &HeaderInfo) -> Header {
+    Header {
+        path: region
+            .path()
+            .map_or_else(|| name.to_string(), |p| p.display().to_string()),
+        kind: h.kind.name(),
+        layout_version: h.layout_version,
+        params: h.params,
+        total_size: h.total_size,
+        process_slots: h.process_slots,
+        created_at_unix_ms: h.created_at_unix_ms,
+        created_pid: h.created_pid,
+    }
+}
+
+fn open(name: &str) -> Result<(Region, HeaderInfo), CliError> {
+    let region = Region::open(name).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
+    let info = region
+        .info()
+        .map_err(|e| CliError(format!("region {name:?}: {e}")))?
+        .ok_or_else(|| {
+            CliError(format!(
+                "region {name:?} is not initialised (no object was created in it yet)"
+            ))
+        })?;
+    Ok((region, info))
+}
+
+fn sched_view(sched: &Scheduler) -> Result<SchedView, CliError> {
+    let shared: SharedStats = sched
+        .stats()
+        .shared
+        .ok_or_else(|| CliError("internal: an attached scheduler has no shared stats".into()))?;
+    let me = sched.owner_id();
+    let processes: Vec<Proc> = sched
+        .processes()?
+        .into_iter()
+        .filter(|(p, _)| Some(p.owner) != me)
+        .map(|(p, held)| Proc {
+            pid: p.pid,
+            entry: p.idx,
+            owner: p.owner,
+            alive: p.alive,
+            state: match p.state {
+                ProcState::Free => "free",
+                ProcState::Live => "live",
+                ProcState::Reaping => "reaping",
+            },
+            slots_held: held,
+        })
+        .collect();
+    let waiters = Priority::ALL
+        .iter()
+        .rev()
+        .map(|p| (p.name(), shared.waiters[p.index()]))
+        .collect();
+    Ok(SchedView {
+        running: shared.running,
+        max: shared.max,
+        waiters,
+        waiting_total: shared.waiters.iter().sum(),
+        // Without this inspector, which counts itself while attached.
+        processes_alive: shared.processes.saturating_sub(1),
+        processes,
+        slots_reclaimed: shared.reclaimed,
+        reaped_processes: shared.reaped_processes,
+    })
+}
+
+/// Builds the view of `name`, attaching to (and detaching from) a scheduler.
+fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliError> {
+    let head = header(region, name, info);
+    if info.kind != ObjectKind::Scheduler {
+        return Ok(StatView {
+            region: head,
+            scheduler: None,
+            note: Some(format!(
+                "the detailed view of a {} region is not supported yet",
+                info.kind.name()
+            )),
+        });
+    }
+    let sched = Scheduler::attach(region).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
+    let v = sched_view(&sched);
+    sched
+        .detach()
+        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
+    Ok(StatView {
+        region: head,
+        scheduler: Some(v?),
+        note: None,
+    })
+}
+
+fn print_human(v: &StatView) {
+    let h = &v.region;
+    println!("region      {}", h.path);
+    println!("kind        {} (layout v{})", h.kind, h.layout_version);
+    let params: Vec<String> = h.params.iter().map(u64::to_string).collect();
+    println!("params      [{}]", params.join(", "));
+    println!(
+        "size        {} bytes, {} process slots",
+        h.total_size, h.process_slots
+    );
+    println!(
+        "created     by pid {} at {} ms since the Unix epoch",
+        h.created_pid, h.created_at_unix_ms
+    );
+    if let Some(note) = &v.note {
+        println!("{note}");
+    }
+    let Some(s) = &v.scheduler else { return };
+    println!("running     {} / {} max", s.running, s.max);
+    let waiting: Vec<String> = s
+        .waiters
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(p, n)| format!("{p} {n}"))
+        .collect();
+    if waiting.is_empty() {
+        println!("waiting     0");
+    } else {
+        println!("waiting     {} ({})", s.waiting_total, waiting.join(", "));
+    }
+    println!(
+        "reclaimed   {} slots from {} dead processes reaped",
+        s.slots_reclaimed, s.reaped_processes
+    );
+    println!("processes   {} alive", s.processes_alive);
+    if !s.processes.is_empty() {
+        println!(
+            "  {:>8} {:>6} {:>6} {:>11}",
+            "pid", "entry", "alive", "slots held"
+        );
+        for p in &s.processes {
+            println!(
+                "  {:>8} {:>6} {:>6} {:>11}",
+                p.pid,
+                p.entry,
+                if p.alive { "yes" } else { "DEAD" },
+                p.slots_held
+            );
+        }
+    }
+}
+
+fn emit(v: &StatView, json: bool) -> Result<(), CliError> {
+    if json {
+        let text = serde_json::to_string(v).map_err(|e| CliError(format!("encoding: {e}")))?;
+        println!("{text}");
+    } else {
+        print_human(v);
+    }
+    Ok(())
+}
+
+/// `stat REGION`.
+pub fn stat(a: StatArgs) -> CliResult {
+    let (region, info) = open(&a.region)?;
+    emit(&view(&a.region, &region, &info)?, a.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `watch REGION`: `stat` every second until Ctrl-C or `--count`.
+pub fn watch(a: WatchArgs) -> CliResult {
+    signals::install();
+    let (region, info) = open(&a.region)?;
+    let mut n = 0u64;
+    let start = Instant::now();
+    loop {
+        let v = view(&a.region, &region, &info)?;
+        if !a.json {
+            println!("--- {:.0} s", start.elapsed().as_secs_f64());
+        }
+        emit(&v, a.json)?;
+        n += 1;
+        if a.count.is_some_and(|c| n >= c) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let next = start + Duration::from_secs(n);
+        while Instant::now() < next {
+            if signals::interrupted() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// What `reap --json` prints.
+#[derive(Debug, Serialize)]
+struct Reaped {
+    reaped_processes: u32,
+    slots_reclaimed: u64,
+}
+
+/// `reap REGION`: returns dead processes' slots now.
+pub fn reap(a: ReapArgs) -> CliResult {
+    let (region, info) = open(&a.region)?;
+    if info.kind != ObjectKind::Scheduler {
+        return Err(CliError(format!(
+            "region {:?} holds a {}; reap supports scheduler regions only for now",
+            a.region,
+            info.kind.name()
+        )));
+    }
+    let sched =
+        Scheduler::attach(&region).map_err(|e| CliError(format!("region {:?}: {e}", a.region)))?;
+    let r = sched.reap();
+    sched
+        .detach()
+        .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
+    let (procs, slots) = r.map_err(|e| CliError(format!("reaping region {:?}: {e}", a.region)))?;
+    if a.json {
+        let text = serde_json::to_string(&Reaped {
+            reaped_processes: procs,
+            slots_reclaimed: slots,
+        })
+        .map_err(|e| CliError(format!("encoding: {e}")))?;
+        println!("{text}");
+    } else {
+        println!("reaped {procs} processes, reclaimed {slots} slots");
+    }
+    Ok(ExitCode::SUCCESS)
+}
