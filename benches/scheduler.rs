@@ -15,6 +15,12 @@
 //!   `SHMSCHED_BENCH_SAME_CPU=1`) so every row of a run measures the same
 //!   wakeup path; see `common::Placement`.
 //!
+//! - `acquire_release/shmsched_queue_drain` is the one contended row: cap 1,
+//!   [`DRAIN_WAITERS`] threads queued behind a held permit; the timer runs
+//!   from the release of that permit until the last waiter has been admitted
+//!   (and has released), so one element is one FIFO handoff from a releasing
+//!   thread to a sleeping waiter (a futex wake plus the waiter's wakeup).
+//!
 //! Adding a row:
 //!
 //! - `acquire_release`: `g.bench_function("shmsched_…", |b| b.iter(|| { acquire; release }))`
@@ -27,9 +33,11 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::hint::black_box;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
@@ -37,15 +45,66 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Thro
 use common::{
     time_handoffs, Child, FlockFile, Placement, PosixNamedSem, SharedSemPair, SysvSemUndo,
 };
+use shmsched::region::Region;
+use shmsched::scheduler::{Concurrency, Permit, Scheduler};
+use shmsched::Priority;
 
 /// Permits in the uncontended `acquire_release` rows.
 const PERMITS: u32 = 8;
+
+/// Local cap of each child in the `shmsched_child*` rows.
+const CHILD_PERMITS: u32 = 4;
+
+/// Threads queued behind the held permit in `shmsched_queue_drain`.
+const DRAIN_WAITERS: usize = 8;
 
 fn acquire_release(c: &mut Criterion) {
     let mut g = c.benchmark_group("acquire_release");
     g.throughput(Throughput::Elements(1));
 
-    // shmsched rows go here
+    {
+        let s = Scheduler::new(Concurrency::unlimited()).expect("scheduler");
+        g.bench_function("shmsched_local_unlimited", |b| {
+            b.iter(|| drop(black_box(s.acquire(Priority::Normal).expect("acquire"))))
+        });
+    }
+
+    {
+        let s = Scheduler::new(Concurrency::unlimited()).expect("scheduler");
+        g.bench_function("shmsched_try_acquire", |b| {
+            b.iter(|| drop(black_box(s.try_acquire(Priority::Normal).expect("free"))))
+        });
+    }
+
+    {
+        let region = Region::anonymous().expect("region");
+        let s = Scheduler::shared(&region, PERMITS).expect("shared scheduler");
+        g.bench_function("shmsched_shared", |b| {
+            b.iter(|| drop(black_box(s.acquire(Priority::Normal).expect("acquire"))))
+        });
+    }
+
+    {
+        let root = Scheduler::new(PERMITS).expect("scheduler");
+        let child1 = root.child(CHILD_PERMITS).expect("child");
+        let child2 = child1.child(CHILD_PERMITS).expect("child");
+        g.bench_function("shmsched_child1", |b| {
+            b.iter(|| {
+                drop(black_box(
+                    child1.acquire(Priority::Normal).expect("acquire"),
+                ))
+            })
+        });
+        g.bench_function("shmsched_child2", |b| {
+            b.iter(|| {
+                drop(black_box(
+                    child2.acquire(Priority::Normal).expect("acquire"),
+                ))
+            })
+        });
+    }
+
+    queue_drain_row(&mut g);
 
     {
         let sem = PosixNamedSem::new(PERMITS).expect("sem_open");
@@ -97,12 +156,116 @@ fn acquire_release(c: &mut Criterion) {
     g.finish();
 }
 
-/// A forked partner and the primitive it shares with the parent. `child` is
-/// declared first so it is killed and reaped before `prim` is torn down.
-/// `_placement` (held for its `Drop`) is last so the parent's CPU mask is
-/// restored after the child is gone.
-struct Partner<P> {
+/// State shared by the drain row's coordinator and its worker threads.
+struct Drain {
+    sched: Scheduler,
+    /// Round number; bumping it (under the lock) starts a round, `None`
+    /// stops the workers.
+    round: Mutex<Option<u64>>,
+    start: Condvar,
+    /// Waiters admitted in the current round.
+    admitted: AtomicUsize,
+    /// When the last waiter of the round was admitted (set by that waiter).
+    end: Mutex<Option<Instant>>,
+    finished: Condvar,
+}
+
+impl Drain {
+    fn worker(&self) {
+        let mut seen = 0;
+        loop {
+            {
+                let mut round = self.round.lock().expect("poisoned");
+                while *round == Some(seen) {
+                    round = self.start.wait(round).expect("poisoned");
+                }
+                match *round {
+                    Some(r) => seen = r,
+                    None => return,
+                }
+            }
+            drop(self.sched.acquire(Priority::Normal).expect("acquire"));
+            if self.admitted.fetch_add(1, Ordering::SeqCst) + 1 == DRAIN_WAITERS {
+                *self.end.lock().expect("poisoned") = Some(Instant::now());
+                self.finished.notify_one();
+            }
+        }
+    }
+
+    /// One round: hold the only permit, let every worker queue behind it,
+    /// release it and time until the last worker is through.
+    fn round(&self) -> Duration {
+        let gate = self.sched.acquire(Priority::Normal).expect("acquire");
+        self.admitted.store(0, Ordering::SeqCst);
+        *self.end.lock().expect("poisoned") = None;
+        {
+            let mut round = self.round.lock().expect("poisoned");
+            *round = round.map(|r| r + 1);
+            self.start.notify_all();
+        }
+        while self.sched.stats().pending < DRAIN_WAITERS as u64 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let start = Instant::now();
+        drop(gate);
+        let mut end = self.end.lock().expect("poisoned");
+        loop {
+            if let Some(t) = *end {
+                return t - start;
+            }
+            end = self.finished.wait(end).expect("poisoned");
+        }
+    }
+}
+
+/// `acquire_release/shmsched_queue_drain`: the time for a cap-1 in-process
+/// scheduler to hand its slot through [`DRAIN_WAITERS`] queued threads,
+/// reported per handoff. Only the drain is timed (not the queueing, not the
+/// workers going back to sleep). The workers are joined before the row
+/// returns, so the process is single-threaded again for the forking rows.
+fn queue_drain_row(g: &mut BenchmarkGroup<'_, WallTime>) {
+    let drain = Drain {
+        sched: Scheduler::new(1).expect("scheduler"),
+        round: Mutex::new(Some(0)),
+        start: Condvar::new(),
+        admitted: AtomicUsize::new(0),
+        end: Mutex::new(None),
+        finished: Condvar::new(),
+    };
+    std::thread::scope(|s| {
+        let stop = || {
+            *drain.round.lock().expect("poisoned") = None;
+            drain.start.notify_all();
+        };
+        for _ in 0..DRAIN_WAITERS {
+            s.spawn(|| drain.worker());
+        }
+        // Stop the workers even if a sample panics, so the scope can join.
+        struct StopOnDrop<F: Fn()>(F);
+        impl<F: Fn()> Drop for StopOnDrop<F> {
+            fn drop(&mut self) {
+                (self.0)()
+            }
+        }
+        let _stop = StopOnDrop(stop);
+        g.bench_function("shmsched_queue_drain", |b| {
+            b.iter_custom(|iters| {
+                let rounds = iters.div_ceil(DRAIN_WAITERS as u64).max(1);
+                let total: Duration = (0..rounds).map(|_| drain.round()).sum();
+                total.mul_f64(iters as f64 / (rounds * DRAIN_WAITERS as u64) as f64)
+            })
+        });
+    });
+}
+
+/// A forked partner, the primitive it shares with the parent, and the
+/// parent's own per-row state. `child` is declared first so it is killed and
+/// reaped before `state` and `prim` are torn down. `_placement` (held for its
+/// `Drop`) is last so the parent's CPU mask is restored after the child is
+/// gone.
+struct Partner<P, S> {
     child: Child,
+    state: S,
     prim: P,
     _placement: Placement,
 }
@@ -118,25 +281,56 @@ fn handoff_row<P>(
     child_side: fn(&P),
     parent_side: fn(&P),
 ) {
+    handoff_row_stateful(
+        g,
+        id,
+        make,
+        |_| (),
+        |p, _| child_side(p),
+        |_| (),
+        |p, _| parent_side(p),
+    );
+}
+
+/// [`handoff_row`] for primitives whose sides keep state between round trips
+/// (e.g. the permit each side holds). In the partner, `child_init` runs once
+/// after the fork and `child_side` then runs forever on its state; in the
+/// parent, `parent_init` runs once after the fork (it may wait for the
+/// partner to be ready) and `parent_side` is one round trip on its state.
+fn handoff_row_stateful<P, C, S>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    make: impl FnOnce() -> P,
+    child_init: impl Fn(&P) -> C,
+    child_side: impl Fn(&P, &mut C),
+    parent_init: impl Fn(&P) -> S,
+    parent_side: impl Fn(&P, &mut S),
+) {
     let mut make = Some(make);
-    let mut partner: Option<Partner<P>> = None;
+    let mut partner: Option<Partner<P, S>> = None;
     g.bench_function(id, |b| {
         let p = partner.get_or_insert_with(|| {
             let placement = Placement::pin_parent().expect("cpu affinity");
             eprintln!("{id}: {}", placement.describe());
             let prim = (make.take().expect("made once"))();
-            let child = Child::spawn(placement.child_cpu, || loop {
-                child_side(&prim)
+            let child = Child::spawn(placement.child_cpu, || {
+                let mut state = child_init(&prim);
+                loop {
+                    child_side(&prim, &mut state)
+                }
             })
             .expect("fork");
+            let state = parent_init(&prim);
             Partner {
                 child,
+                state,
                 prim,
                 _placement: placement,
             }
         });
         p.child.assert_alive();
-        b.iter_custom(|iters| time_handoffs(iters, || parent_side(&p.prim)))
+        let (prim, state) = (&p.prim, &mut p.state);
+        b.iter_custom(|iters| time_handoffs(iters, || parent_side(prim, state)))
     });
     drop(partner);
 }
@@ -156,11 +350,119 @@ struct JobserverPingPong {
     pong: jobserver::Client,
 }
 
+/// Two regions, each a shared scheduler with max 1 (the same two-resource
+/// design as [`JobserverPingPong`]). At any time each side holds one of the
+/// two slots; a round trip is: the parent releases its slot `x`, which wakes
+/// the partner queued on `x`; the partner releases its slot `y`, which wakes
+/// the parent queued on `y`. Then the roles of `x` and `y` swap.
+///
+/// A [`Permit`] borrows its scheduler, and both sides keep a permit across
+/// round trips, so the schedulers are leaked (`&'static`): two small regions
+/// per bench run, in the parent, and the partner's own handles in the
+/// partner (which never exits normally).
+struct ShmPingPong {
+    regions: [Region; 2],
+    /// The parent's handles, created before the fork.
+    parent: [&'static Scheduler; 2],
+    /// The slot the parent holds from `make` until its first round trip.
+    first: Cell<Option<Permit<'static>>>,
+}
+
+/// One side's state: the permit it holds and which scheduler it is on.
+struct PingPongSide {
+    scheds: [&'static Scheduler; 2],
+    held: Option<Permit<'static>>,
+    on: usize,
+}
+
+impl PingPongSide {
+    /// Parent: release the held slot, then wait for the other one.
+    fn release_then_acquire(&mut self) {
+        drop(self.held.take());
+        self.on = 1 - self.on;
+        self.held = Some(
+            self.scheds[self.on]
+                .acquire(Priority::Normal)
+                .expect("shmsched acquire"),
+        );
+    }
+
+    /// Partner: wait for the slot the parent holds, then release the held one.
+    fn acquire_then_release(&mut self) {
+        let next = 1 - self.on;
+        let Ok(p) = self.scheds[next].acquire(Priority::Normal) else {
+            partner_failed()
+        };
+        drop(self.held.replace(p));
+        self.on = next;
+    }
+}
+
+impl ShmPingPong {
+    fn new() -> ShmPingPong {
+        let regions = [
+            Region::anonymous().expect("region"),
+            Region::anonymous().expect("region"),
+        ];
+        let parent = [0, 1].map(|i| {
+            &*Box::leak(Box::new(
+                Scheduler::shared(&regions[i], 1).expect("shared scheduler"),
+            ))
+        });
+        let first = Cell::new(Some(parent[0].acquire(Priority::Normal).expect("acquire")));
+        ShmPingPong {
+            regions,
+            parent,
+            first,
+        }
+    }
+
+    /// In the partner: own handles on both regions (a Scheduler is not usable
+    /// across fork), holding slot 1.
+    fn partner(&self) -> PingPongSide {
+        let scheds = [0, 1].map(|i| match Scheduler::attach(&self.regions[i]) {
+            Ok(s) => &*Box::leak(Box::new(s)),
+            Err(_) => partner_failed(),
+        });
+        let Some(held) = scheds[1].try_acquire(Priority::Normal) else {
+            partner_failed()
+        };
+        PingPongSide {
+            scheds,
+            held: Some(held),
+            on: 1,
+        }
+    }
+
+    /// In the parent, after the fork: holding slot 0; waits until the partner
+    /// holds slot 1, so the first round trip starts from the steady state.
+    fn parent(&self) -> PingPongSide {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.parent[1].global_running() == 0 {
+            assert!(Instant::now() < deadline, "partner never took its slot");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        PingPongSide {
+            scheds: self.parent,
+            held: self.first.take(),
+            on: 0,
+        }
+    }
+}
+
 fn handoff_latency(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff_latency");
     g.throughput(Throughput::Elements(1));
 
-    // shmsched rows go here
+    handoff_row_stateful(
+        &mut g,
+        "shmsched_shared",
+        ShmPingPong::new,
+        ShmPingPong::partner,
+        |_, side| side.acquire_then_release(),
+        ShmPingPong::parent,
+        |_, side| side.release_then_acquire(),
+    );
 
     handoff_row(
         &mut g,
