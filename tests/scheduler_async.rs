@@ -131,7 +131,7 @@ fn async_waiter_in_another_process_is_woken_by_a_release() {
     let region = Region::create(&path).unwrap();
     let me = Scheduler::shared(&region, 1).unwrap();
     let hold = me.acquire(Priority::Normal).unwrap();
-    let mut kid = spawn("child_entry", "async-waiter", &[path.clone()]);
+    let mut kid = spawn("child_entry", "async-waiter", std::slice::from_ref(&path));
     kid.expect_line("start");
     until("child queued", 10, || {
         me.stats().shared.unwrap().waiters[Priority::High.index()] == 1

@@ -1,6 +1,6 @@
 //! A concurrency limit with seven priorities, per-priority caps, a
 //! starvation lottery, child schedulers and stats — in one process, or shared
-//! by many processes through a [`Region`](crate::region::Region).
+//! by many processes through a [`Region`].
 //!
 //! ```
 //! use shmsched::scheduler::{Concurrency, Scheduler};
