@@ -219,3 +219,35 @@ fn stat_errors_name_the_region() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not initialised"));
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn stat_shows_a_fair_share_ledger() {
+    use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
+    let name = Named::new("fair");
+    let region = Region::create(&name.0).unwrap();
+    let now = shmsched::sys::monotonic_ms();
+    let cfg = FairConfig {
+        ceiling: 100.0,
+        fairness_unit: FairnessUnit::Cost,
+        tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
+        reclaim_horizon_ms: 100,
+        idle_after_ms: 1000,
+        started_at_ms: now,
+    };
+    let mut fair = FairShare::shared(&region, &cfg).unwrap();
+    let lease = fair.acquire_now("b", 30.0, 60_000).unwrap().unwrap();
+    let out = ok_stdout(&["stat", &name.0, "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["region"]["kind"], "fair-share", "{v}");
+    assert_eq!(v["fair"]["config"]["ceiling"], 100.0);
+    assert_eq!(v["fair"]["stats"]["tenants"]["b"]["held"], 30.0, "{v}");
+    assert_eq!(v["fair"]["stats"]["tenants"]["a"]["guarantee"], 50.0);
+    let human = ok_stdout(&["stat", &name.0]);
+    assert!(
+        human.contains("ceiling     100") && human.contains("reclaim horizon 100 ms"),
+        "{human}"
+    );
+    let reaped = ok_stdout(&["reap", &name.0]);
+    assert_eq!(reaped.trim(), "reaped 0 processes, released 0 leases");
+    fair.release_now(&lease.id).unwrap();
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
+use shmsched::fair::{FairConfig, FairShare, Stats};
 use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region};
 use shmsched::scheduler::{Scheduler, SharedStats};
 use shmsched::Priority;
@@ -92,8 +93,84 @@ struct StatView {
     region: Header,
     /// Present for a scheduler region.
     scheduler: Option<SchedView>,
+    /// Present for a fair-share region.
+    fair: Option<FairView>,
     /// Set when this kind has no detailed view yet.
     note: Option<String>,
+}
+
+/// A fair-share region: its configuration and `stats` read now.
+#[derive(Debug, Serialize)]
+struct FairView {
+    config: FairConfig,
+    stats: Stats,
+    /// Processes reaped and leases they held, since creation.
+    reaped_processes: u64,
+    reaped_leases: u64,
+}
+
+fn fair_view(name: &str, region: &Region) -> Result<FairView, CliError> {
+    let bad = |e: &dyn std::fmt::Display| CliError(format!("region {name:?}: {e}"));
+    let mut fair = FairShare::attach(region).map_err(|e| bad(&e))?;
+    let stats = fair.stats_now().map_err(|e| bad(&e));
+    let (reaped_processes, reaped_leases) = fair.reaped();
+    let config = fair.config().clone();
+    // The inspector holds no lease: leave no entry behind.
+    fair.mapping()
+        .deregister()
+        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
+    Ok(FairView {
+        config,
+        stats: stats?,
+        reaped_processes,
+        reaped_leases,
+    })
+}
+
+fn print_fair(f: &FairView) {
+    let c = &f.config;
+    println!(
+        "ceiling     {} ({:?}), reclaim horizon {} ms, idle after {} ms",
+        c.ceiling, c.fairness_unit, c.reclaim_horizon_ms, c.idle_after_ms
+    );
+    println!(
+        "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14} {:>8} {:>7}",
+        "tenant",
+        "guarantee",
+        "held",
+        "borrowed",
+        "lent",
+        "want",
+        "deficit u*ms",
+        "worst ms",
+        "leases"
+    );
+    for t in &f.stats.tenants {
+        let worst = t
+            .worst_reclaim_ms
+            .map_or("-".to_string(), |w| w.to_string());
+        println!(
+            "  {:<16} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>14.1} {:>8} {:>7}",
+            t.id,
+            t.guarantee,
+            t.held,
+            t.borrowed,
+            t.lent,
+            t.want,
+            t.deficit_unit_ms,
+            worst,
+            t.leases
+        );
+    }
+    if f.stats.overrun_leases.is_empty() {
+        println!("overrun     none");
+    } else {
+        println!("overrun     {}", f.stats.overrun_leases.join(", "));
+    }
+    println!(
+        "reaped      {} leases from {} dead processes",
+        f.reaped_leases, f.reaped_processes
+    );
 }
 
 fn header(region: &Region, name: &str, h: &HeaderInfo) -> Header {
@@ -168,10 +245,19 @@ fn sched_view(sched: &Scheduler) -> Result<SchedView, CliError> {
 /// Builds the view of `name`, attaching to (and detaching from) a scheduler.
 fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliError> {
     let head = header(region, name, info);
+    if info.kind == ObjectKind::FairShare {
+        return Ok(StatView {
+            region: head,
+            scheduler: None,
+            fair: Some(fair_view(name, region)?),
+            note: None,
+        });
+    }
     if info.kind != ObjectKind::Scheduler {
         return Ok(StatView {
             region: head,
             scheduler: None,
+            fair: None,
             note: Some(format!(
                 "the detailed view of a {} region is not supported yet",
                 info.kind.name()
@@ -186,6 +272,7 @@ fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliE
     Ok(StatView {
         region: head,
         scheduler: Some(v?),
+        fair: None,
         note: None,
     })
 }
@@ -206,6 +293,9 @@ fn print_human(v: &StatView) {
     );
     if let Some(note) = &v.note {
         println!("{note}");
+    }
+    if let Some(f) = &v.fair {
+        print_fair(f);
     }
     let Some(s) = &v.scheduler else { return };
     println!("running     {} / {} max", s.running, s.max);
@@ -285,6 +375,28 @@ pub fn watch(a: WatchArgs) -> CliResult {
     }
 }
 
+/// `reap` on a fair-share region: releases dead processes' leases now.
+fn reap_fair(a: &ReapArgs, region: &Region) -> CliResult {
+    let bad = |e: &dyn std::fmt::Display| CliError(format!("region {:?}: {e}", a.region));
+    let mut fair = FairShare::attach(region).map_err(|e| bad(&e))?;
+    let r = fair.reap().map_err(|e| bad(&e));
+    fair.mapping()
+        .deregister()
+        .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
+    let r = r?;
+    if a.json {
+        let text =
+            serde_json::json!({ "reaped_processes": r.processes, "leases_released": r.leases });
+        println!("{text}");
+    } else {
+        println!(
+            "reaped {} processes, released {} leases",
+            r.processes, r.leases
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// What `reap --json` prints.
 #[derive(Debug, Serialize)]
 struct Reaped {
@@ -295,9 +407,12 @@ struct Reaped {
 /// `reap REGION`: returns dead processes' slots now.
 pub fn reap(a: ReapArgs) -> CliResult {
     let (region, info) = open(&a.region)?;
+    if info.kind == ObjectKind::FairShare {
+        return reap_fair(&a, &region);
+    }
     if info.kind != ObjectKind::Scheduler {
         return Err(CliError(format!(
-            "region {:?} holds a {}; reap supports scheduler regions only for now",
+            "region {:?} holds a {}; reap supports scheduler and fair-share regions",
             a.region,
             info.kind.name()
         )));
