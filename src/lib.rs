@@ -3,7 +3,58 @@
 //! One concurrency budget, one byte-rate budget and one fair-share ceiling,
 //! shared by many co-located OS processes through a memory-mapped region.
 //!
-//! Layers, lowest first (no module reaches upward):
+//! # A concurrency budget shared by processes
+//!
+//! ```
+//! use shmsched::region::Region;
+//! use shmsched::scheduler::{Concurrency, Scheduler};
+//! use shmsched::Priority;
+//!
+//! # fn main() -> shmsched::Result<()> {
+//! // A prefork master makes an anonymous region (a memfd) before forking;
+//! // unrelated processes use a name instead: Region::open_or_create("pool").
+//! let region = Region::anonymous()?;
+//! // At most 4 at once across every process; `low` work at most 1.
+//! let sched = Scheduler::shared(&region, Concurrency::max(4).low(1))?;
+//! let permit = sched.acquire(Priority::High)?; // blocks; sleeps on a futex
+//! assert_eq!(sched.global_running(), 1);
+//! drop(permit); // released exactly once
+//! # Ok(()) }
+//! ```
+//!
+//! A process killed while holding permits gives them back: the next waiter
+//! that finds the budget full reclaims them (or call
+//! [`Scheduler::reap`](scheduler::Scheduler::reap), or `shmsched reap`).
+//!
+//! # A fair-share ceiling
+//!
+//! ```
+//! use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
+//!
+//! let mut fair = FairShare::new(FairConfig {
+//!     ceiling: 100.0,
+//!     fairness_unit: FairnessUnit::Cost,
+//!     tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
+//!     reclaim_horizon_ms: 100,
+//!     idle_after_ms: 1_000,
+//!     started_at_ms: 0,
+//! })?;
+//! // b borrows a's idle half for at most the horizon...
+//! let own = fair.acquire("b", 50.0, 1_000, 2_000)?.expect("own guarantee");
+//! let loan = fair.acquire("b", 50.0, 100, 2_000)?.expect("borrowed from a");
+//! // ...and a, back at t=2010, is told exactly when it is whole again.
+//! let refusal = fair.acquire("a", 50.0, 100, 2_010)?.unwrap_err();
+//! assert_eq!(refusal.reason.as_str(), "guarantee_on_loan");
+//! assert_eq!(refusal.retry_after_ms, Some(90));
+//! # let _ = (own, loan);
+//! # Ok::<(), shmsched::fair::FairError>(())
+//! ```
+//!
+//! The same ledger lives in a region with `FairShare::shared(&region, &cfg)`.
+//!
+//! # Layers
+//!
+//! Lowest first (no module reaches upward):
 //!
 //! - [`sys`]: the only place with raw syscalls (futex, clock, liveness locks,
 //!   robust mutex).
