@@ -2,25 +2,26 @@
 //! owner, written by the same CAS that takes the capacity.
 //!
 //! **Layout** (object area of a `Scheduler` region, all fixed offsets):
-//! `[SchedHeader][occupancy bitmap: ⌈max/64⌉ words][waiting-process bitmap:
-//! 64 words][owner cells: max × u32]`, each part 128-byte aligned.
+//! `[SchedHeader][waiting-process bitmap: 64 words][owner cells: max × u32]`,
+//! each part 128-byte aligned.
 //!
-//! **Taking a slot.** A free cell `c` (occupancy bit clear) is claimed by
-//! `CAS(owner[c], 0 → my owner id)`; only then is its occupancy bit set. So
-//! the hard cap is the number of cells (no counter can be raced past it) and
-//! ownership is recorded by the very instruction that takes the capacity.
-//! Invariant: bit `c` set ⇒ `owner[c]` is the holder.
+//! **Taking a slot** is one instruction: `CAS(owner[c], 0 → my owner id)` on
+//! a free cell. The hard cap is the number of cells (no counter can be raced
+//! past it) and ownership is recorded by the very instruction that takes
+//! the capacity.
 //!
-//! **Releasing** clears the bit first, then the owner. A process that dies
-//! between any two steps leaves either `owner[c]` = its id with the bit set
-//! or clear; both are unambiguous, so the reaper frees exactly the cells
-//! whose owner is the dead process (clearing the bit, then the owner). No
-//! slot is leaked or freed twice.
+//! **Releasing** is one instruction too: `CAS(owner[c], my id → 0)` (an RMW,
+//! so it is also the full barrier that orders it before the release's read
+//! of the waiting bitmap). A process that dies at any point leaves each of
+//! its cells either free or holding its id, never anything ambiguous, so the
+//! reaper frees exactly the cells whose owner is the dead process. No slot
+//! is leaked or freed twice.
 //!
-//! **Running** is the population count of the bitmap: exact at quiescence,
-//! never above `max`. Per-priority caps are checked against it before and
-//! after the claim; two racing claimers can both see the cap reached and
-//! both back off, never both stay above it.
+//! **Running** is the number of non-zero cells: exact at quiescence, never
+//! above `max`. It is counted only where a per-priority cap below `max`
+//! needs it (before and after a claim: two racing claimers can both see the
+//! cap reached and both back off, never both stay above it), in dispatch
+//! and in stats; an uncapped fast path never counts.
 //!
 //! **Waiting across processes.** Each process entry's `obj[t]` word holds its
 //! waiter count at tier `t` (low 32 bits) and its cap for that tier (high 32
@@ -50,7 +51,7 @@ use std::time::Duration;
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 1;
+const OBJECT_REV: u64 = 2;
 
 /// Process slots covered by the waiting-process bitmap (the region's limit).
 const WAITING_BITS: usize = 4096;
@@ -68,8 +69,8 @@ pub const REAP_INTERVAL_MS: u64 = 20;
 struct SchedHeader {
     /// Global max; written once at initialisation.
     max: AtomicU32,
-    /// Bitmap words; written once at initialisation.
-    words: AtomicU32,
+    /// Reserved (0).
+    _reserved: AtomicU32,
     _pad0: [u32; 2],
     /// Counter: cells freed on behalf of dead processes.
     reclaimed: AtomicU64,
@@ -88,22 +89,16 @@ fn round128(n: usize) -> usize {
 
 #[derive(Debug, Clone, Copy)]
 struct Layout {
-    words: usize,
-    bitmap_off: usize,
     waiting_off: usize,
     owners_off: usize,
     size: usize,
 }
 
 fn layout(max: u32) -> Layout {
-    let words = (max as usize).div_ceil(64).max(1);
-    let bitmap_off = 128;
-    let waiting_off = bitmap_off + round128(words * 8);
+    let waiting_off = 128;
     let owners_off = waiting_off + round128(WAITING_WORDS * 8);
     let size = owners_off + round128(max as usize * 4).max(128);
     Layout {
-        words,
-        bitmap_off,
         waiting_off,
         owners_off,
         size,
@@ -116,9 +111,7 @@ fn spec_params(max: u32) -> [u64; 8] {
 
 fn init_object(max: u32, bytes: &mut [u8]) {
     // The area arrives zeroed: all cells free, no waiters, counters 0.
-    let l = layout(max);
     bytes[0..4].copy_from_slice(&max.to_ne_bytes());
-    bytes[4..8].copy_from_slice(&(l.words as u32).to_ne_bytes());
 }
 
 /// A bound shared slot table, as seen by one registered process.
@@ -127,7 +120,6 @@ pub(crate) struct SharedSlots {
     map: Arc<Mapping>,
     me: ProcId,
     max: u32,
-    words: usize,
     base: *mut u8,
     layout: Layout,
     /// Waiting-bitmap words in use: the region's process slots / 64, so a
@@ -206,7 +198,6 @@ impl SharedSlots {
             map,
             me: ProcId { idx: 0, owner: 0 },
             max,
-            words: l.words,
             base,
             layout: l,
             pwords: WAITING_WORDS,
@@ -224,17 +215,16 @@ impl SharedSlots {
             }
             r => r?,
         };
-        let (hmax, hwords) = (
-            s.header().max.load(Ordering::Relaxed),
-            s.header().words.load(Ordering::Relaxed),
-        );
-        if hmax != max || hwords as usize != l.words {
+        let hmax = s.header().max.load(Ordering::Relaxed);
+        if hmax != max {
             return Err(Error::BadRegion(format!(
-                "scheduler header says max {hmax} with {hwords} bitmap words; the region header says max {max} ({} words)",
-                l.words
+                "scheduler header says max {hmax}; the region header says max {max}"
             )));
         }
-        s.hint.store(s.me.idx % l.words as u32, Ordering::Relaxed);
+        if max > 0 {
+            s.hint
+                .store(s.me.idx.wrapping_mul(7) % max, Ordering::Relaxed);
+        }
         Ok(s)
     }
 
@@ -244,17 +234,6 @@ impl SharedSlots {
         // SchedHeader made only of atomics and padding; the mapping outlives
         // `self`.
         unsafe { &*(self.base as *const SchedHeader) }
-    }
-
-    fn bitmap(&self) -> &[AtomicU64] {
-        // SAFETY: `words` u64s at `bitmap_off` lie inside the checked object
-        // area, 8-aligned (offset multiple of 128); AtomicU64 has u64's layout.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.layout.bitmap_off) as *const AtomicU64,
-                self.words,
-            )
-        }
     }
 
     fn waiting(&self) -> &[AtomicU64] {
@@ -279,17 +258,6 @@ impl SharedSlots {
         }
     }
 
-    /// Bits of word `w` that are real cells.
-    #[inline]
-    fn valid_mask(&self, w: usize) -> u64 {
-        let bits = self.max as usize - w * 64;
-        if bits >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << bits) - 1
-        }
-    }
-
     /// The region's global max.
     pub fn max(&self) -> u32 {
         self.max
@@ -305,66 +273,57 @@ impl SharedSlots {
         &self.map
     }
 
-    /// Slots held across all processes.
+    /// Slots held across all processes (counts the non-zero cells).
     #[inline]
     pub fn running(&self) -> u32 {
-        let mut n = 0;
-        for (w, word) in self.bitmap().iter().enumerate() {
-            n += (word.load(Ordering::SeqCst) & self.valid_mask(w)).count_ones();
-        }
-        n
+        self.owners()
+            .iter()
+            .filter(|c| c.load(Ordering::SeqCst) != 0)
+            .count() as u32
     }
 
     /// Claims a free cell iff fewer than `limit` slots are held.
     #[inline]
     pub fn try_take(&self, limit: u32) -> Option<u32> {
-        if self.running() >= limit {
+        let capped = limit < self.max;
+        if capped && self.running() >= limit {
             return None;
         }
         let owners = self.owners();
-        let bitmap = self.bitmap();
+        let n = owners.len();
         let start = self.hint.load(Ordering::Relaxed) as usize;
-        for k in 0..self.words {
-            let w = (start + k) % self.words;
-            let mut free = !bitmap[w].load(Ordering::SeqCst) & self.valid_mask(w);
-            while free != 0 {
-                let bit = free.trailing_zeros() as usize;
-                let c = w * 64 + bit;
-                if owners[c]
-                    .compare_exchange(0, self.me.owner, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    bitmap[w].fetch_or(1 << bit, Ordering::SeqCst);
-                    if limit < self.max && self.running() > limit {
-                        // Raced past a per-priority cap: back off.
-                        self.give(c as u32);
-                        return None;
-                    }
-                    return Some(c as u32);
+        for k in 0..n {
+            let c = (start + k) % n;
+            if owners[c].load(Ordering::Relaxed) != 0 {
+                continue;
+            }
+            if owners[c]
+                .compare_exchange(0, self.me.owner, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                if capped && self.running() > limit {
+                    // Raced past a per-priority cap: back off.
+                    self.give(c as u32);
+                    return None;
                 }
-                free &= !(1 << bit);
+                // A released cell is the likeliest free one next time.
+                self.hint.store(c as u32, Ordering::Relaxed);
+                return Some(c as u32);
             }
         }
         None
     }
 
-    /// Frees cell `cell`, which this process holds.
+    /// Frees cell `cell`, which this process holds. One RMW: it also orders
+    /// the release before the caller's read of the waiting bitmap. A cell
+    /// that is not ours (the region was scribbled on) is left alone.
     #[inline]
     pub fn give(&self, cell: u32) {
-        let c = cell as usize;
-        if c >= self.max as usize {
-            debug_assert!(false, "cell {c} out of range");
+        let Some(owner) = self.owners().get(cell as usize) else {
+            debug_assert!(false, "cell {cell} out of range");
             return;
-        }
-        self.bitmap()[c / 64].fetch_and(!(1u64 << (c % 64)), Ordering::SeqCst);
-        // Only the owner frees a cell while the owner lives (the reaper
-        // touches only cells of dead processes), so a plain store suffices
-        // and saves an atomic RMW. A cell that is not ours (the region was
-        // scribbled on) is left alone.
-        let owner = &self.owners()[c];
-        if owner.load(Ordering::Relaxed) == self.me.owner {
-            owner.store(0, Ordering::Release);
-        }
+        };
+        let _ = owner.compare_exchange(self.me.owner, 0, Ordering::SeqCst, Ordering::Relaxed);
     }
 
     /// True if anyone waits, in any process (this one included: several
@@ -572,16 +531,12 @@ impl SharedSlots {
     /// waiting state. Returns the number of cells freed.
     fn release_dead(&self, idx: u32, owner: u32) -> u64 {
         let mut n = 0;
-        let bitmap = self.bitmap();
-        for (c, cell) in self.owners().iter().enumerate() {
-            if cell.load(Ordering::SeqCst) == owner {
-                bitmap[c / 64].fetch_and(!(1u64 << (c % 64)), Ordering::SeqCst);
-                if cell
-                    .compare_exchange(owner, 0, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    n += 1;
-                }
+        for cell in self.owners() {
+            if cell
+                .compare_exchange(owner, 0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                n += 1;
             }
         }
         if (idx as usize) < self.pwords * 64 {
