@@ -9,7 +9,7 @@
 //!   robust mutex).
 //! - [`region`]: mapping, versioned header, race-free creation, process table,
 //!   reaping of dead processes.
-//! - [`scheduler`], [`fair`]: the objects; each object's logic is written once
+//! - [`scheduler`], [`limiter`], [`fair`]: the objects; each object's logic is written once
 //!   and runs in-process or inside a region.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -17,6 +17,7 @@
 
 pub mod error;
 pub mod fair;
+pub mod limiter;
 pub mod priority;
 pub mod region;
 pub mod scheduler;
