@@ -11,12 +11,15 @@
 //!   reaping of dead processes.
 //! - [`scheduler`], [`limiter`], [`fair`]: the objects; each object's logic is written once
 //!   and runs in-process or inside a region.
+//! - [`io`]: `Read`/`Write` adapters throttled by a [`limiter::Limiter`], and
+//!   file operations gated by a [`scheduler::Scheduler`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod error;
 pub mod fair;
+pub mod io;
 pub mod limiter;
 pub mod priority;
 pub mod region;
