@@ -238,7 +238,11 @@ pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
 
 /// Reads the whole file at `path` while holding one permit of `sched` at
 /// `priority` (the open, the reads and the close).
-pub fn gated_read(sched: &Scheduler, priority: Priority, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+pub fn gated_read(
+    sched: &Scheduler,
+    priority: Priority,
+    path: impl AsRef<Path>,
+) -> io::Result<Vec<u8>> {
     let _permit = sched.acquire(priority).map_err(io_err)?;
     std::fs::read(path)
 }
@@ -270,7 +274,11 @@ pub type GatedFile = Gated<File>;
 
 impl Gated<File> {
     /// Opens `path` for reading, the open itself under a permit.
-    pub fn open(sched: &Scheduler, priority: Priority, path: impl AsRef<Path>) -> io::Result<GatedFile> {
+    pub fn open(
+        sched: &Scheduler,
+        priority: Priority,
+        path: impl AsRef<Path>,
+    ) -> io::Result<GatedFile> {
         let f = {
             let _permit = sched.acquire(priority).map_err(io_err)?;
             File::open(path)?
@@ -279,7 +287,11 @@ impl Gated<File> {
     }
 
     /// Creates (or truncates) `path` for writing, under a permit.
-    pub fn create(sched: &Scheduler, priority: Priority, path: impl AsRef<Path>) -> io::Result<GatedFile> {
+    pub fn create(
+        sched: &Scheduler,
+        priority: Priority,
+        path: impl AsRef<Path>,
+    ) -> io::Result<GatedFile> {
         let f = {
             let _permit = sched.acquire(priority).map_err(io_err)?;
             File::create(path)?

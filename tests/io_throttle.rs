@@ -58,7 +58,9 @@ fn adapters_are_byte_identical_and_charge_exactly() {
 
     // Read
     let mut out = Vec::new();
-    fast.reader(&src[..], Priority::Low).read_to_end(&mut out).unwrap();
+    fast.reader(&src[..], Priority::Low)
+        .read_to_end(&mut out)
+        .unwrap();
     assert_eq!(out, src);
 
     // BufRead: line by line, mixing read_until and read.
@@ -117,7 +119,10 @@ fn a_throttled_copy_of_n_bytes_at_r_takes_about_n_over_r() {
     assert_eq!(n as usize, N);
     assert_eq!(out, src);
     let expect = N as f64 / R as f64; // 1.5 s
-    assert!(el > expect * 0.8 && el < expect * 1.6, "{el:.2}s vs {expect:.2}s");
+    assert!(
+        el > expect * 0.8 && el < expect * 1.6,
+        "{el:.2}s vs {expect:.2}s"
+    );
 }
 
 #[test]
@@ -179,7 +184,10 @@ fn gated_file_operations_hold_a_permit_each() {
         })
     };
     thread::sleep(Duration::from_millis(100));
-    assert!(!done.load(Ordering::SeqCst), "read went ahead without a slot");
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "read went ahead without a slot"
+    );
     drop(permit);
     assert_eq!(h.join().unwrap(), src.len());
     std::fs::remove_dir_all(&dir).unwrap();

@@ -13,7 +13,10 @@ use shmsched::{Error, Priority};
 fn until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
         thread::sleep(Duration::from_millis(1));
     }
 }
@@ -29,10 +32,16 @@ fn invalid(e: Error) -> String {
 fn rate_validation_names_the_value() {
     for bad in [0u64, 2_147_483_648, u64::MAX] {
         let m = invalid(Limiter::new(bad).unwrap_err());
-        assert!(m.contains(&bad.to_string()) && m.contains("2147483647"), "{m}");
+        assert!(
+            m.contains(&bad.to_string()) && m.contains("2147483647"),
+            "{m}"
+        );
     }
     assert_eq!(Limiter::new(1).unwrap().tokens_per_second(), 1);
-    assert_eq!(Limiter::new(2_147_483_647).unwrap().tokens_per_second(), i32::MAX as u32);
+    assert_eq!(
+        Limiter::new(2_147_483_647).unwrap().tokens_per_second(),
+        i32::MAX as u32
+    );
     let l = Limiter::new(10).unwrap();
     assert!(l.child(0).is_err());
 }
@@ -42,9 +51,14 @@ fn consume_validation_names_the_value() {
     let l = Limiter::new(1000).unwrap();
     for bad in [MAX_CONSUME + 1, u64::MAX] {
         let m = invalid(l.consume(bad, Priority::Normal).unwrap_err());
-        assert!(m.contains(&bad.to_string()) && m.contains("2147483647"), "{m}");
+        assert!(
+            m.contains(&bad.to_string()) && m.contains("2147483647"),
+            "{m}"
+        );
         assert!(l.try_consume(bad).is_err());
-        assert!(l.consume_timeout(bad, Priority::Low, Duration::from_millis(1)).is_err());
+        assert!(l
+            .consume_timeout(bad, Priority::Low, Duration::from_millis(1))
+            .is_err());
     }
     // Nothing was charged by the refused calls.
     assert_eq!(l.tokens().unwrap(), 1000);
@@ -90,11 +104,18 @@ fn zero_tokens_go_at_once_only_when_nothing_is_queued() {
     let l2 = l.clone();
     let blocked = thread::spawn(move || l2.consume(50, Priority::High).unwrap());
     until("a queued consume", 5, || l.stats().pending == 1);
-    assert!(!l.try_consume(0).unwrap(), "try_consume needs an empty queue");
+    assert!(
+        !l.try_consume(0).unwrap(),
+        "try_consume needs an empty queue"
+    );
     let t = Instant::now();
     let g = l.consume(0, Priority::Low).unwrap();
     assert!(!g.immediate && !g.forced);
-    assert!(t.elapsed() < Duration::from_millis(400), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
     assert!(l.tokens().unwrap() < 50);
     blocked.join().unwrap();
     let s = l.stats();
@@ -115,7 +136,10 @@ fn oversize_goes_on_a_full_bucket_or_after_the_stall_guard() {
     let g = l.consume(150, Priority::Normal).unwrap();
     let el = t.elapsed();
     assert!(!g.immediate && g.forced);
-    assert!(el >= Duration::from_millis(900) && el < Duration::from_millis(1450), "{el:?}");
+    assert!(
+        el >= Duration::from_millis(900) && el < Duration::from_millis(1450),
+        "{el:?}"
+    );
     assert_eq!(l.stats().forced, 2);
 }
 
@@ -141,7 +165,10 @@ fn force_through_is_counted_once_per_stall_and_debt_is_repaid_first() {
     let el = t.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(g.forced && !g.immediate);
-    assert!(el >= Duration::from_millis(900) && el < Duration::from_millis(2000), "{el:?}");
+    assert!(
+        el >= Duration::from_millis(900) && el < Duration::from_millis(2000),
+        "{el:?}"
+    );
     assert!(l.tokens().unwrap() < 0, "forced into debt");
     hog.join().unwrap();
     let s = l.stats();
@@ -192,7 +219,11 @@ fn a_blocked_front_blocks_only_its_own_queue() {
     until("big queued", 5, || l.stats().pending == 1);
     let t = Instant::now();
     l.consume(50, Priority::Low).unwrap(); // 50 ms of refill, ahead of the 800
-    assert!(t.elapsed() < Duration::from_millis(600), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        t.elapsed()
+    );
     let g = big.join().unwrap();
     assert!(!g.immediate);
 }
@@ -223,7 +254,10 @@ fn child_chains_charge_every_level() {
     }
     // ~100 in the child now, 500 at 500/s: about 0.8 s.
     let el = t.elapsed();
-    assert!(el >= Duration::from_millis(600) && el < Duration::from_millis(2000), "{el:?}");
+    assert!(
+        el >= Duration::from_millis(600) && el < Duration::from_millis(2000),
+        "{el:?}"
+    );
 }
 
 #[test]
@@ -251,7 +285,10 @@ fn timeouts_leave_the_queue_and_count_as_cancelled() {
     assert!(t.elapsed() < Duration::from_millis(400));
     let s = l.stats();
     let q = s.queues[Priority::Normal.index()];
-    assert_eq!((q.count, q.deferred, q.completed, q.cancelled), (0, 1, 1, 1));
+    assert_eq!(
+        (q.count, q.deferred, q.completed, q.cancelled),
+        (0, 1, 1, 1)
+    );
     assert_eq!(s.pending, 0);
     // A timeout long enough succeeds.
     let g = l

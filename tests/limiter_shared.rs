@@ -21,7 +21,9 @@ fn path_of(name: &str) -> String {
 /// Entry point of the child processes (does nothing in a normal test run).
 #[test]
 fn child_entry() {
-    let Some((role, args)) = procs::role() else { return };
+    let Some((role, args)) = procs::role() else {
+        return;
+    };
     match role.as_str() {
         // Attach, wait for "go", consume random chunks at random priorities
         // for `ms` milliseconds, report what was consumed.
@@ -109,7 +111,12 @@ fn eight_processes_share_one_rate_exactly() {
     // Exact accounting: every grant added exactly n to the bucket word, and
     // the bucket was never full again (8 busy processes), so nothing was
     // created or lost.
-    assert_eq!(total as i64, tat1 - tat0, "consumed {total}, word moved {}", tat1 - tat0);
+    assert_eq!(
+        total as i64,
+        tat1 - tat0,
+        "consumed {total}, word moved {}",
+        tat1 - tat0
+    );
     // The shared counter saw every force-through the children saw.
     let shared = s1.shared.as_ref().unwrap();
     assert_eq!(shared.forced, forced, "{s1:?}");
@@ -117,7 +124,11 @@ fn eight_processes_share_one_rate_exactly() {
     // much debt is outstanding).
     let refill = (s1.clock - s0.clock) as i64;
     assert!(total as i64 <= refill - s1.tokens + s0.tokens);
-    assert!(-s1.tokens <= forced_tokens as i64 + 20_000, "{} {forced_tokens}", s1.tokens);
+    assert!(
+        -s1.tokens <= forced_tokens as i64 + 20_000,
+        "{} {forced_tokens}",
+        s1.tokens
+    );
     // Aggregate rate within 15% of the configured one.
     let rate = total as f64 / elapsed;
     assert!(
@@ -152,7 +163,10 @@ fn region_rate_is_validated_and_attach_joins_it() {
     let _c2 = Cleanup(other.clone());
     let r2 = Region::create(&other).unwrap();
     let _s = shmsched::scheduler::Scheduler::shared(&r2, 4).unwrap();
-    assert!(matches!(Limiter::attach(&r2).unwrap_err(), Error::Mismatch(_)));
+    assert!(matches!(
+        Limiter::attach(&r2).unwrap_err(),
+        Error::Mismatch(_)
+    ));
 }
 
 #[test]

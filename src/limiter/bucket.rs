@@ -233,7 +233,9 @@ mod tests {
         let g = Gcra::new(1000, 0);
         let w = AtomicU64::new(0);
         g.charge(&w, 1000, 0, Mode::Normal).unwrap();
-        let Err(Refused::Until(v)) = g.charge(&w, 10, 0, Mode::Normal) else { panic!() };
+        let Err(Refused::Until(v)) = g.charge(&w, 10, 0, Mode::Normal) else {
+            panic!()
+        };
         assert_eq!(v, 10);
         let at = g.instant_of(v);
         assert_eq!(at, 10_000_000);
@@ -250,7 +252,9 @@ mod tests {
         assert!(c.debt);
         assert_eq!(g.read(&w, 0).unwrap().0, -50);
         // In debt: nothing normal drains until repaid and refilled.
-        let Err(Refused::Until(v)) = g.charge(&w, 1, 0, Mode::Normal) else { panic!() };
+        let Err(Refused::Until(v)) = g.charge(&w, 1, 0, Mode::Normal) else {
+            panic!()
+        };
         assert_eq!(v, 51);
         let f = g.charge(&w, 1, 0, Mode::Force).unwrap();
         assert!(f.debt);
@@ -275,11 +279,15 @@ mod tests {
         let g = Gcra::new(i32::MAX as u32, 0);
         assert_eq!(g.v(u64::MAX), V_MAX);
         let w = AtomicU64::new(0);
-        g.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force).unwrap();
+        g.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force)
+            .unwrap();
         assert!(g.read(&w, u64::MAX).is_ok());
         // Half a second at the highest rate, exactly.
         assert_eq!(g.v(NS / 2), (i32::MAX as u64) / 2);
-        assert_eq!(g.v(3 * NS + NS / 2), 3 * (i32::MAX as u64) + (i32::MAX as u64) / 2);
+        assert_eq!(
+            g.v(3 * NS + NS / 2),
+            3 * (i32::MAX as u64) + (i32::MAX as u64) / 2
+        );
     }
 
     #[test]
@@ -305,7 +313,9 @@ mod tests {
                         let mut got = 0;
                         let end = crate::sys::monotonic_ns() + 100_000_000;
                         while crate::sys::monotonic_ns() < end {
-                            if g.charge(w, 7, crate::sys::monotonic_ns(), Mode::Normal).is_ok() {
+                            if g.charge(w, 7, crate::sys::monotonic_ns(), Mode::Normal)
+                                .is_ok()
+                            {
                                 got += 7;
                             }
                         }
@@ -317,6 +327,9 @@ mod tests {
         });
         let now = crate::sys::monotonic_ns();
         let (tokens, v) = g.read(&w, now).unwrap();
-        assert!(total as i64 <= 1_000_000 + v as i64 - tokens, "{total} {v} {tokens}");
+        assert!(
+            total as i64 <= 1_000_000 + v as i64 - tokens,
+            "{total} {v} {tokens}"
+        );
     }
 }

@@ -94,6 +94,7 @@ pub(crate) fn check_rate(rate: u64) -> Result<u32> {
     Ok(rate as u32)
 }
 
+#[inline]
 fn check_consume(n: u64) -> Result<()> {
     if n > MAX_CONSUME {
         return Err(Error::InvalidArgument(format!(
@@ -117,15 +118,19 @@ fn check_consume(n: u64) -> Result<()> {
 /// ```
 pub fn parse_tokens(s: &str, positive: bool) -> Result<u32> {
     let t = s.trim();
-    let x: f64 = t.parse().map_err(|_| {
-        Error::InvalidArgument(format!("token count {s:?} is not a number"))
-    })?;
+    let x: f64 = t
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("token count {s:?} is not a number")))?;
     let what = if positive {
         "a positive integer 1"
     } else {
         "a non-negative integer 0"
     };
-    if !x.is_finite() || x.fract() != 0.0 || x < 0.0 || x > MAX_CONSUME as f64 || (positive && x == 0.0)
+    if !x.is_finite()
+        || x.fract() != 0.0
+        || x < 0.0
+        || x > MAX_CONSUME as f64
+        || (positive && x == 0.0)
     {
         return Err(Error::InvalidArgument(format!(
             "token count {s:?} is out of range: must be {what}..={MAX_CONSUME}"
@@ -216,6 +221,7 @@ impl Limiter {
     /// Errors: [`Error::InvalidArgument`] if `n` exceeds [`MAX_CONSUME`];
     /// [`Error::Forked`] in a forked child; [`Error::BadRegion`] if the
     /// shared bucket word was overwritten.
+    #[inline]
     pub fn consume(&self, n: u64, priority: Priority) -> Result<Grant> {
         check_consume(n)?;
         self.node.consume(n, priority, None)
@@ -235,6 +241,7 @@ impl Limiter {
     /// Consumes `n` only if every level of the chain holds `n` tokens now and
     /// nothing is queued in this limiter; never queues, never goes into debt
     /// (so `n` above the capacity is always `false`).
+    #[inline]
     pub fn try_consume(&self, n: u64) -> Result<bool> {
         check_consume(n)?;
         self.node.try_consume(n)

@@ -113,6 +113,7 @@ pub(crate) struct Node {
     inner: Mutex<Inner>,
 }
 
+#[cold]
 fn corrupt_error(tat: u64, v: u64, cap: u64) -> Error {
     Error::BadRegion(format!(
         "limiter bucket word {tat} is more than {} tokens ahead of the clock {v} \
@@ -175,6 +176,7 @@ impl Node {
         }
     }
 
+    #[inline]
     pub fn check_usable(&self) -> Result<()> {
         if self.fork_gen != fork_generation() {
             return Err(Error::Forked(
@@ -221,6 +223,7 @@ impl Node {
     }
 
     /// Blocking consume; `deadline` in ns of the monotonic clock.
+    #[inline]
     pub fn consume(&self, n: u64, p: Priority, deadline: Option<u64>) -> Result<Grant> {
         self.check_usable()?;
         let mask = self.queued.load(Ordering::SeqCst);
@@ -233,6 +236,29 @@ impl Node {
                 });
             }
         } else if mask >> p.index() == 0 {
+            if self.parent.is_none() {
+                // A root: one charge, nothing to record on failure.
+                match self
+                    .gcra
+                    .charge(self.tat(), n, monotonic_ns(), Mode::Normal)
+                {
+                    Ok(c) => {
+                        if c.debt {
+                            self.count_forced();
+                        }
+                        return Ok(Grant {
+                            immediate: true,
+                            forced: c.debt,
+                        });
+                    }
+                    Err(Refused::Corrupt { tat, v }) => {
+                        return Err(corrupt_error(tat, v, self.gcra.cap()))
+                    }
+                    Err(Refused::Until(_)) => {
+                        return self.enqueue_and_wait(n, p, 0, deadline);
+                    }
+                }
+            }
             match self.charge_chain(0, n, monotonic_ns(), Mode::Normal) {
                 Ok(debt) => {
                     if debt {
@@ -252,6 +278,7 @@ impl Node {
         self.enqueue_and_wait(n, p, paid, deadline)
     }
 
+    #[inline]
     /// Non-blocking: charges `n` only if nothing is queued here and every
     /// level holds `n` tokens now. Never goes into debt, never queues.
     pub fn try_consume(&self, n: u64) -> Result<bool> {
@@ -280,9 +307,7 @@ impl Node {
                     }
                     return match r {
                         Refused::Until(_) => Ok(false),
-                        Refused::Corrupt { tat, v } => {
-                            Err(corrupt_error(tat, v, node.gcra.cap()))
-                        }
+                        Refused::Corrupt { tat, v } => Err(corrupt_error(tat, v, node.gcra.cap())),
                     };
                 }
             }
@@ -291,6 +316,8 @@ impl Node {
         Ok(true)
     }
 
+    #[cold]
+    #[inline(never)]
     fn enqueue_and_wait(
         &self,
         n: u64,
