@@ -13,6 +13,7 @@
 //!   and runs in-process or inside a region.
 //! - [`io`]: `Read`/`Write` adapters throttled by a [`limiter::Limiter`], and
 //!   file operations gated by a [`scheduler::Scheduler`].
+//! - [`pressure`]: a PSI-style stall signal computed from stats.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod error;
 pub mod fair;
 pub mod io;
 pub mod limiter;
+pub mod pressure;
 pub mod priority;
 pub mod region;
 pub mod scheduler;
