@@ -1,5 +1,6 @@
-//! A PSI-style pressure signal reconstructed from [`Scheduler`] and
-//! [`Limiter`] stats, for backoff decisions (the seed's "Monitoring"
+//! A PSI-style pressure signal reconstructed from
+//! [`Scheduler`](crate::scheduler::Scheduler) and
+//! [`Limiter`](crate::limiter::Limiter) stats, for backoff decisions (the seed's "Monitoring"
 //! recipe).
 //!
 //! # How it works
