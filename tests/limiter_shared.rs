@@ -53,6 +53,17 @@ fn child_entry() {
             say(&format!("done {total} {forced} {forced_tokens}"));
             wait_parent();
         }
+        // Consume small chunks at every priority until killed.
+        "hog" => {
+            let region = Region::open(&args[0]).expect("open region");
+            let lim = Limiter::attach(&region).expect("attach");
+            say("ready");
+            let mut i = 0usize;
+            loop {
+                lim.consume(97, Priority::ALL[i % 7]).expect("consume");
+                i += 1;
+            }
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -189,4 +200,36 @@ fn a_scribbled_bucket_word_is_an_error_not_a_hang() {
     // Repaired by hand (the word back to a sane value), it works again.
     f.write_all_at(&0u64.to_ne_bytes(), off).unwrap();
     lim.consume(1, Priority::Normal).unwrap();
+}
+
+#[test]
+fn processes_killed_mid_consume_leave_a_valid_bucket_and_are_reaped() {
+    let name = procs::unique_name("limk9");
+    let _c = Cleanup(name.clone());
+    let region = Region::create(&name).unwrap();
+    let lim = Limiter::shared(&region, 100_000).unwrap();
+    let mut kids: Vec<Kid> = (0..3)
+        .map(|_| spawn(ENTRY, "hog", &[path_of(&name)]))
+        .collect();
+    for k in &mut kids {
+        k.expect_line("ready");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = lim.stats().shared.unwrap();
+    assert_eq!(before.processes, 4, "{before:?}");
+    for k in kids {
+        k.kill(); // SIGKILL, at any point of a consume
+    }
+    // The bucket is one word changed only by CAS: whatever the moment of
+    // death, it is valid.
+    let t = lim.tokens().unwrap();
+    assert!((-(97 * 3 * 7)..=100_000).contains(&t), "{t}");
+    assert_eq!(lim.reap().unwrap(), 3);
+    let after = lim.stats().shared.unwrap();
+    assert_eq!(after.processes, 1, "{after:?}");
+    assert_eq!(after.waiters, [0; 7], "dead waiters are not counted");
+    let g = lim
+        .consume_timeout(1000, Priority::Normal, Duration::from_secs(5))
+        .unwrap();
+    assert!(!g.forced);
 }
