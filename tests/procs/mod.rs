@@ -12,13 +12,7 @@ use std::time::{Duration, Instant};
 pub fn role() -> Option<(String, Vec<String>)> {
     let r = std::env::var("SHMSCHED_TEST_ROLE").ok()?;
     let args = std::env::var("SHMSCHED_TEST_ARGS").unwrap_or_default();
-    Some((
-        r,
-        args.split(' ')
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect(),
-    ))
+    Some((r, args.split(' ').filter(|s| !s.is_empty()).map(String::from).collect()))
 }
 
 /// A child process running `role` through the test named `entry`.
@@ -96,19 +90,12 @@ pub fn wait_parent() -> Option<String> {
 pub fn until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
+        assert!(start.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 /// A region name unique to this test run.
 pub fn unique_name(tag: &str) -> String {
-    format!(
-        "test-{tag}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    )
+    format!("test-{tag}-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos())
 }
