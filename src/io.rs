@@ -1,0 +1,355 @@
+//! Throttled and gated I/O.
+//!
+//! **Throttling** (a byte-rate budget): [`LimitedReader`] and
+//! [`LimitedWriter`] wrap any `Read`/`BufRead`/`Write` and charge a
+//! [`Limiter`] one token per byte; [`copy`] is a throttled
+//! `std::io::copy`. Charges are exact:
+//!
+//! - a reader charges the bytes a `read` actually returned, after the read;
+//!   a `BufRead` user is charged in `fill_buf` for the bytes it is shown
+//!   (at most one capacity's worth), and `consume` spends that prepayment;
+//! - a writer charges before writing; if the inner writer takes fewer bytes,
+//!   the difference is kept as credit for the next write;
+//! - no single charge exceeds a quarter of the limiter's capacity (large
+//!   buffers are split), so throttled I/O never relies on the oversize rule
+//!   and never waits for a completely full bucket (which would lose the
+//!   wake-up latency as refill beyond the capacity).
+//!
+//! Under a shared limiter, every process's adapters draw on one budget.
+//!
+//! **Gating** (a concurrency budget): [`Gated`] wraps a file (or any
+//! `Read`/`Write`/`Seek`) so that each operation holds a [`Scheduler`]
+//! permit for exactly its duration; [`gated_read`] and [`gated_write`] do a
+//! whole-file operation under one permit — the seed's "coordinate the
+//! thread pool across workers" example, across processes.
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use shmsched::limiter::Limiter;
+//! use shmsched::Priority;
+//!
+//! # fn main() -> std::io::Result<()> {
+//! let lim = Limiter::new(10_000_000).map_err(std::io::Error::other)?; // 10 MB/s
+//! let data = vec![7u8; 100_000];
+//! let mut out = Vec::new();
+//! let n = shmsched::io::copy(&mut &data[..], &mut out, &lim, Priority::Low)?;
+//! assert_eq!((n, &out), (100_000, &data));
+//!
+//! let mut w = lim.writer(Vec::new(), Priority::High);
+//! w.write_all(b"hello")?;
+//! let mut r = lim.reader(&b"world"[..], Priority::Normal);
+//! let mut s = String::new();
+//! r.read_to_string(&mut s)?;
+//! assert_eq!(s, "world");
+//! # Ok(()) }
+//! ```
+
+use std::fs::File;
+use std::io::{self, BufRead, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use crate::limiter::Limiter;
+use crate::priority::Priority;
+use crate::scheduler::Scheduler;
+
+/// Default buffer of [`copy`] (shrunk to a quarter of the capacity when
+/// that is smaller).
+pub const COPY_BUF: usize = 64 * 1024;
+
+fn io_err(e: crate::Error) -> io::Error {
+    match e {
+        crate::Error::Timeout => io::Error::new(io::ErrorKind::TimedOut, e),
+        e => io::Error::other(e),
+    }
+}
+
+fn charge(lim: &Limiter, n: usize, p: Priority) -> io::Result<()> {
+    if n > 0 {
+        lim.consume(n as u64, p).map_err(io_err)?;
+    }
+    Ok(())
+}
+
+/// The largest single charge: a quarter of the limiter's capacity. A
+/// charge of the whole capacity would wait for a *full* bucket, and the
+/// bucket stops refilling when full, so every wake-up delay would be lost
+/// throughput; with a quarter the wait ends while the bucket still fills.
+fn max_chunk(lim: &Limiter) -> usize {
+    (lim.tokens_per_second() as usize / 4).max(1)
+}
+
+impl Limiter {
+    /// Wraps `inner` so that every byte read is charged to this limiter at
+    /// `priority`.
+    pub fn reader<R>(&self, inner: R, priority: Priority) -> LimitedReader<R> {
+        LimitedReader {
+            inner,
+            lim: self.clone(),
+            priority,
+            prepaid: 0,
+        }
+    }
+
+    /// Wraps `inner` so that every byte written is charged to this limiter
+    /// at `priority`.
+    pub fn writer<W>(&self, inner: W, priority: Priority) -> LimitedWriter<W> {
+        LimitedWriter {
+            inner,
+            lim: self.clone(),
+            priority,
+            credit: 0,
+        }
+    }
+}
+
+/// A reader throttled by a [`Limiter`]. Implements `Read`, and `BufRead`
+/// when the inner reader does.
+#[derive(Debug)]
+pub struct LimitedReader<R> {
+    inner: R,
+    lim: Limiter,
+    priority: Priority,
+    /// Bytes charged by `fill_buf` and not yet consumed.
+    prepaid: usize,
+}
+
+impl<R> LimitedReader<R> {
+    /// The inner reader.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// The inner reader, mutably (bytes read through it are not charged).
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner reader.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+}
+
+impl<R: Read> Read for LimitedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.prepaid > 0 {
+            let k = buf.len().min(self.prepaid);
+            let n = self.inner.read(&mut buf[..k])?;
+            self.prepaid -= n;
+            return Ok(n);
+        }
+        let k = buf.len().min(max_chunk(&self.lim));
+        let n = self.inner.read(&mut buf[..k])?;
+        charge(&self.lim, n, self.priority)?;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for LimitedReader<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.prepaid == 0 {
+            let avail = self.inner.fill_buf()?.len().min(max_chunk(&self.lim));
+            charge(&self.lim, avail, self.priority)?;
+            self.prepaid = avail;
+        }
+        let k = self.prepaid;
+        let buf = self.inner.fill_buf()?;
+        Ok(&buf[..k.min(buf.len())])
+    }
+
+    fn consume(&mut self, amt: usize) {
+        let amt = amt.min(self.prepaid);
+        self.prepaid -= amt;
+        self.inner.consume(amt);
+    }
+}
+
+/// A writer throttled by a [`Limiter`].
+#[derive(Debug)]
+pub struct LimitedWriter<W> {
+    inner: W,
+    lim: Limiter,
+    priority: Priority,
+    /// Bytes charged but not taken by the inner writer (a short write).
+    credit: usize,
+}
+
+impl<W> LimitedWriter<W> {
+    /// The inner writer.
+    pub fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
+    /// The inner writer, mutably (bytes written through it are not charged).
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner writer (any unused credit is lost).
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+impl<W: Write> Write for LimitedWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return self.inner.write(buf);
+        }
+        if self.credit == 0 {
+            let k = buf.len().min(max_chunk(&self.lim));
+            charge(&self.lim, k, self.priority)?;
+            self.credit = k;
+        }
+        let k = buf.len().min(self.credit);
+        let n = self.inner.write(&buf[..k])?;
+        self.credit -= n.min(k);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Copies `reader` to `writer` (like `std::io::copy`), charging `limiter`
+/// one token per byte at `priority` before each chunk is written. Returns
+/// the bytes copied.
+pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
+    reader: &mut R,
+    writer: &mut W,
+    limiter: &Limiter,
+    priority: Priority,
+) -> io::Result<u64> {
+    let mut buf = vec![0u8; COPY_BUF.min(max_chunk(limiter)).max(1)];
+    let mut total = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        charge(limiter, n, priority)?;
+        writer.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+}
+
+/// Reads the whole file at `path` while holding one permit of `sched` at
+/// `priority` (the open, the reads and the close).
+pub fn gated_read(
+    sched: &Scheduler,
+    priority: Priority,
+    path: impl AsRef<Path>,
+) -> io::Result<Vec<u8>> {
+    let _permit = sched.acquire(priority).map_err(io_err)?;
+    std::fs::read(path)
+}
+
+/// Writes `data` to the file at `path` (creating or truncating it) while
+/// holding one permit of `sched` at `priority`.
+pub fn gated_write(
+    sched: &Scheduler,
+    priority: Priority,
+    path: impl AsRef<Path>,
+    data: &[u8],
+) -> io::Result<()> {
+    let _permit = sched.acquire(priority).map_err(io_err)?;
+    std::fs::write(path, data)
+}
+
+/// A file (or any `Read`/`Write`/`Seek`) whose every operation holds one
+/// [`Scheduler`] permit for exactly its duration, so that all processes
+/// sharing the scheduler have at most `max` operations in flight.
+#[derive(Debug)]
+pub struct Gated<T> {
+    inner: T,
+    sched: Scheduler,
+    priority: Priority,
+}
+
+/// A [`Gated`] file.
+pub type GatedFile = Gated<File>;
+
+impl Gated<File> {
+    /// Opens `path` for reading, the open itself under a permit.
+    pub fn open(
+        sched: &Scheduler,
+        priority: Priority,
+        path: impl AsRef<Path>,
+    ) -> io::Result<GatedFile> {
+        let f = {
+            let _permit = sched.acquire(priority).map_err(io_err)?;
+            File::open(path)?
+        };
+        Ok(Gated::new(f, sched, priority))
+    }
+
+    /// Creates (or truncates) `path` for writing, under a permit.
+    pub fn create(
+        sched: &Scheduler,
+        priority: Priority,
+        path: impl AsRef<Path>,
+    ) -> io::Result<GatedFile> {
+        let f = {
+            let _permit = sched.acquire(priority).map_err(io_err)?;
+            File::create(path)?
+        };
+        Ok(Gated::new(f, sched, priority))
+    }
+
+    /// `fsync` under a permit.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let _permit = self.sched.acquire(self.priority).map_err(io_err)?;
+        self.inner.sync_all()
+    }
+}
+
+impl<T> Gated<T> {
+    /// Wraps `inner`; its operations will run under permits of `sched` at
+    /// `priority`.
+    pub fn new(inner: T, sched: &Scheduler, priority: Priority) -> Gated<T> {
+        Gated {
+            inner,
+            sched: sched.clone(),
+            priority,
+        }
+    }
+
+    /// The wrapped value.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    /// Unwraps the value.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+}
+
+impl<T: Read> Read for Gated<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let _permit = self.sched.acquire(self.priority).map_err(io_err)?;
+        self.inner.read(buf)
+    }
+}
+
+impl<T: Write> Write for Gated<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _permit = self.sched.acquire(self.priority).map_err(io_err)?;
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _permit = self.sched.acquire(self.priority).map_err(io_err)?;
+        self.inner.flush()
+    }
+}
+
+impl<T: Seek> Seek for Gated<T> {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        // A seek is a cheap syscall with no I/O: not gated.
+        self.inner.seek(pos)
+    }
+}

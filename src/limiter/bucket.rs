@@ -1,0 +1,335 @@
+//! The token bucket as one atomic word: GCRA on a virtual clock.
+//!
+//! # How it works
+//!
+//! A bucket of capacity `cap` refilled at `rate` tokens per second
+//! (`cap == rate`, see the seed) is kept as a single number, `tat` (the
+//! "theoretical arrival time" of the generic cell-rate algorithm), measured
+//! in *token units* of a virtual clock
+//!
+//! ```text
+//! v(now) = ⌊(now_ns − epoch_ns) · rate / 10⁹⌋      (tokens ever refilled)
+//! tokens(now) = cap − max(0, tat − v(now))         (≤ cap; < 0 means debt)
+//! ```
+//!
+//! `tat ≤ v` means the bucket is full; every charge of `n` tokens sets
+//! `tat ← max(tat, v) + n` with one compare-and-swap. A normal charge is
+//! allowed when the bucket holds at least `min(n, cap)` tokens (a request
+//! larger than the capacity goes through only on a full bucket, into debt);
+//! a forced charge (the anti-starvation force-through) is always allowed and
+//! may leave `tokens` negative. A new bucket has `tat = 0 = v(epoch)`: it
+//! starts full. Refill is continuous: nothing ever has to "add" tokens.
+//!
+//! # What it guarantees
+//!
+//! - **No token is created or lost by a race.** The whole state is one
+//!   word and every charge is one CAS that adds exactly `n` to a value
+//!   `≥ tat`, so for any set of successful charges `Σn ≤ tat_final`, i.e.
+//!   `Σn ≤ cap + v(now) − tokens(now)` at every instant, exactly.
+//! - **A process dying mid-update cannot corrupt it**: a CAS either happened
+//!   or did not.
+//! - **Integer exactness.** `v` is computed from absolute elapsed time
+//!   (seconds · rate + ⌊nanos · rate / 10⁹⌋), so rounding never accumulates.
+//!
+//! # Bounds (overflow)
+//!
+//! `rate ≤ 2³¹ − 1` and `n ≤ 2³¹ − 1` (the seed's Int32 rule). `v` is
+//! saturated at [`V_MAX`] = 2⁶² tokens, which the clock reaches after
+//! 2⁶²/rate seconds: at least 2³¹ s ≈ 68 years after the bucket's epoch at
+//! the highest rate. `tat` may run ahead of `v` by at most `cap` plus
+//! [`MAX_LEAD`] (2⁵⁰ tokens of debt, far beyond any real force-through
+//! backlog); a word beyond that was scribbled on and is reported as an
+//! error, never used. All sums stay below 2⁶³.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Nanoseconds per second.
+const NS: u64 = 1_000_000_000;
+
+/// The virtual clock saturates here (see the module docs).
+pub const V_MAX: u64 = 1 << 62;
+
+/// How far `tat` may lead `v(now) + cap` (debt) before the word is taken
+/// for corrupt.
+pub const MAX_LEAD: u64 = 1 << 50;
+
+/// How a charge treats a bucket without enough tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Needs `min(n, cap)` tokens; an oversize request may go into debt on a
+    /// full bucket.
+    Normal,
+    /// Needs all `n` tokens; never goes into debt (`try_consume`).
+    Exact,
+    /// Always charges, into debt if need be (the force-through).
+    Force,
+}
+
+/// Why a charge did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not enough tokens; they will be there once `v` reaches this value
+    /// (if nobody else charges meanwhile).
+    Until(u64),
+    /// The word holds `tat` while the clock is at `v`: scribbled.
+    Corrupt {
+        /// The stored word.
+        tat: u64,
+        /// The virtual clock now.
+        v: u64,
+    },
+}
+
+/// A successful charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charged {
+    /// The `tat` this charge stored (for an exact undo).
+    pub tat: u64,
+    /// The charge left the bucket in debt (tokens < 0).
+    pub debt: bool,
+}
+
+/// The arithmetic of one bucket: its rate (= capacity) and its epoch on the
+/// shared monotonic clock. The state word lives elsewhere (process memory or
+/// a region).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    rate: u64,
+    epoch_ns: u64,
+}
+
+impl Gcra {
+    /// `rate` is validated by the caller (1..=2³¹−1).
+    pub fn new(rate: u32, epoch_ns: u64) -> Gcra {
+        Gcra {
+            rate: u64::from(rate),
+            epoch_ns,
+        }
+    }
+
+    /// Capacity = rate.
+    #[inline]
+    pub fn cap(&self) -> u64 {
+        self.rate
+    }
+
+    /// Tokens ever refilled at `now_ns`: `⌊elapsed · rate / 10⁹⌋`, saturated
+    /// at [`V_MAX`]. No 128-bit division: `secs · rate + ⌊nanos · rate / 10⁹⌋`
+    /// with `nanos · rate < 2⁶¹`.
+    #[inline]
+    pub fn v(&self, now_ns: u64) -> u64 {
+        let e = now_ns.saturating_sub(self.epoch_ns);
+        let (s, ns) = (e / NS, e % NS);
+        s.saturating_mul(self.rate)
+            .saturating_add(ns * self.rate / NS)
+            .min(V_MAX)
+    }
+
+    /// The earliest instant (ns) at which `v` reaches `target`.
+    pub fn instant_of(&self, target: u64) -> u64 {
+        // Smallest e with ⌊e·rate/10⁹⌋ ≥ target is ⌈target·10⁹/rate⌉.
+        let e = (u128::from(target) * u128::from(NS)).div_ceil(u128::from(self.rate));
+        self.epoch_ns
+            .saturating_add(u64::try_from(e).unwrap_or(u64::MAX))
+    }
+
+    /// Tokens held given the word `tat` at clock `v` (negative in debt).
+    #[inline]
+    pub fn tokens(&self, tat: u64, v: u64) -> i64 {
+        // Both below 2^63 once validated; saturate anyway.
+        let lead = tat.saturating_sub(v).min(i64::MAX as u64) as i64;
+        self.rate as i64 - lead
+    }
+
+    #[inline]
+    fn corrupt(&self, tat: u64, v: u64) -> bool {
+        tat > v + self.rate + MAX_LEAD
+    }
+
+    /// Charges `n` (≤ 2³¹−1) tokens at `now_ns` on the word `word`.
+    #[inline]
+    pub fn charge(
+        &self,
+        word: &AtomicU64,
+        n: u64,
+        now_ns: u64,
+        mode: Mode,
+    ) -> Result<Charged, Refused> {
+        let v = self.v(now_ns);
+        let limit = v + self.rate; // tat may reach this without debt
+        let need = match mode {
+            Mode::Normal => n.min(self.rate),
+            Mode::Exact | Mode::Force => n,
+        };
+        let mut t = word.load(Ordering::Acquire);
+        loop {
+            if self.corrupt(t, v) {
+                return Err(Refused::Corrupt { tat: t, v });
+            }
+            let base = t.max(v);
+            if mode != Mode::Force && base + need > limit {
+                return Err(Refused::Until(base + need - self.rate));
+            }
+            let new = base + n;
+            match word.compare_exchange_weak(t, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Ok(Charged {
+                        tat: new,
+                        debt: new > limit,
+                    })
+                }
+                Err(cur) => t = cur,
+            }
+        }
+    }
+
+    /// Undoes a charge of `n` that stored `charged.tat`, if nothing touched
+    /// the word since. Returns false (and leaves the charge in place: tokens
+    /// are lost, never created) otherwise.
+    pub fn undo(&self, word: &AtomicU64, n: u64, charged: Charged) -> bool {
+        word.compare_exchange(
+            charged.tat,
+            charged.tat - n,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    }
+
+    /// `(tokens, v)` read from `word` at `now_ns`, or the corrupt word.
+    pub fn read(&self, word: &AtomicU64, now_ns: u64) -> Result<(i64, u64), Refused> {
+        let v = self.v(now_ns);
+        let t = word.load(Ordering::Acquire);
+        if self.corrupt(t, v) {
+            return Err(Refused::Corrupt { tat: t, v });
+        }
+        Ok((self.tokens(t, v), v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_full_refills_continuously_and_caps() {
+        let g = Gcra::new(1000, 5 * NS);
+        let w = AtomicU64::new(0);
+        assert_eq!(g.read(&w, 5 * NS).unwrap().0, 1000);
+        g.charge(&w, 1000, 5 * NS, Mode::Normal).unwrap();
+        assert_eq!(g.read(&w, 5 * NS).unwrap().0, 0);
+        // 1 ms later: exactly one token.
+        assert_eq!(g.read(&w, 5 * NS + 1_000_000).unwrap().0, 1);
+        assert_eq!(g.read(&w, 5 * NS + 999_999).unwrap().0, 0);
+        // Long idle: capped at capacity.
+        assert_eq!(g.read(&w, 100 * NS).unwrap().0, 1000);
+        // A charge on an over-full bucket starts from v, not from the old tat.
+        g.charge(&w, 10, 100 * NS, Mode::Normal).unwrap();
+        assert_eq!(g.read(&w, 100 * NS).unwrap().0, 990);
+    }
+
+    #[test]
+    fn refusal_says_when() {
+        let g = Gcra::new(1000, 0);
+        let w = AtomicU64::new(0);
+        g.charge(&w, 1000, 0, Mode::Normal).unwrap();
+        let Err(Refused::Until(v)) = g.charge(&w, 10, 0, Mode::Normal) else {
+            panic!()
+        };
+        assert_eq!(v, 10);
+        let at = g.instant_of(v);
+        assert_eq!(at, 10_000_000);
+        assert!(g.charge(&w, 10, at - 1, Mode::Normal).is_err());
+        assert!(g.charge(&w, 10, at, Mode::Normal).is_ok());
+    }
+
+    #[test]
+    fn oversize_only_on_full_bucket_into_debt() {
+        let g = Gcra::new(100, 0);
+        let w = AtomicU64::new(0);
+        assert!(g.charge(&w, 150, 0, Mode::Exact).is_err());
+        let c = g.charge(&w, 150, 0, Mode::Normal).unwrap();
+        assert!(c.debt);
+        assert_eq!(g.read(&w, 0).unwrap().0, -50);
+        // In debt: nothing normal drains until repaid and refilled.
+        let Err(Refused::Until(v)) = g.charge(&w, 1, 0, Mode::Normal) else {
+            panic!()
+        };
+        assert_eq!(v, 51);
+        let f = g.charge(&w, 1, 0, Mode::Force).unwrap();
+        assert!(f.debt);
+        assert_eq!(g.read(&w, 0).unwrap().0, -51);
+    }
+
+    #[test]
+    fn undo_only_when_untouched() {
+        let g = Gcra::new(100, 0);
+        let w = AtomicU64::new(0);
+        let c = g.charge(&w, 10, 0, Mode::Normal).unwrap();
+        assert!(g.undo(&w, 10, c));
+        assert_eq!(g.read(&w, 0).unwrap().0, 100);
+        let c = g.charge(&w, 10, 0, Mode::Normal).unwrap();
+        g.charge(&w, 5, 0, Mode::Normal).unwrap();
+        assert!(!g.undo(&w, 10, c));
+        assert_eq!(g.read(&w, 0).unwrap().0, 85);
+    }
+
+    #[test]
+    fn bounds_do_not_overflow() {
+        let g = Gcra::new(i32::MAX as u32, 0);
+        assert_eq!(g.v(u64::MAX), V_MAX);
+        let w = AtomicU64::new(0);
+        g.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force)
+            .unwrap();
+        assert!(g.read(&w, u64::MAX).is_ok());
+        // Half a second at the highest rate, exactly.
+        assert_eq!(g.v(NS / 2), (i32::MAX as u64) / 2);
+        assert_eq!(
+            g.v(3 * NS + NS / 2),
+            3 * (i32::MAX as u64) + (i32::MAX as u64) / 2
+        );
+    }
+
+    #[test]
+    fn scribbled_word_is_an_error() {
+        let g = Gcra::new(100, 0);
+        let w = AtomicU64::new(u64::MAX);
+        assert!(matches!(g.read(&w, 0), Err(Refused::Corrupt { .. })));
+        assert!(matches!(
+            g.charge(&w, 1, 0, Mode::Force),
+            Err(Refused::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn racing_threads_never_create_tokens() {
+        let g = Gcra::new(1_000_000, crate::sys::monotonic_ns());
+        let w = std::sync::Arc::new(AtomicU64::new(0));
+        let total: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let w = &w;
+                    s.spawn(move || {
+                        let mut got = 0;
+                        let end = crate::sys::monotonic_ns() + 100_000_000;
+                        while crate::sys::monotonic_ns() < end {
+                            if g.charge(w, 7, crate::sys::monotonic_ns(), Mode::Normal)
+                                .is_ok()
+                            {
+                                got += 7;
+                            }
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let now = crate::sys::monotonic_ns();
+        let (tokens, v) = g.read(&w, now).unwrap();
+        assert!(
+            total as i64 <= 1_000_000 + v as i64 - tokens,
+            "{total} {v} {tokens}"
+        );
+    }
+}

@@ -1,0 +1,545 @@
+//! The limiter's queueing policy, written once for every home.
+//!
+//! A [`Node`] is one level of a limiter chain: a root (bucket word in
+//! process memory or in a region) or a child whose own bucket is charged
+//! together with every ancestor's. Each level has seven FIFO queues.
+//!
+//! **Fast path.** A consume of `n > 0` at priority `p` charges the chain
+//! directly (one CAS per level, no lock, no syscall beyond the clock) when
+//! nothing is queued at `p` or above in this level. `n == 0` goes at once
+//! only when nothing is queued at all. Anything else queues at `p`.
+//!
+//! **Draining.** Under the level's lock, queues are visited from the highest
+//! priority down; each queue drains from its front while its front can be
+//! charged (a 0-token front always can), and a blocked front blocks only its
+//! own queue, so a different, unblocked priority can drain sooner (the
+//! seed's rule). A chain is charged leaf first; levels already charged stay
+//! charged (recorded in the waiter), so no charge is ever undone.
+//!
+//! **Force-through.** A front that has made no progress for
+//! [`STALL_TICKS`](super::STALL_TICKS) × 100 ms (about 1 s) is charged into
+//! debt on every remaining level of the chain and counted in `forced`.
+//! Debt is repaid before anything else drains, because a normal charge needs
+//! a non-negative balance afterwards. At most one item per queue per second
+//! goes through this way.
+//!
+//! **Sleeping, no timer thread.** Each queue's front sleeps (futex wait on
+//! its own word) until the earliest instant anything can change: the
+//! refill instant of some blocked front, or some front's force instant. The
+//! first front to wake drains for everyone and wakes the waiters it
+//! charged and any new fronts. Other waiters sleep until woken (or their
+//! deadline). A waiter reads its word's sequence number before looking at
+//! the queues, so a wake between the look and the sleep is never lost. In a
+//! region, other processes only ever *take* tokens, so a computed refill
+//! instant is never too late; waking early just recomputes.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::bucket::{Gcra, Mode, Refused};
+use super::shared::SharedBucket;
+use super::stats::{LimiterQueueStats, LimiterStats};
+use super::{Grant, STALL_TICKS, TICK_NS};
+use crate::error::{Error, Result};
+use crate::priority::{Priority, LEVELS};
+use crate::scheduler::QueueStats;
+use crate::sys::fork::fork_generation;
+use crate::sys::futex::{futex_wait, futex_wake};
+use crate::sys::monotonic_ns;
+
+const WAITING: u32 = 0;
+const GRANTED: u32 = 1;
+const GRANTED_FORCED: u32 = 2;
+const CORRUPT: u32 = 3;
+const CANCELLED: u32 = 4;
+
+/// Where a level's bucket word lives.
+#[derive(Debug)]
+pub(crate) enum Home {
+    /// Process memory.
+    Local(AtomicU64),
+    /// A region.
+    Shared(Box<SharedBucket>),
+}
+
+/// One blocked consume.
+#[derive(Debug)]
+struct Waiter {
+    n: u64,
+    tier: usize,
+    /// `WAITING`, then a result; written under the level's lock.
+    state: AtomicU32,
+    /// Futex word: bumped on every wake-up meant for this waiter.
+    wake: AtomicU32,
+    /// Levels of the chain already charged (leaf first); under the lock.
+    paid: AtomicU32,
+    /// `(tat, v)` of a corrupt bucket word, for the error.
+    corrupt: [AtomicU64; 2],
+}
+
+impl Waiter {
+    fn poke(&self) {
+        self.wake.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&self.wake, 1);
+    }
+
+    fn finish(&self, state: u32) {
+        self.state.store(state, Ordering::Release);
+        self.poke();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    queues: [VecDeque<Arc<Waiter>>; LEVELS],
+    counters: [LimiterQueueStats; LEVELS],
+    /// When each queue's current front became the front (or last
+    /// progressed), ns.
+    front_since: [u64; LEVELS],
+}
+
+/// One level of a limiter chain.
+#[derive(Debug)]
+pub(crate) struct Node {
+    gcra: Gcra,
+    home: Home,
+    parent: Option<Arc<Node>>,
+    /// Bit `i` set while tier `i`'s queue is non-empty (read on the fast path).
+    queued: AtomicU32,
+    /// Counter: force-throughs by this level's consumers.
+    forced: AtomicU64,
+    fork_gen: u64,
+    inner: Mutex<Inner>,
+}
+
+#[cold]
+fn corrupt_error(tat: u64, v: u64, cap: u64) -> Error {
+    Error::BadRegion(format!(
+        "limiter bucket word {tat} is more than {} tokens ahead of the clock {v} \
+         (capacity {cap}): it was overwritten",
+        super::bucket::MAX_LEAD
+    ))
+}
+
+impl Node {
+    pub fn new(gcra: Gcra, home: Home, parent: Option<Arc<Node>>) -> Node {
+        Node {
+            gcra,
+            home,
+            parent,
+            queued: AtomicU32::new(0),
+            forced: AtomicU64::new(0),
+            fork_gen: {
+                // Without the handler a fork would go unnoticed (ENOMEM only).
+                let _ = crate::sys::fork::install_atfork_handler();
+                fork_generation()
+            },
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Nothing panics under this lock; the queues stay valid regardless.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[inline]
+    fn tat(&self) -> &AtomicU64 {
+        match &self.home {
+            Home::Local(w) => w,
+            Home::Shared(s) => s.tat(),
+        }
+    }
+
+    pub fn gcra(&self) -> Gcra {
+        self.gcra
+    }
+
+    pub fn parent(&self) -> Option<&Arc<Node>> {
+        self.parent.as_ref()
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    /// The shared bucket at the root of this chain, if any.
+    fn shared_root(&self) -> Option<&SharedBucket> {
+        let mut n = self;
+        while let Some(p) = n.parent.as_deref() {
+            n = p;
+        }
+        match &n.home {
+            Home::Shared(s) => Some(s),
+            Home::Local(_) => None,
+        }
+    }
+
+    #[inline]
+    pub fn check_usable(&self) -> Result<()> {
+        if self.fork_gen != fork_generation() {
+            return Err(Error::Forked(
+                "a Limiter belongs to the process that created it; in a forked child, \
+                 create a new one from the Region (Limiter::shared or Limiter::attach)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn count_forced(&self) {
+        self.forced.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = self.shared_root() {
+            s.count_forced();
+        }
+    }
+
+    /// Charges levels `from..` of the chain (leaf = level 0). On success
+    /// returns whether any level went into debt; on refusal, the number of
+    /// levels now charged and why the next one refused.
+    #[inline]
+    fn charge_chain(
+        &self,
+        from: u32,
+        n: u64,
+        now: u64,
+        mode: Mode,
+    ) -> std::result::Result<bool, (u32, Refused, Gcra)> {
+        let mut debt = false;
+        let mut k = 0u32;
+        let mut cur = Some(self);
+        while let Some(node) = cur {
+            if k >= from {
+                match node.gcra.charge(node.tat(), n, now, mode) {
+                    Ok(c) => debt |= c.debt,
+                    Err(r) => return Err((k, r, node.gcra)),
+                }
+            }
+            k += 1;
+            cur = node.parent.as_deref();
+        }
+        Ok(debt)
+    }
+
+    /// Blocking consume; `deadline` in ns of the monotonic clock.
+    #[inline]
+    pub fn consume(&self, n: u64, p: Priority, deadline: Option<u64>) -> Result<Grant> {
+        self.check_usable()?;
+        let mask = self.queued.load(Ordering::SeqCst);
+        let mut paid = 0;
+        if n == 0 {
+            if mask == 0 {
+                return Ok(Grant {
+                    immediate: true,
+                    forced: false,
+                });
+            }
+        } else if mask >> p.index() == 0 {
+            if self.parent.is_none() {
+                // A root: one charge, nothing to record on failure.
+                match self
+                    .gcra
+                    .charge(self.tat(), n, monotonic_ns(), Mode::Normal)
+                {
+                    Ok(c) => {
+                        if c.debt {
+                            self.count_forced();
+                        }
+                        return Ok(Grant {
+                            immediate: true,
+                            forced: c.debt,
+                        });
+                    }
+                    Err(Refused::Corrupt { tat, v }) => {
+                        return Err(corrupt_error(tat, v, self.gcra.cap()))
+                    }
+                    Err(Refused::Until(_)) => {
+                        return self.enqueue_and_wait(n, p, 0, deadline);
+                    }
+                }
+            }
+            match self.charge_chain(0, n, monotonic_ns(), Mode::Normal) {
+                Ok(debt) => {
+                    if debt {
+                        self.count_forced();
+                    }
+                    return Ok(Grant {
+                        immediate: true,
+                        forced: debt,
+                    });
+                }
+                Err((_, Refused::Corrupt { tat, v }, g)) => {
+                    return Err(corrupt_error(tat, v, g.cap()))
+                }
+                Err((k, Refused::Until(_), _)) => paid = k,
+            }
+        }
+        self.enqueue_and_wait(n, p, paid, deadline)
+    }
+
+    #[inline]
+    /// Non-blocking: charges `n` only if nothing is queued here and every
+    /// level holds `n` tokens now. Never goes into debt, never queues.
+    pub fn try_consume(&self, n: u64) -> Result<bool> {
+        self.check_usable()?;
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        let now = monotonic_ns();
+        let mut done = Vec::new();
+        let mut cur = Some(self);
+        while let Some(node) = cur {
+            match node.gcra.charge(node.tat(), n, now, Mode::Exact) {
+                Ok(c) => {
+                    if node.parent.is_some() {
+                        done.push((node, c));
+                    }
+                }
+                Err(r) => {
+                    // Undo the lower levels (exactly, or not at all: tokens
+                    // may be lost to a race, never created).
+                    for (d, c) in done.into_iter().rev() {
+                        d.gcra.undo(d.tat(), n, c);
+                    }
+                    return match r {
+                        Refused::Until(_) => Ok(false),
+                        Refused::Corrupt { tat, v } => Err(corrupt_error(tat, v, node.gcra.cap())),
+                    };
+                }
+            }
+            cur = node.parent.as_deref();
+        }
+        Ok(true)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enqueue_and_wait(
+        &self,
+        n: u64,
+        p: Priority,
+        paid: u32,
+        deadline: Option<u64>,
+    ) -> Result<Grant> {
+        let tier = p.index();
+        let w = Arc::new(Waiter {
+            n,
+            tier,
+            state: AtomicU32::new(WAITING),
+            wake: AtomicU32::new(0),
+            paid: AtomicU32::new(paid),
+            corrupt: [AtomicU64::new(0), AtomicU64::new(0)],
+        });
+        {
+            let mut inner = self.lock();
+            if inner.queues[tier].is_empty() {
+                inner.front_since[tier] = monotonic_ns();
+            }
+            inner.queues[tier].push_back(w.clone());
+            inner.counters[tier].deferred += 1;
+            self.queued.fetch_or(1 << tier, Ordering::SeqCst);
+            if let Some(s) = self.shared_root() {
+                s.publish_waiting(tier, 1);
+            }
+        }
+        let r = self.wait(&w, deadline);
+        r.map(|forced| Grant {
+            immediate: false,
+            forced,
+        })
+    }
+
+    fn wait(&self, w: &Arc<Waiter>, deadline: Option<u64>) -> Result<bool> {
+        loop {
+            let seq = w.wake.load(Ordering::SeqCst);
+            if let Some(r) = self.outcome(w) {
+                return r;
+            }
+            let now = monotonic_ns();
+            if deadline.is_some_and(|d| now >= d) {
+                return self.cancel(w, now);
+            }
+            let (next, front) = {
+                let mut inner = self.lock();
+                let next = self.dispatch_locked(&mut inner, now);
+                let front = inner.queues[w.tier]
+                    .front()
+                    .is_some_and(|f| Arc::ptr_eq(f, w));
+                (next, front)
+            };
+            if w.state.load(Ordering::Acquire) != WAITING {
+                continue;
+            }
+            let mut until = if front { next } else { None };
+            if let Some(d) = deadline {
+                until = Some(until.map_or(d, |u| u.min(d)));
+            }
+            let timeout = until.map(|u| std::time::Duration::from_nanos(u.saturating_sub(now)));
+            futex_wait(&w.wake, seq, timeout);
+        }
+    }
+
+    fn outcome(&self, w: &Waiter) -> Option<Result<bool>> {
+        match w.state.load(Ordering::Acquire) {
+            WAITING => None,
+            GRANTED => Some(Ok(false)),
+            GRANTED_FORCED => Some(Ok(true)),
+            CANCELLED => Some(Err(Error::Timeout)),
+            _ => Some(Err(corrupt_error(
+                w.corrupt[0].load(Ordering::Relaxed),
+                w.corrupt[1].load(Ordering::Relaxed),
+                self.gcra.cap(),
+            ))),
+        }
+    }
+
+    /// Removes a waiter whose deadline passed, unless a grant beat it.
+    /// Levels it had already been charged stay charged.
+    fn cancel(&self, w: &Arc<Waiter>, now: u64) -> Result<bool> {
+        let mut inner = self.lock();
+        if let Some(r) = self.outcome(w) {
+            return r;
+        }
+        let tier = w.tier;
+        if let Some(pos) = inner.queues[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
+            inner.queues[tier].remove(pos);
+            inner.counters[tier].completed += 1;
+            inner.counters[tier].cancelled += 1;
+            self.left_queue(&mut inner, tier);
+            if pos == 0 {
+                inner.front_since[tier] = now;
+                if let Some(f) = inner.queues[tier].front() {
+                    f.poke();
+                }
+            }
+        }
+        w.state.store(CANCELLED, Ordering::Release);
+        self.dispatch_locked(&mut inner, now);
+        Err(Error::Timeout)
+    }
+
+    fn left_queue(&self, inner: &mut Inner, tier: usize) {
+        if inner.queues[tier].is_empty() {
+            self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
+        }
+        if let Some(s) = self.shared_root() {
+            s.publish_waiting(tier, -1);
+        }
+    }
+
+    /// Drains what can go now (see the module docs). Returns the earliest
+    /// instant (ns) at which a blocked front may be able to go.
+    fn dispatch_locked(&self, inner: &mut Inner, now: u64) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        for tier in (0..LEVELS).rev() {
+            let mut progressed = false;
+            while let Some(w) = inner.queues[tier].front().cloned() {
+                let state = if w.n == 0 {
+                    GRANTED
+                } else {
+                    let paid = w.paid.load(Ordering::Relaxed);
+                    match self.charge_chain(paid, w.n, now, Mode::Normal) {
+                        Ok(false) => GRANTED,
+                        Ok(true) => GRANTED_FORCED,
+                        Err((k, Refused::Until(v), g)) => {
+                            w.paid.store(k, Ordering::Relaxed);
+                            let force_at = inner.front_since[tier] + STALL_TICKS * TICK_NS;
+                            if now >= force_at {
+                                match self.charge_chain(k, w.n, now, Mode::Force) {
+                                    Ok(_) => GRANTED_FORCED,
+                                    // A forced charge is refused only for a
+                                    // corrupt word.
+                                    Err((_, r, _)) => {
+                                        let (tat, v) = match r {
+                                            Refused::Corrupt { tat, v } => (tat, v),
+                                            Refused::Until(v) => (u64::MAX, v),
+                                        };
+                                        w.corrupt[0].store(tat, Ordering::Relaxed);
+                                        w.corrupt[1].store(v, Ordering::Relaxed);
+                                        CORRUPT
+                                    }
+                                }
+                            } else {
+                                let at = g.instant_of(v).min(force_at);
+                                next = Some(next.map_or(at, |x| x.min(at)));
+                                break;
+                            }
+                        }
+                        Err((_, Refused::Corrupt { tat, v }, _)) => {
+                            w.corrupt[0].store(tat, Ordering::Relaxed);
+                            w.corrupt[1].store(v, Ordering::Relaxed);
+                            CORRUPT
+                        }
+                    }
+                };
+                inner.queues[tier].pop_front();
+                inner.counters[tier].completed += 1;
+                if state == GRANTED_FORCED {
+                    self.count_forced();
+                }
+                self.left_queue(inner, tier);
+                inner.front_since[tier] = now;
+                progressed = true;
+                w.finish(state);
+            }
+            if progressed {
+                if let Some(f) = inner.queues[tier].front() {
+                    f.poke();
+                }
+            }
+        }
+        next
+    }
+
+    /// Current balance, or the corrupt-word error.
+    pub fn tokens(&self) -> Result<i64> {
+        self.gcra
+            .read(self.tat(), monotonic_ns())
+            .map(|(t, _)| t)
+            .map_err(|r| match r {
+                Refused::Corrupt { tat, v } => corrupt_error(tat, v, self.gcra.cap()),
+                // Reads are refused only for a corrupt word.
+                Refused::Until(v) => corrupt_error(u64::MAX, v, self.gcra.cap()),
+            })
+    }
+
+    pub fn stats(&self) -> LimiterStats {
+        let now = monotonic_ns();
+        let inner = self.lock();
+        let mut queues = inner.counters;
+        let mut total = QueueStats::default();
+        for (i, q) in queues.iter_mut().enumerate() {
+            q.count = inner.queues[i].len() as u64;
+            q.stall = if q.count > 0 {
+                now.saturating_sub(inner.front_since[i]) / TICK_NS
+            } else {
+                0
+            };
+            total.count += q.count;
+            total.deferred += q.deferred;
+            total.completed += q.completed;
+            total.cancelled += q.cancelled;
+        }
+        drop(inner);
+        // A corrupt word reads as neither tokens nor clock; report 0 and let
+        // the next consume return the error.
+        let (tokens, clock) = self.gcra.read(self.tat(), now).unwrap_or((0, 0));
+        LimiterStats {
+            tokens,
+            tokens_per_second: self.gcra.cap() as u32,
+            pending: total.count,
+            forced: self.forced.load(Ordering::Relaxed),
+            clock,
+            total,
+            queues,
+            shared: match &self.home {
+                Home::Shared(s) => Some(s.stats()),
+                Home::Local(_) => None,
+            },
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Limiter statistics: the seed's fields (the Scheduler's per-priority
+//! gauges and counters, plus `tokens`, `tokens_per_second`, `forced` and
+//! `stall`), and what a region knows.
+
+use serde::Serialize;
+
+use crate::priority::LEVELS;
+use crate::scheduler::QueueStats;
+
+/// One priority's queue in a limiter.
+///
+/// While the limiter is live, `deferred - completed == count`. A cancelled
+/// wait (timeout) counts in `completed` and in `cancelled`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LimiterQueueStats {
+    /// Gauge: consumes queued now at this priority.
+    pub count: u64,
+    /// Counter: consumes ever queued here (they could not go at once).
+    pub deferred: u64,
+    /// Counter: consumes that ever left this queue (charged or cancelled).
+    pub completed: u64,
+    /// Counter: the part of `completed` that was cancelled.
+    pub cancelled: u64,
+    /// Gauge: consecutive ~100 ms ticks this priority's front has been
+    /// blocked on tokens (0 when the queue is empty). At
+    /// [`STALL_TICKS`](super::STALL_TICKS) the front is forced through.
+    pub stall: u64,
+}
+
+/// A snapshot of one limiter (one level of a chain).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LimiterStats {
+    /// Gauge: the token balance now, negative while in debt.
+    pub tokens: i64,
+    /// The configured rate, which is also the bucket's capacity.
+    pub tokens_per_second: u32,
+    /// Gauge: consumes queued in this limiter.
+    pub pending: u64,
+    /// Counter: anti-starvation force-throughs into debt by this handle
+    /// (including requests larger than the capacity admitted on a full
+    /// bucket). Per process; see `shared.forced` for the region's total.
+    pub forced: u64,
+    /// Counter: tokens ever refilled since the bucket's creation (its
+    /// virtual clock). `clock + tokens_per_second - tokens` bounds, exactly,
+    /// everything ever consumed from the bucket.
+    pub clock: u64,
+    /// Roll-up of `queues` (`stall` is not summed: take the max).
+    pub total: QueueStats,
+    /// Per priority, index = priority + 3.
+    pub queues: [LimiterQueueStats; LEVELS],
+    /// Region-wide figures, in shared mode only.
+    pub shared: Option<SharedLimiterStats>,
+}
+
+/// What a limiter region knows about everyone sharing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SharedLimiterStats {
+    /// Counter: force-throughs into debt by all processes.
+    pub forced: u64,
+    /// Gauge: consumes waiting in live processes, per priority
+    /// (index = priority + 3).
+    pub waiters: [u64; LEVELS],
+    /// Gauge: processes attached to the region and alive.
+    pub processes: u32,
+}

@@ -1,0 +1,320 @@
+//! A PSI-style pressure signal reconstructed from
+//! [`Scheduler`](crate::scheduler::Scheduler) and
+//! [`Limiter`](crate::limiter::Limiter) stats, for backoff decisions (the seed's "Monitoring"
+//! recipe).
+//!
+//! # How it works
+//!
+//! Utilisation is the wrong trigger: a scheduler whose slots are all busy
+//! but whose queue keeps draining is healthy. Pressure asks instead whether
+//! work is *stalled*. Each time you feed a stats snapshot (from a loop you
+//! already run; the library adds no timer) [`Pressure::update`] decides one
+//! boolean per level:
+//!
+//! - **some** — at least one task is delayed: for a scheduler, a backlog
+//!   and no free slot (`pending > 0` and the ceiling reached); for a
+//!   limiter, a queue front blocked on tokens for at least
+//!   [`STALL_TICKS`] (≈ 1 s, the force-through threshold) or a balance in
+//!   debt;
+//! - **full** — nothing is making progress: *some*, and zero completions
+//!   since the previous sample (a counter diff, never a gauge), and for a
+//!   limiter also debt or a fresh force-through (Δ`forced` > 0).
+//!
+//! Each boolean feeds an exponentially weighted moving average with time
+//! constant `tau` and a gain that depends on the real time between samples
+//! (`1 − e^(−Δt/τ)`), so a jittery loop keeps the time constant honest. Two
+//! Schmitt triggers (engage above `hi`, release below `lo`) turn the
+//! averages into latched flags: [`shed`](Pressure::shed) (drop
+//! discretionary work) from *some*, [`paused`](Pressure::paused) (stop
+//! producing) from *full*.
+//!
+//! # What it guarantees
+//!
+//! A busy-but-draining scheduler scores 0 (the predicate filters it); a
+//! one-sample blip cannot trip a flag unless `hi` is below the one-step gain;
+//! a brief recovery cannot release it before the average falls below `lo`.
+//! Time is explicit (`now_ns` on every call), so the signal replays
+//! deterministically in tests.
+//!
+//! ```
+//! use shmsched::pressure::{Pressure, PressureConfig, Sample};
+//! use shmsched::scheduler::Scheduler;
+//! use shmsched::Priority;
+//!
+//! # fn main() -> shmsched::Result<()> {
+//! let sched = Scheduler::new(1)?;
+//! let mut p = Pressure::new(PressureConfig::default())?;
+//! let _busy = sched.acquire(Priority::Normal)?; // saturated, but nothing waits
+//! for tick in 0..100u64 {
+//!     p.update(Sample::from_scheduler(&sched.stats()), tick * 200_000_000);
+//! }
+//! assert_eq!(p.some(), 0.0);     // 100% utilised, 0% pressure
+//! assert!(!p.shed() && !p.paused());
+//! # Ok(()) }
+//! ```
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::limiter::{LimiterStats, STALL_TICKS};
+use crate::scheduler::SchedulerStats;
+
+/// Time constant, thresholds and stall length of a [`Pressure`] signal.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PressureConfig {
+    /// EWMA time constant in ns (default 10 s, PSI's avg10).
+    pub tau_ns: u64,
+    /// Engage `shed` when the *some* average rises above this (default 0.5).
+    pub some_hi: f64,
+    /// Release `shed` when it falls below this (default 0.2).
+    pub some_lo: f64,
+    /// Engage `paused` when the *full* average rises above this (default 0.3).
+    pub full_hi: f64,
+    /// Release `paused` when it falls below this (default 0.1).
+    pub full_lo: f64,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        PressureConfig {
+            tau_ns: 10_000_000_000,
+            some_hi: 0.5,
+            some_lo: 0.2,
+            full_hi: 0.3,
+            full_lo: 0.1,
+        }
+    }
+}
+
+impl PressureConfig {
+    fn validate(&self) -> Result<()> {
+        if self.tau_ns == 0 {
+            return Err(Error::InvalidArgument(
+                "pressure tau_ns 0 is out of range: must be at least 1 ns".into(),
+            ));
+        }
+        for (name, lo, hi) in [
+            ("some", self.some_lo, self.some_hi),
+            ("full", self.full_lo, self.full_hi),
+        ] {
+            if !(0.0..=1.0).contains(&lo) || !(0.0..=1.0).contains(&hi) || lo > hi {
+                return Err(Error::InvalidArgument(format!(
+                    "pressure {name} thresholds lo {lo} / hi {hi} are out of range: \
+                     need 0 <= lo <= hi <= 1"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One stats snapshot reduced to what the pressure signal needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Is at least one task delayed right now?
+    pub some_now: bool,
+    /// Counter: items ever dispatched (`total.completed - total.cancelled`).
+    pub completed: u64,
+    /// Counter: force-throughs (limiter; 0 for a scheduler).
+    pub forced: u64,
+    /// The limiter's balance is negative.
+    pub in_debt: bool,
+    /// The sample comes from a limiter (full then also needs debt or a
+    /// fresh force-through).
+    pub limiter: bool,
+}
+
+impl Sample {
+    /// From a scheduler's stats: *some* = a backlog (here, or waiters in
+    /// other processes of a region) and no free slot.
+    pub fn from_scheduler(s: &SchedulerStats) -> Sample {
+        let (saturated, elsewhere) = match &s.shared {
+            Some(sh) => (sh.running >= sh.max, sh.waiters.iter().any(|&w| w > 0)),
+            None => (
+                s.concurrency.is_some_and(|c| s.running >= u64::from(c)),
+                false,
+            ),
+        };
+        Sample {
+            some_now: saturated && (s.pending > 0 || elsewhere),
+            completed: s.total.completed - s.total.cancelled.min(s.total.completed),
+            forced: 0,
+            in_debt: false,
+            limiter: false,
+        }
+    }
+
+    /// From a limiter's stats: *some* = a queue front stalled for
+    /// [`STALL_TICKS`] or more, or the balance in debt.
+    pub fn from_limiter(l: &LimiterStats) -> Sample {
+        let stalled = l
+            .queues
+            .iter()
+            .any(|q| q.count > 0 && q.stall >= STALL_TICKS);
+        Sample {
+            some_now: stalled || l.tokens < 0,
+            completed: l.total.completed - l.total.cancelled.min(l.total.completed),
+            forced: l.forced,
+            in_debt: l.tokens < 0,
+            limiter: true,
+        }
+    }
+}
+
+/// A smoothed, latched pressure signal (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pressure {
+    cfg: PressureConfig,
+    some: f64,
+    full: f64,
+    shed: bool,
+    paused: bool,
+    /// `(completed, forced, now_ns)` of the previous sample.
+    prev: Option<(u64, u64, u64)>,
+}
+
+impl Pressure {
+    /// A signal at rest (both averages 0, no flag set).
+    pub fn new(cfg: PressureConfig) -> Result<Pressure> {
+        cfg.validate()?;
+        Ok(Pressure {
+            cfg,
+            some: 0.0,
+            full: 0.0,
+            shed: false,
+            paused: false,
+            prev: None,
+        })
+    }
+
+    /// Feeds one sample taken at `now_ns` (any monotonic ns clock). The
+    /// first sample only sets the baseline for the counter diffs. A sample
+    /// not later than the previous one changes nothing.
+    pub fn update(&mut self, s: Sample, now_ns: u64) {
+        let Some((completed, forced, last)) = self.prev else {
+            self.prev = Some((s.completed, s.forced, now_ns));
+            return;
+        };
+        if now_ns <= last {
+            return;
+        }
+        let progressed = s.completed > completed;
+        let full_now = s.some_now && !progressed && (!s.limiter || s.in_debt || s.forced > forced);
+        let dt = (now_ns - last) as f64;
+        let a = 1.0 - (-dt / self.cfg.tau_ns as f64).exp();
+        self.some += a * (f64::from(u8::from(s.some_now)) - self.some);
+        self.full += a * (f64::from(u8::from(full_now)) - self.full);
+        self.prev = Some((s.completed, s.forced, now_ns));
+        if !self.shed && self.some > self.cfg.some_hi {
+            self.shed = true;
+        } else if self.shed && self.some < self.cfg.some_lo {
+            self.shed = false;
+        }
+        if !self.paused && self.full > self.cfg.full_hi {
+            self.paused = true;
+        } else if self.paused && self.full < self.cfg.full_lo {
+            self.paused = false;
+        }
+    }
+
+    /// The *some* average: the recent fraction of time with a delayed task.
+    pub fn some(&self) -> f64 {
+        self.some
+    }
+
+    /// The *full* average: the recent fraction of time with no progress.
+    pub fn full(&self) -> f64 {
+        self.full
+    }
+
+    /// Latched: shed discretionary work.
+    pub fn shed(&self) -> bool {
+        self.shed
+    }
+
+    /// Latched: pause the producer.
+    pub fn paused(&self) -> bool {
+        self.paused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TICK: u64 = 200_000_000;
+
+    fn stalled(completed: u64) -> Sample {
+        Sample {
+            some_now: true,
+            completed,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn config_is_validated() {
+        let ok = PressureConfig::default();
+        assert!(Pressure::new(ok).is_ok());
+        assert!(Pressure::new(PressureConfig { tau_ns: 0, ..ok }).is_err());
+        let e = Pressure::new(PressureConfig { some_lo: 0.6, ..ok }).unwrap_err();
+        assert!(e.to_string().contains("0.6"), "{e}");
+        assert!(Pressure::new(PressureConfig { full_hi: 1.5, ..ok }).is_err());
+    }
+
+    #[test]
+    fn sustained_stall_engages_then_hysteresis_releases_late() {
+        let mut p = Pressure::new(PressureConfig::default()).unwrap();
+        let mut t = 0;
+        // Stalled but progressing: some rises, full stays 0.
+        let mut engaged_at = None;
+        for i in 0..200u64 {
+            t += TICK;
+            p.update(stalled(i), t);
+            if p.shed() && engaged_at.is_none() {
+                engaged_at = Some(t);
+            }
+        }
+        // 0.5 is crossed after tau * ln 2 ≈ 6.9 s.
+        let at = engaged_at.expect("shed engaged") as f64 / 1e9;
+        assert!((6.5..7.5).contains(&at), "{at}");
+        assert_eq!(p.full(), 0.0);
+        assert!(!p.paused());
+        // Recovery: released only below 0.2, well after falling below 0.5.
+        let mut released_at = None;
+        for i in 0..200u64 {
+            t += TICK;
+            p.update(
+                Sample {
+                    completed: 1000 + i,
+                    ..Sample::default()
+                },
+                t,
+            );
+            if !p.shed() && released_at.is_none() {
+                released_at = Some(t);
+            }
+        }
+        assert!(released_at.is_some());
+    }
+
+    #[test]
+    fn full_needs_no_progress_and_for_a_limiter_debt() {
+        let mut p = Pressure::new(PressureConfig::default()).unwrap();
+        for i in 0..100u64 {
+            p.update(stalled(5), i * TICK);
+        }
+        assert!(p.paused() && p.full() > 0.3);
+        // A limiter stalled without debt or force-through is not "full".
+        let mut q = Pressure::new(PressureConfig::default()).unwrap();
+        for i in 0..100u64 {
+            let s = Sample {
+                limiter: true,
+                ..stalled(5)
+            };
+            q.update(s, i * TICK);
+        }
+        assert_eq!(q.full(), 0.0);
+        assert!(q.shed());
+    }
+}

@@ -1,0 +1,62 @@
+//! What a Limiter handle does after `fork` (DESIGN rule 6): it belongs to
+//! the parent and fails in the child with a clear error; the child binds
+//! its own handle from the Region and shares the same bucket.
+//!
+//! One test in this binary, so the fork happens with no other test thread
+//! running.
+
+use shmsched::limiter::Limiter;
+use shmsched::region::Region;
+use shmsched::{Error, Priority};
+
+fn child_checks(region: &Region, inherited: &Limiter) -> i32 {
+    match inherited.consume(1, Priority::Normal) {
+        Err(Error::Forked(m)) if m.contains("Limiter::shared") => {}
+        _ => return 10,
+    }
+    if !matches!(inherited.try_consume(1), Err(Error::Forked(_))) {
+        return 11;
+    }
+    let Ok(own) = Limiter::attach(region) else {
+        return 12;
+    };
+    // The parent took 600 of 1000: the child sees the same bucket.
+    match own.tokens() {
+        Ok(t) if (400..=450).contains(&t) => {}
+        _ => return 13,
+    }
+    if own.try_consume(400).ok() != Some(true) {
+        return 14;
+    }
+    0
+}
+
+#[test]
+fn inherited_limiter_after_fork() {
+    let region = Region::anonymous().unwrap();
+    let lim = Limiter::shared(&region, 1000).unwrap();
+    lim.consume(600, Priority::Normal).unwrap();
+    // SAFETY: the only other thread is the idle test-harness main thread; the
+    // child calls only this crate's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child_checks(&region, &lim)))
+                .unwrap_or(99);
+        // SAFETY: leave the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child crashed: {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "child check failed (code = step)"
+    );
+    // The child's 400 came out of the parent's bucket too.
+    assert!(lim.tokens().unwrap() < 200);
+    assert_eq!(lim.reap().unwrap(), 1);
+}
