@@ -251,3 +251,22 @@ fn stat_shows_a_fair_share_ledger() {
     assert_eq!(reaped.trim(), "reaped 0 processes, released 0 leases");
     fair.release_now(&lease.id).unwrap();
 }
+
+#[test]
+fn stat_shows_a_limiter() {
+    use shmsched::limiter::Limiter;
+    let name = Named::new("lim");
+    let region = Region::create(&name.0).unwrap();
+    let lim = Limiter::shared(&region, 1_000_000).unwrap();
+    lim.consume(400_000, Priority::Normal).unwrap();
+    let out = ok_stdout(&["stat", &name.0, "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["region"]["kind"], "limiter", "{v}");
+    assert_eq!(v["limiter"]["tokens_per_second"], 1_000_000);
+    let tokens = v["limiter"]["tokens"].as_i64().unwrap();
+    assert!((600_000..=1_000_000).contains(&tokens), "{tokens}");
+    let human = ok_stdout(&["stat", &name.0]);
+    assert!(human.contains("of 1000000 (tokens per second"), "{human}");
+    let reaped = ok_stdout(&["reap", &name.0]);
+    assert!(reaped.starts_with("reaped 0 processes"), "{reaped}");
+}

@@ -277,6 +277,29 @@ impl Limiter {
         }
     }
 
+    /// Leaves the region now: frees this process's entry in its process
+    /// table (a dead or exited process's entry is otherwise reaped later).
+    /// Refused while clones or children of this handle are alive, or while
+    /// another object of this process is bound through the same `Region`.
+    /// An in-process limiter has nothing to leave.
+    pub fn detach(self) -> Result<()> {
+        if std::sync::Arc::strong_count(&self.node) > 1 {
+            return Err(Error::InvalidArgument(
+                "cannot detach: other handles (clones or children) of this limiter are alive"
+                    .into(),
+            ));
+        }
+        let Home::Shared(s) = self.node.home() else {
+            return Ok(());
+        };
+        if std::sync::Arc::strong_count(s.mapping()) > 1 {
+            return Err(Error::InvalidArgument(
+                "cannot detach: another object of this process is bound to the same region".into(),
+            ));
+        }
+        s.mapping().deregister()
+    }
+
     /// A snapshot of this level's gauges and counters.
     pub fn stats(&self) -> LimiterStats {
         self.node.stats()

@@ -82,6 +82,11 @@ impl SharedBucket {
         SharedBucket::from_mapping(map)
     }
 
+    /// The mapping this bucket lives in.
+    pub fn mapping(&self) -> &Arc<Mapping> {
+        &self.map
+    }
+
     fn from_mapping(map: Arc<Mapping>) -> Result<SharedBucket> {
         let h = map.header();
         if h.params[1] != OBJECT_REV {

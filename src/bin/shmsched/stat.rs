@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use shmsched::fair::{FairConfig, FairShare, Stats};
+use shmsched::limiter::{Limiter, LimiterStats};
 use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region};
 use shmsched::scheduler::{Scheduler, SharedStats};
 use shmsched::Priority;
@@ -95,6 +96,8 @@ struct StatView {
     scheduler: Option<SchedView>,
     /// Present for a fair-share region.
     fair: Option<FairView>,
+    /// Present for a limiter region.
+    limiter: Option<LimiterStats>,
     /// Set when this kind has no detailed view yet.
     note: Option<String>,
 }
@@ -107,6 +110,47 @@ struct FairView {
     /// Processes reaped and leases they held, since creation.
     reaped_processes: u64,
     reaped_leases: u64,
+}
+
+fn limiter_view(name: &str, region: &Region) -> Result<LimiterStats, CliError> {
+    let lim = Limiter::attach(region).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
+    // `stats` shows 0 tokens on a corrupt bucket word; `tokens` says why.
+    let tokens = lim
+        .tokens()
+        .map_err(|e| CliError(format!("region {name:?}: {e}")));
+    let stats = lim.stats();
+    lim.detach()
+        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
+    tokens?;
+    Ok(stats)
+}
+
+fn print_limiter(l: &LimiterStats) {
+    println!(
+        "tokens      {} of {} (tokens per second = capacity){}",
+        l.tokens,
+        l.tokens_per_second,
+        if l.tokens < 0 { ", in debt" } else { "" }
+    );
+    println!("pending     {} here; forced {} here", l.pending, l.forced);
+    if let Some(sh) = &l.shared {
+        let waiting: Vec<String> = Priority::ALL
+            .iter()
+            .rev()
+            .filter(|p| sh.waiters[p.index()] > 0)
+            .map(|p| format!("{} {}", p.name(), sh.waiters[p.index()]))
+            .collect();
+        println!(
+            "waiting     {}",
+            if waiting.is_empty() {
+                "0".to_string()
+            } else {
+                waiting.join(", ")
+            }
+        );
+        println!("forced      {} across all processes", sh.forced);
+        println!("processes   {} alive", sh.processes.saturating_sub(1));
+    }
 }
 
 fn fair_view(name: &str, region: &Region) -> Result<FairView, CliError> {
@@ -250,6 +294,16 @@ fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliE
             region: head,
             scheduler: None,
             fair: Some(fair_view(name, region)?),
+            limiter: None,
+            note: None,
+        });
+    }
+    if info.kind == ObjectKind::Limiter {
+        return Ok(StatView {
+            region: head,
+            scheduler: None,
+            fair: None,
+            limiter: Some(limiter_view(name, region)?),
             note: None,
         });
     }
@@ -258,6 +312,7 @@ fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliE
             region: head,
             scheduler: None,
             fair: None,
+            limiter: None,
             note: Some(format!(
                 "the detailed view of a {} region is not supported yet",
                 info.kind.name()
@@ -273,6 +328,7 @@ fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliE
         region: head,
         scheduler: Some(v?),
         fair: None,
+        limiter: None,
         note: None,
     })
 }
@@ -296,6 +352,9 @@ fn print_human(v: &StatView) {
     }
     if let Some(f) = &v.fair {
         print_fair(f);
+    }
+    if let Some(l) = &v.limiter {
+        print_limiter(l);
     }
     let Some(s) = &v.scheduler else { return };
     println!("running     {} / {} max", s.running, s.max);
@@ -410,9 +469,23 @@ pub fn reap(a: ReapArgs) -> CliResult {
     if info.kind == ObjectKind::FairShare {
         return reap_fair(&a, &region);
     }
+    if info.kind == ObjectKind::Limiter {
+        let lim = Limiter::attach(&region)
+            .map_err(|e| CliError(format!("region {:?}: {e}", a.region)))?;
+        let r = lim.reap();
+        lim.detach()
+            .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
+        let procs = r.map_err(|e| CliError(format!("reaping region {:?}: {e}", a.region)))?;
+        if a.json {
+            println!("{}", serde_json::json!({ "reaped_processes": procs }));
+        } else {
+            println!("reaped {procs} processes (a limiter holds no tokens for them)");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if info.kind != ObjectKind::Scheduler {
         return Err(CliError(format!(
-            "region {:?} holds a {}; reap supports scheduler and fair-share regions",
+            "region {:?} holds a {}, which reap does not know",
             a.region,
             info.kind.name()
         )));
