@@ -77,6 +77,7 @@ pub mod pressure;
 pub mod priority;
 pub mod region;
 pub mod scheduler;
+pub mod stall;
 pub mod sys;
 
 pub use error::{Error, Result};

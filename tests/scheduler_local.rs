@@ -226,6 +226,10 @@ fn timeout_leaves_no_count_behind() {
         (0, 1, 1, 1)
     );
     assert_eq!(st.running, 1);
+    // The wait was a stall of about 20 ms, and the interval is closed.
+    assert!(st.stall_ns >= 15_000_000, "stall {} ns", st.stall_ns);
+    assert!(st.stall_ns < 10_000_000_000, "stall {} ns", st.stall_ns);
+    assert_eq!(s.stats().stall_ns, st.stall_ns, "closed: no longer grows");
 }
 
 #[test]

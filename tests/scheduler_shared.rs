@@ -303,6 +303,10 @@ fn timed_out_shared_wait_leaves_no_waiter_count() {
     assert!(matches!(e, Error::Timeout));
     let st = other.stats();
     assert_eq!(st.shared.as_ref().unwrap().waiters, [0; 7]);
+    // Region-wide stall time: the 30 ms wait, closed when it was cancelled.
+    let stall = st.shared.as_ref().unwrap().stall_ns;
+    assert!(stall >= 25_000_000, "stall {stall} ns");
+    assert_eq!(other.stats().shared.unwrap().stall_ns, stall, "closed");
     assert_eq!(st.queues[Priority::High.index()].cancelled, 1);
     assert_eq!(st.pending, 0);
     // The fast path is open again for everyone.

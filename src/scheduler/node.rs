@@ -39,6 +39,7 @@ use super::stats::{QueueStats, SchedulerStats};
 use super::waiter::{Waiter, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
+use crate::stall::StallClock;
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::{futex_wait, futex_wake, WaitResult};
 
@@ -148,6 +149,8 @@ pub(crate) struct Node {
     /// Bit `i` set while tier `i`'s queue is non-empty (read on the fast path).
     queued: AtomicU32,
     disposed: AtomicBool,
+    /// Time during which at least one task waited here.
+    stall: StallClock,
     /// Async waiters queued here (region mode: the pump runs while > 0).
     async_waiting: AtomicU32,
     /// True while this node's pump thread runs.
@@ -177,6 +180,7 @@ impl Node {
             parent,
             queued: AtomicU32::new(0),
             disposed: AtomicBool::new(false),
+            stall: StallClock::new(),
             async_waiting: AtomicU32::new(0),
             pump_running: AtomicBool::new(false),
             fork_gen: {
@@ -322,6 +326,7 @@ impl Node {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
             }
             self.queued.fetch_or(1 << tier, Ordering::SeqCst);
+            self.stall.update(|| true);
             if let Pool::Shared(s) = &self.pool {
                 s.publish_waiting(tier, 1, self.caps[tier]);
             }
@@ -452,6 +457,8 @@ impl Node {
         }
         if inner.queues[tier].is_empty() {
             self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
+            let backlogged = inner.backlogged() != 0;
+            self.stall.update(|| backlogged);
         }
         if let Pool::Shared(s) = &self.pool {
             s.publish_waiting(tier, -1, self.caps[tier]);
@@ -632,6 +639,7 @@ impl Node {
             }),
             pending: total.count,
             total,
+            stall_ns: self.stall.total_ns(),
             queues,
             shared,
         }

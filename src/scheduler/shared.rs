@@ -43,6 +43,7 @@ use super::stats::SharedStats;
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region};
+use crate::stall::StallClock;
 use crate::sys::clock::monotonic_ms;
 use crate::sys::futex::{futex_wait, futex_wake};
 use std::time::Duration;
@@ -78,7 +79,9 @@ struct SchedHeader {
     reaped: AtomicU64,
     /// Monotonic ms of the last dead-process scan (rate limit).
     last_reap_ms: AtomicU64,
-    _pad1: [u64; 11],
+    /// Region-wide stall time: at least one task waiting, in any process.
+    stall: StallClock,
+    _pad1: [u64; 9],
 }
 
 const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
@@ -370,6 +373,7 @@ impl SharedSlots {
                 bits.fetch_or(1 << b, Ordering::SeqCst);
             }
         }
+        self.header().stall.update(|| self.anyone_waiting());
     }
 
     /// The other process holding the best waiter above `tier` that its cap
@@ -547,6 +551,7 @@ impl SharedSlots {
                 w.store(0, Ordering::SeqCst);
             }
         }
+        self.header().stall.update(|| self.anyone_waiting());
         n
     }
 
@@ -580,6 +585,7 @@ impl SharedSlots {
             processes,
             reclaimed: h.reclaimed.load(Ordering::Relaxed),
             reaped_processes: h.reaped.load(Ordering::Relaxed),
+            stall_ns: h.stall.total_ns(),
         }
     }
 }

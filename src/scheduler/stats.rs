@@ -47,6 +47,9 @@ pub struct SharedStats {
     pub reclaimed: u64,
     /// Counter: dead processes reaped.
     pub reaped_processes: u64,
+    /// Counter: nanoseconds during which at least one task waited for a
+    /// slot, in any process (PSI "some"), kept exactly at transitions.
+    pub stall_ns: u64,
 }
 
 /// A snapshot of one scheduler. Allocates nothing on the acquire path; built
@@ -65,6 +68,9 @@ pub struct SchedulerStats {
     pub total: QueueStats,
     /// Per priority, index = priority + 3.
     pub queues: [QueueStats; LEVELS],
+    /// Counter: nanoseconds during which at least one task waited in this
+    /// scheduler (PSI "some"), kept exactly at transitions.
+    pub stall_ns: u64,
     /// Region-wide figures, in shared mode only.
     pub shared: Option<SharedStats>,
 }
