@@ -86,6 +86,8 @@ struct SchedView {
     processes: Vec<Proc>,
     slots_reclaimed: u64,
     reaped_processes: u64,
+    /// Time during which at least one task waited, in any process.
+    stall_ms: f64,
 }
 
 /// What `stat --json` prints.
@@ -283,6 +285,7 @@ fn sched_view(sched: &Scheduler) -> Result<SchedView, CliError> {
         processes,
         slots_reclaimed: shared.reclaimed,
         reaped_processes: shared.reaped_processes,
+        stall_ms: shared.stall_ns as f64 / 1e6,
     })
 }
 
@@ -373,6 +376,7 @@ fn print_human(v: &StatView) {
         "reclaimed   {} slots from {} dead processes reaped",
         s.slots_reclaimed, s.reaped_processes
     );
+    println!("stalled     {:.1} ms in all (some task waiting)", s.stall_ms);
     println!("processes   {} alive", s.processes_alive);
     if !s.processes.is_empty() {
         println!(
