@@ -12,6 +12,7 @@
 //! - [`fork`]: the `pthread_atfork` child handler that drops the library's
 //!   liveness locks in a forked child.
 //!
+//! - [`signal`]: SIGINT/SIGTERM as a flag for long-running programs.
 //! - [`robust_mutex`]: a process-shared robust pthread mutex for the
 //!   fair-share ledger (`EOWNERDEAD` recovery).
 
@@ -21,6 +22,7 @@ pub mod fork;
 pub mod futex;
 pub mod lock;
 pub mod robust_mutex;
+pub mod signal;
 
 pub use clock::{monotonic_ms, monotonic_ns};
 pub use futex::{futex_wait, futex_wake, WaitResult};

@@ -33,7 +33,8 @@ use shmsched::scheduler::{Scheduler, MAX_SHARED_SLOTS};
 
 use crate::rng::{clock_seed, Rng};
 use crate::worker::{unix_ms, MIX};
-use crate::{signals, CliError, CliResult};
+use crate::{CliError, CliResult};
+use shmsched::sys::signal as signals;
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]
@@ -228,7 +229,7 @@ fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
 
 /// Runs the demo.
 pub fn run(a: DemoArgs) -> CliResult {
-    signals::install();
+    signals::install_interrupt_flag();
     let exe = std::env::current_exe().map_err(|e| {
         CliError(format!(
             "cannot find the shmsched executable to spawn workers: {e}"

@@ -10,7 +10,6 @@
 mod demo;
 mod fair;
 mod rng;
-mod signals;
 mod stat;
 mod worker;
 

@@ -16,7 +16,8 @@ use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region};
 use shmsched::scheduler::{Scheduler, SharedStats};
 use shmsched::Priority;
 
-use crate::{signals, CliError, CliResult};
+use crate::{CliError, CliResult};
+use shmsched::sys::signal as signals;
 
 /// Arguments of `stat`.
 #[derive(Debug, Args)]
@@ -376,7 +377,10 @@ fn print_human(v: &StatView) {
         "reclaimed   {} slots from {} dead processes reaped",
         s.slots_reclaimed, s.reaped_processes
     );
-    println!("stalled     {:.1} ms in all (some task waiting)", s.stall_ms);
+    println!(
+        "stalled     {:.1} ms in all (some task waiting)",
+        s.stall_ms
+    );
     println!("processes   {} alive", s.processes_alive);
     if !s.processes.is_empty() {
         println!(
@@ -414,7 +418,7 @@ pub fn stat(a: StatArgs) -> CliResult {
 
 /// `watch REGION`: `stat` every second until Ctrl-C or `--count`.
 pub fn watch(a: WatchArgs) -> CliResult {
-    signals::install();
+    signals::install_interrupt_flag();
     let (region, info) = open(&a.region)?;
     let mut n = 0u64;
     let start = Instant::now();

@@ -26,7 +26,8 @@ use shmsched::scheduler::Scheduler;
 use shmsched::{Error, Priority};
 
 use crate::rng::Rng;
-use crate::{signals, CliError, CliResult};
+use crate::{CliError, CliResult};
+use shmsched::sys::signal as signals;
 
 /// The demo's priority mix, in percent: highest 5, high 20, normal 40,
 /// low 25, lowest 10.
