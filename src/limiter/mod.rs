@@ -50,7 +50,14 @@
 //!   the refill before anything else drains.
 //! - In a region the bucket is exact across processes (see
 //!   `bucket.rs`); queues and the stall guard are per process, as in the
-//!   seed.
+//!   seed. Priorities hold across processes in the drain: a process does
+//!   not charge refilled tokens to a queued waiter while another live
+//!   process has a waiter queued at a higher priority (it wakes that
+//!   process and looks again every 2 ms, until its own stall guard forces
+//!   its front through). The fast path does not look at other processes.
+//! - [`Limiter::consume_async`] is the same consume as a future (no async
+//!   runtime needed); a per-node pump thread, alive only while async
+//!   waiters are queued, stands in for the sleeping thread.
 
 mod bucket;
 mod future;

@@ -32,6 +32,16 @@
 //! the queues, so a wake between the look and the sleep is never lost. In a
 //! region, other processes only ever *take* tokens, so a computed refill
 //! instant is never too late; waking early just recomputes.
+//!
+//! **Async waiters** have no thread: the node's pump (one thread per node
+//! and process, alive while async waiters are queued) sleeps until the
+//! earliest instant, on the process's futex word in a region, and drains.
+//!
+//! **Across processes** (a region): before charging a queued waiter at
+//! tier `t`, the drain looks up the published per-process waiter counts;
+//! if another live process has a waiter above `t`, this tier waits (the
+//! other process is woken, and this one looks again after
+//! `DEFER_POLL_NS`), unless its front is due for force-through.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
