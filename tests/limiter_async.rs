@@ -336,3 +336,27 @@ fn priorities_hold_across_processes_async_low() {
 fn priorities_hold_across_processes_async_high() {
     high_elsewhere_goes_first("sync", "async");
 }
+
+/// A process killed while its high waiter was queued leaves a stale count;
+/// the drain here must not defer to it (it is reaped), so the low waiter
+/// goes at its refill instant, not after the stall guard.
+#[test]
+fn a_dead_process_high_waiter_is_not_deferred_to() {
+    let name = procs::unique_name("lim-xdead");
+    let _c = Cleanup(name.clone());
+    let region = Region::create(&name).unwrap();
+    let lim = Limiter::shared(&region, 1_000).unwrap();
+    let mut b = spawn_one(&name, 900, Priority::Highest, "sync");
+    lim.consume(1_000, Priority::Normal).unwrap(); // drained
+    let t = Instant::now();
+    b.send("go");
+    until("B queued", 5, || {
+        lim.stats().shared.unwrap().waiters[tier(Priority::Highest)] == 1
+    });
+    b.kill();
+    let g = block_on(lim.consume_async(300, Priority::Low)).unwrap();
+    let e = t.elapsed();
+    assert!(!g.forced, "went by the stall guard after {e:?}");
+    assert!(e < Duration::from_millis(800), "{e:?}");
+    assert_eq!(lim.stats().shared.unwrap().waiters, [0; 7]);
+}

@@ -179,8 +179,19 @@ impl SharedBucket {
     }
 
     /// The highest tier at which another live process has waiters, and that
-    /// process's entry index.
+    /// process's entry index. A dead process found there (its counts are
+    /// stale) is reaped, which zeroes them, and the scan repeated once.
     pub fn best_waiting_elsewhere(&self) -> Option<(usize, u32)> {
+        let best = self.scan_waiting_elsewhere()?;
+        if self.map.is_alive(best.1).unwrap_or(false) {
+            return Some(best);
+        }
+        let _ = self.reap();
+        self.scan_waiting_elsewhere()
+            .filter(|&(_, idx)| self.map.is_alive(idx).unwrap_or(false))
+    }
+
+    fn scan_waiting_elsewhere(&self) -> Option<(usize, u32)> {
         let mut best: Option<(usize, u32)> = None;
         for idx in 0..self.map.process_slots() {
             if idx == self.me.idx {
