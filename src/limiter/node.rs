@@ -332,7 +332,7 @@ impl Node {
 
     /// The fast path: `Ok(grant)` if it went at once, else `Err(levels
     /// already charged)` for the waiter to record.
-    #[inline]
+    #[inline(always)]
     fn fast(&self, n: u64, p: Priority) -> Result<std::result::Result<Grant, u32>> {
         let mask = self.queued.load(Ordering::SeqCst);
         if n == 0 {
