@@ -636,8 +636,9 @@ impl Node {
 
     fn left_queue(&self, inner: &mut Inner, w: &Waiter) {
         let tier = w.tier;
-        if w.is_async {
-            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        // The last async waiter gone: let the pump see it and exit now.
+        if w.is_async && self.async_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wake_pump();
         }
         if inner.queues[tier].is_empty() {
             self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
