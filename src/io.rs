@@ -17,6 +17,12 @@
 //!
 //! Under a shared limiter, every process's adapters draw on one budget.
 //!
+//! With the cargo feature `tokio`, `AsyncLimitedReader` and
+//! `AsyncLimitedWriter` (from `Limiter::async_reader` / `async_writer`) do
+//! the same for tokio's `AsyncRead`/`AsyncWrite`, charging through
+//! [`Limiter::consume_async`] (the pending charge is kept in the adapter;
+//! no thread blocks).
+//!
 //! **Gating** (a concurrency budget): [`Gated`] wraps a file (or any
 //! `Read`/`Write`/`Seek`) so that each operation holds a [`Scheduler`]
 //! permit for exactly its duration; [`gated_read`] and [`gated_write`] do a
@@ -351,5 +357,211 @@ impl<T: Seek> Seek for Gated<T> {
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
         // A seek is a cheap syscall with no I/O: not gated.
         self.inner.seek(pos)
+    }
+}
+
+#[cfg(feature = "tokio")]
+pub use self::tokio_io::{AsyncLimitedReader, AsyncLimitedWriter};
+
+/// Tokio `AsyncRead`/`AsyncWrite` adapters (feature `tokio`).
+#[cfg(feature = "tokio")]
+mod tokio_io {
+    use std::future::Future;
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{ready, Context, Poll};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    use super::{io_err, max_chunk};
+    use crate::limiter::{Consume, Limiter};
+    use crate::priority::Priority;
+
+    impl Limiter {
+        /// Wraps `inner` in an [`AsyncLimitedReader`] charging this limiter
+        /// one token per byte at `priority` (feature `tokio`).
+        pub fn async_reader<R>(&self, inner: R, priority: Priority) -> AsyncLimitedReader<R> {
+            AsyncLimitedReader {
+                inner,
+                lim: self.clone(),
+                priority,
+                held: Vec::new(),
+                pos: 0,
+                pending: None,
+            }
+        }
+
+        /// Wraps `inner` in an [`AsyncLimitedWriter`] charging this limiter
+        /// one token per byte at `priority` (feature `tokio`).
+        pub fn async_writer<W>(&self, inner: W, priority: Priority) -> AsyncLimitedWriter<W> {
+            AsyncLimitedWriter {
+                inner,
+                lim: self.clone(),
+                priority,
+                credit: 0,
+                pending: None,
+            }
+        }
+    }
+
+    /// Polls a stored charge; `Ready(Ok(()))` once it is charged (or if
+    /// there is none).
+    fn poll_charge(pending: &mut Option<Consume>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(f) = pending.as_mut() {
+            let r = ready!(Pin::new(f).poll(cx));
+            *pending = None;
+            r.map_err(io_err)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// An `AsyncRead` throttled by a [`Limiter`] (feature `tokio`).
+    ///
+    /// Charges exactly the bytes read, after reading them: a read goes into
+    /// an internal buffer (at most a quarter of the capacity), the pending
+    /// charge is kept in the adapter, and the bytes are handed out once it
+    /// completes. End of file costs nothing. Dropping the adapter with a
+    /// charge pending cancels it (those bytes were read but are dropped).
+    #[derive(Debug)]
+    pub struct AsyncLimitedReader<R> {
+        inner: R,
+        lim: Limiter,
+        priority: Priority,
+        /// Bytes read from `inner`; `held[pos..]` not yet handed out.
+        held: Vec<u8>,
+        pos: usize,
+        /// The charge for `held`, until it completes.
+        pending: Option<Consume>,
+    }
+
+    impl<R> AsyncLimitedReader<R> {
+        /// The inner reader.
+        pub fn get_ref(&self) -> &R {
+            &self.inner
+        }
+
+        /// The inner reader, mutably (bytes read through it are not charged).
+        pub fn get_mut(&mut self) -> &mut R {
+            &mut self.inner
+        }
+
+        /// Unwraps the inner reader (bytes read ahead but not handed out
+        /// are lost).
+        pub fn into_inner(self) -> R {
+            self.inner
+        }
+    }
+
+    impl<R: AsyncRead + Unpin> AsyncRead for AsyncLimitedReader<R> {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            loop {
+                if let Err(e) = ready!(poll_charge(&mut this.pending, cx)) {
+                    // Never hand out bytes that were not charged.
+                    this.held.clear();
+                    this.pos = 0;
+                    return Poll::Ready(Err(e));
+                }
+                if this.pos < this.held.len() {
+                    let k = (this.held.len() - this.pos).min(buf.remaining());
+                    buf.put_slice(&this.held[this.pos..this.pos + k]);
+                    this.pos += k;
+                    return Poll::Ready(Ok(()));
+                }
+                if buf.remaining() == 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                let k = buf.remaining().min(max_chunk(&this.lim));
+                this.held.resize(k, 0);
+                this.pos = 0;
+                let mut rb = ReadBuf::new(&mut this.held[..k]);
+                let r = Pin::new(&mut this.inner).poll_read(cx, &mut rb);
+                let n = rb.filled().len();
+                this.held.truncate(n);
+                if let Poll::Ready(Err(e)) = r {
+                    return Poll::Ready(Err(e));
+                }
+                if r.is_pending() && n == 0 {
+                    return Poll::Pending;
+                }
+                if n == 0 {
+                    return Poll::Ready(Ok(())); // end of file
+                }
+                this.pending = Some(this.lim.consume_async(n as u64, this.priority));
+            }
+        }
+    }
+
+    /// An `AsyncWrite` throttled by a [`Limiter`] (feature `tokio`).
+    ///
+    /// Charges before writing (at most a quarter of the capacity at a
+    /// time); the pending charge is kept in the adapter across polls, and
+    /// bytes charged but not taken by a short write are credit for the next
+    /// write. Dropping the adapter with a charge pending cancels it.
+    #[derive(Debug)]
+    pub struct AsyncLimitedWriter<W> {
+        inner: W,
+        lim: Limiter,
+        priority: Priority,
+        /// Bytes charged but not yet written.
+        credit: usize,
+        /// A charge in progress and its size.
+        pending: Option<Consume>,
+    }
+
+    impl<W> AsyncLimitedWriter<W> {
+        /// The inner writer.
+        pub fn get_ref(&self) -> &W {
+            &self.inner
+        }
+
+        /// The inner writer, mutably (bytes written through it are not
+        /// charged).
+        pub fn get_mut(&mut self) -> &mut W {
+            &mut self.inner
+        }
+
+        /// Unwraps the inner writer (any unused credit is lost).
+        pub fn into_inner(self) -> W {
+            self.inner
+        }
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for AsyncLimitedWriter<W> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            if buf.is_empty() {
+                return Pin::new(&mut this.inner).poll_write(cx, buf);
+            }
+            if this.credit == 0 {
+                if this.pending.is_none() {
+                    let k = buf.len().min(max_chunk(&this.lim));
+                    this.pending = Some(this.lim.consume_async(k as u64, this.priority));
+                }
+                let k = this.pending.as_ref().map_or(0, |f| f.tokens() as usize);
+                ready!(poll_charge(&mut this.pending, cx))?;
+                this.credit = k;
+            }
+            let k = buf.len().min(this.credit);
+            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..k]))?;
+            this.credit -= n.min(k);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        }
     }
 }

@@ -224,7 +224,10 @@ fn processes_killed_mid_consume_leave_a_valid_bucket_and_are_reaped() {
     // death, it is valid.
     let t = lim.tokens().unwrap();
     assert!((-(97 * 3 * 7)..=100_000).contains(&t), "{t}");
-    assert_eq!(lim.reap().unwrap(), 3);
+    // Hogs still alive while the others were killed may have reaped them
+    // already (a drain that finds a dead process's stale waiter counts
+    // reaps it rather than deferring to it); together, all three are gone.
+    assert!(lim.reap().unwrap() <= 3);
     let after = lim.stats().shared.unwrap();
     assert_eq!(after.processes, 1, "{after:?}");
     assert_eq!(after.waiters, [0; 7], "dead waiters are not counted");

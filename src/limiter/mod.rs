@@ -50,9 +50,17 @@
 //!   the refill before anything else drains.
 //! - In a region the bucket is exact across processes (see
 //!   `bucket.rs`); queues and the stall guard are per process, as in the
-//!   seed.
+//!   seed. Priorities hold across processes in the drain: a process does
+//!   not charge refilled tokens to a queued waiter while another live
+//!   process has a waiter queued at a higher priority (it wakes that
+//!   process and looks again every 2 ms, until its own stall guard forces
+//!   its front through). The fast path does not look at other processes.
+//! - [`Limiter::consume_async`] is the same consume as a future (no async
+//!   runtime needed); a per-node pump thread, alive only while async
+//!   waiters are queued, stands in for the sleeping thread.
 
 mod bucket;
+mod future;
 mod node;
 mod shared;
 mod stats;
@@ -61,6 +69,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use future::Consume;
 pub use stats::{LimiterQueueStats, LimiterStats, SharedLimiterStats};
 
 use crate::error::{Error, Result};
@@ -236,6 +245,31 @@ impl Limiter {
         let deadline = crate::sys::monotonic_ns()
             .saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
         self.node.consume(n, priority, Some(deadline))
+    }
+
+    /// Consumes `n` tokens at `priority` without blocking a thread: the
+    /// returned future completes when they are charged (same rules as
+    /// [`consume`](Self::consume)). It needs no particular async runtime.
+    ///
+    /// Dropping the future while it waits removes its queued place; levels
+    /// of a chain it was already charged on stay charged (tokens are lost to
+    /// a cancellation, never created). Wrap it in your runtime's timeout for
+    /// a deadline.
+    ///
+    /// ```
+    /// use shmsched::limiter::Limiter;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let lim = Limiter::new(1_000)?;
+    /// let g = futures::executor::block_on(lim.consume_async(1_000, Priority::Normal))?;
+    /// assert!(g.immediate);
+    /// // The bucket is empty now: this one waits about 100 ms for the refill.
+    /// let g = futures::executor::block_on(lim.consume_async(100, Priority::High))?;
+    /// assert!(!g.immediate);
+    /// # Ok(()) }
+    /// ```
+    pub fn consume_async(&self, n: u64, priority: Priority) -> Consume {
+        Consume::new(self.node.clone(), n, priority, check_consume(n).err())
     }
 
     /// Consumes `n` only if every level of the chain holds `n` tokens now and

@@ -32,10 +32,22 @@
 //! the queues, so a wake between the look and the sleep is never lost. In a
 //! region, other processes only ever *take* tokens, so a computed refill
 //! instant is never too late; waking early just recomputes.
+//!
+//! **Async waiters** have no thread: the node's pump (one thread per node
+//! and process, alive while async waiters are queued) sleeps until the
+//! earliest instant, on the process's futex word in a region, and drains.
+//!
+//! **Across processes** (a region): before charging a queued waiter at
+//! tier `t`, the drain looks up the published per-process waiter counts;
+//! if another live process has a waiter above `t`, this tier waits (the
+//! other process is woken, and this one looks again after
+//! `DEFER_POLL_NS`), unless its front is due for force-through.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Waker;
+use std::time::Duration;
 
 use super::bucket::{Gcra, Mode, Refused};
 use super::shared::SharedBucket;
@@ -53,6 +65,15 @@ const GRANTED: u32 = 1;
 const GRANTED_FORCED: u32 = 2;
 const CORRUPT: u32 = 3;
 const CANCELLED: u32 = 4;
+
+/// A pump with nothing to wait for still wakes this often (to notice a
+/// stale wake-up or a disposed chain).
+const PUMP_BACKSTOP: Duration = Duration::from_millis(100);
+
+/// While a waiter defers to a higher-priority waiter in another process, it
+/// looks again this often (the other process's count dropping wakes nobody
+/// here).
+const DEFER_POLL_NS: u64 = 2_000_000;
 
 /// Where a level's bucket word lives.
 #[derive(Debug)]
@@ -76,9 +97,27 @@ struct Waiter {
     paid: AtomicU32,
     /// `(tat, v)` of a corrupt bucket word, for the error.
     corrupt: [AtomicU64; 2],
+    /// True for a waiter behind an async future (no thread sleeps on it:
+    /// the node's pump computes its refill instant).
+    is_async: bool,
+    /// The task to wake on a result (async waiters only).
+    waker: Mutex<Option<Waker>>,
 }
 
 impl Waiter {
+    fn new(n: u64, tier: usize, paid: u32, is_async: bool) -> Waiter {
+        Waiter {
+            n,
+            tier,
+            state: AtomicU32::new(WAITING),
+            wake: AtomicU32::new(0),
+            paid: AtomicU32::new(paid),
+            corrupt: [AtomicU64::new(0), AtomicU64::new(0)],
+            is_async,
+            waker: Mutex::new(None),
+        }
+    }
+
     fn poke(&self) {
         self.wake.fetch_add(1, Ordering::SeqCst);
         futex_wake(&self.wake, 1);
@@ -86,7 +125,56 @@ impl Waiter {
 
     fn finish(&self, state: u32) {
         self.state.store(state, Ordering::Release);
-        self.poke();
+        if self.is_async {
+            let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        } else {
+            self.poke();
+        }
+    }
+
+    /// Records the task to wake (async waiters only).
+    fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+    }
+}
+
+/// A queued async consume (see [`Node::poll_async`]).
+#[derive(Debug)]
+pub(crate) struct AsyncWaiter(Arc<Waiter>);
+
+/// The pump loop (see [`Node::ensure_pump`]).
+fn pump(weak: Weak<Node>) {
+    loop {
+        let Some(node) = weak.upgrade() else { return };
+        if node.async_waiting.load(Ordering::SeqCst) == 0 {
+            node.pump_running.store(false, Ordering::SeqCst);
+            // A waiter may have queued between the check and the store.
+            if node.async_waiting.load(Ordering::SeqCst) == 0
+                || node.pump_running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+        let word = node.pump_word();
+        let seq = word.load(Ordering::SeqCst);
+        let now = monotonic_ns();
+        let next = {
+            let mut inner = node.lock();
+            node.dispatch_locked(&mut inner, now)
+        };
+        let nap = next.map_or(PUMP_BACKSTOP, |u| {
+            Duration::from_nanos(u.saturating_sub(now)).min(PUMP_BACKSTOP)
+        });
+        if !nap.is_zero() {
+            futex_wait(word, seq, Some(nap));
+        }
     }
 }
 
@@ -111,6 +199,13 @@ pub(crate) struct Node {
     forced: AtomicU64,
     fork_gen: u64,
     inner: Mutex<Inner>,
+    /// Async waiters queued here (the pump runs while > 0).
+    async_waiting: AtomicU32,
+    /// True while this node's pump thread runs.
+    pump_running: AtomicBool,
+    /// The pump's wake word when the chain is in process memory (in a
+    /// region it sleeps on the process's futex word instead).
+    pump_word: AtomicU32,
 }
 
 #[cold]
@@ -136,6 +231,9 @@ impl Node {
                 fork_generation()
             },
             inner: Mutex::new(Inner::default()),
+            async_waiting: AtomicU32::new(0),
+            pump_running: AtomicBool::new(false),
+            pump_word: AtomicU32::new(0),
         }
     }
 
@@ -226,19 +324,28 @@ impl Node {
     #[inline]
     pub fn consume(&self, n: u64, p: Priority, deadline: Option<u64>) -> Result<Grant> {
         self.check_usable()?;
+        match self.fast(n, p)? {
+            Ok(g) => Ok(g),
+            Err(paid) => self.enqueue_and_wait(n, p, paid, deadline),
+        }
+    }
+
+    /// The fast path: `Ok(grant)` if it went at once, else `Err(levels
+    /// already charged)` for the waiter to record.
+    #[inline(always)]
+    fn fast(&self, n: u64, p: Priority) -> Result<std::result::Result<Grant, u32>> {
         let mask = self.queued.load(Ordering::SeqCst);
-        let mut paid = 0;
         if n == 0 {
             if mask == 0 {
-                return Ok(Grant {
+                return Ok(Ok(Grant {
                     immediate: true,
                     forced: false,
-                });
+                }));
             }
         } else if mask >> p.index() == 0 {
             if self.parent.is_none() {
                 // A root: one charge, nothing to record on failure.
-                match self
+                return match self
                     .gcra
                     .charge(self.tat(), n, monotonic_ns(), Mode::Normal)
                 {
@@ -246,36 +353,32 @@ impl Node {
                         if c.debt {
                             self.count_forced();
                         }
-                        return Ok(Grant {
+                        Ok(Ok(Grant {
                             immediate: true,
                             forced: c.debt,
-                        });
+                        }))
                     }
-                    Err(Refused::Corrupt { tat, v }) => {
-                        return Err(corrupt_error(tat, v, self.gcra.cap()))
-                    }
-                    Err(Refused::Until(_)) => {
-                        return self.enqueue_and_wait(n, p, 0, deadline);
-                    }
-                }
+                    Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v, self.gcra.cap())),
+                    Err(Refused::Until(_)) => Ok(Err(0)),
+                };
             }
             match self.charge_chain(0, n, monotonic_ns(), Mode::Normal) {
                 Ok(debt) => {
                     if debt {
                         self.count_forced();
                     }
-                    return Ok(Grant {
+                    return Ok(Ok(Grant {
                         immediate: true,
                         forced: debt,
-                    });
+                    }));
                 }
                 Err((_, Refused::Corrupt { tat, v }, g)) => {
                     return Err(corrupt_error(tat, v, g.cap()))
                 }
-                Err((k, Refused::Until(_), _)) => paid = k,
+                Err((k, Refused::Until(_), _)) => return Ok(Err(k)),
             }
         }
-        self.enqueue_and_wait(n, p, paid, deadline)
+        Ok(Err(0))
     }
 
     #[inline]
@@ -325,32 +428,141 @@ impl Node {
         paid: u32,
         deadline: Option<u64>,
     ) -> Result<Grant> {
-        let tier = p.index();
-        let w = Arc::new(Waiter {
-            n,
-            tier,
-            state: AtomicU32::new(WAITING),
-            wake: AtomicU32::new(0),
-            paid: AtomicU32::new(paid),
-            corrupt: [AtomicU64::new(0), AtomicU64::new(0)],
-        });
-        {
-            let mut inner = self.lock();
-            if inner.queues[tier].is_empty() {
-                inner.front_since[tier] = monotonic_ns();
-            }
-            inner.queues[tier].push_back(w.clone());
-            inner.counters[tier].deferred += 1;
-            self.queued.fetch_or(1 << tier, Ordering::SeqCst);
-            if let Some(s) = self.shared_root() {
-                s.publish_waiting(tier, 1);
-            }
-        }
+        let w = self.enqueue(n, p, paid, false);
         let r = self.wait(&w, deadline);
         r.map(|forced| Grant {
             immediate: false,
             forced,
         })
+    }
+
+    /// Queues a waiter at `p` that has been charged on `paid` levels.
+    fn enqueue(&self, n: u64, p: Priority, paid: u32, is_async: bool) -> Arc<Waiter> {
+        let tier = p.index();
+        let w = Arc::new(Waiter::new(n, tier, paid, is_async));
+        let mut inner = self.lock();
+        if inner.queues[tier].is_empty() {
+            inner.front_since[tier] = monotonic_ns();
+        }
+        inner.queues[tier].push_back(w.clone());
+        inner.counters[tier].deferred += 1;
+        if is_async {
+            self.async_waiting.fetch_add(1, Ordering::SeqCst);
+        }
+        self.queued.fetch_or(1 << tier, Ordering::SeqCst);
+        if let Some(s) = self.shared_root() {
+            s.publish_waiting(tier, 1);
+        }
+        w
+    }
+
+    /// One poll of an async consume: the fast path, else a queued async
+    /// waiter (kept in `slot`) whose result wakes the task.
+    pub fn poll_async(
+        self: &Arc<Node>,
+        n: u64,
+        p: Priority,
+        slot: &mut Option<AsyncWaiter>,
+        waker: &Waker,
+    ) -> std::task::Poll<Result<Grant>> {
+        use std::task::Poll;
+        let w = match slot {
+            Some(AsyncWaiter(w)) => w.clone(),
+            None => {
+                if let Err(e) = self.check_usable() {
+                    return Poll::Ready(Err(e));
+                }
+                let paid = match self.fast(n, p) {
+                    Err(e) => return Poll::Ready(Err(e)),
+                    Ok(Ok(g)) => return Poll::Ready(Ok(g)),
+                    Ok(Err(paid)) => paid,
+                };
+                let w = self.enqueue(n, p, paid, true);
+                w.set_waker(waker);
+                *slot = Some(AsyncWaiter(w.clone()));
+                {
+                    let mut inner = self.lock();
+                    self.dispatch_locked(&mut inner, monotonic_ns());
+                }
+                if w.state.load(Ordering::Acquire) == WAITING {
+                    self.ensure_pump();
+                    self.wake_pump();
+                }
+                w
+            }
+        };
+        if w.state.load(Ordering::Acquire) == WAITING {
+            w.set_waker(waker);
+            // A result between the check and the registration took the old
+            // waker (or none): look again.
+            if w.state.load(Ordering::Acquire) == WAITING {
+                return Poll::Pending;
+            }
+        }
+        *slot = None;
+        match self.outcome(&w) {
+            Some(r) => Poll::Ready(r.map(|forced| Grant {
+                immediate: false,
+                forced,
+            })),
+            None => unreachable!("state checked above"),
+        }
+    }
+
+    /// Drops a pending async consume: removes its queued place (and every
+    /// count it added) unless a result beat it. Levels it was already
+    /// charged on stay charged: tokens are lost, never created.
+    pub fn cancel_async(&self, slot: AsyncWaiter) {
+        if self.fork_gen != fork_generation() {
+            // The lock may have been held by a thread that did not survive
+            // the fork; the queue belongs to the parent anyway.
+            return;
+        }
+        let _ = self.cancel(&slot.0, monotonic_ns());
+    }
+
+    /// The word this node's pump sleeps on: the process's futex word in a
+    /// region (so other processes can wake it), else the node's own.
+    fn pump_word(&self) -> &AtomicU32 {
+        match self.shared_root() {
+            Some(s) => s.my_futex().unwrap_or(&self.pump_word),
+            None => &self.pump_word,
+        }
+    }
+
+    fn wake_pump(&self) {
+        let w = self.pump_word();
+        w.fetch_add(1, Ordering::SeqCst);
+        futex_wake(w, i32::MAX);
+    }
+
+    /// Async waiters have no thread of their own to sleep until their
+    /// refill (or force-through) instant: one pump thread per node and
+    /// process does, alive only while async waiters are queued here. It
+    /// sleeps on [`pump_word`](Self::pump_word) with a timeout of the next
+    /// instant, and runs the drain, which wakes the tasks it serves.
+    pub fn ensure_pump(self: &Arc<Node>) {
+        if self.pump_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("shmsched-lim-pump".into())
+            .spawn(move || pump(weak));
+        if spawned.is_err() {
+            // No thread: async waiters are still served by the drains of
+            // blocking callers and of later polls.
+            self.pump_running.store(false, Ordering::Release);
+        }
+    }
+
+    /// Wakes the thread (or the pump) in charge of a new queue front.
+    fn poke_front(&self, f: &Waiter) {
+        if f.is_async {
+            self.wake_pump();
+        } else {
+            f.poke();
+        }
     }
 
     fn wait(&self, w: &Arc<Waiter>, deadline: Option<u64>) -> Result<bool> {
@@ -409,11 +621,11 @@ impl Node {
             inner.queues[tier].remove(pos);
             inner.counters[tier].completed += 1;
             inner.counters[tier].cancelled += 1;
-            self.left_queue(&mut inner, tier);
+            self.left_queue(&mut inner, w);
             if pos == 0 {
                 inner.front_since[tier] = now;
                 if let Some(f) = inner.queues[tier].front() {
-                    f.poke();
+                    self.poke_front(f);
                 }
             }
         }
@@ -422,7 +634,12 @@ impl Node {
         Err(Error::Timeout)
     }
 
-    fn left_queue(&self, inner: &mut Inner, tier: usize) {
+    fn left_queue(&self, inner: &mut Inner, w: &Waiter) {
+        let tier = w.tier;
+        // The last async waiter gone: let the pump see it and exit now.
+        if w.is_async && self.async_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wake_pump();
+        }
         if inner.queues[tier].is_empty() {
             self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
         }
@@ -435,9 +652,30 @@ impl Node {
     /// instant (ns) at which a blocked front may be able to go.
     fn dispatch_locked(&self, inner: &mut Inner, now: u64) -> Option<u64> {
         let mut next: Option<u64> = None;
+        let shared = self.shared_root();
+        // The best waiter queued in another process, looked up once.
+        let mut elsewhere: Option<Option<(usize, u32)>> = None;
+        let mut woke = false;
         for tier in (0..LEVELS).rev() {
             let mut progressed = false;
             while let Some(w) = inner.queues[tier].front().cloned() {
+                if let (Some(s), true) = (shared, w.n > 0 && tier + 1 < LEVELS) {
+                    let best = *elsewhere.get_or_insert_with(|| s.best_waiting_elsewhere());
+                    let force_at = inner.front_since[tier] + STALL_TICKS * TICK_NS;
+                    if let Some((_, idx)) = best.filter(|&(bt, _)| bt > tier) {
+                        if now < force_at {
+                            // Priorities hold across processes: leave the
+                            // tokens to that process's waiter and wake it.
+                            if !woke {
+                                s.wake_process(idx);
+                                woke = true;
+                            }
+                            let at = (now + DEFER_POLL_NS).min(force_at);
+                            next = Some(next.map_or(at, |x| x.min(at)));
+                            break;
+                        }
+                    }
+                }
                 let state = if w.n == 0 {
                     GRANTED
                 } else {
@@ -481,14 +719,14 @@ impl Node {
                 if state == GRANTED_FORCED {
                     self.count_forced();
                 }
-                self.left_queue(inner, tier);
+                self.left_queue(inner, &w);
                 inner.front_since[tier] = now;
                 progressed = true;
                 w.finish(state);
             }
             if progressed {
                 if let Some(f) = inner.queues[tier].front() {
-                    f.poke();
+                    self.poke_front(f);
                 }
             }
         }

@@ -20,7 +20,7 @@
 //! CLI. A dead process holds no tokens (a charge is final), so reaping only
 //! frees its entry, which zeroes its waiter counts.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::bucket::Gcra;
@@ -28,7 +28,8 @@ use super::stats::SharedLimiterStats;
 use super::{check_rate, MAX_TOKENS_PER_SECOND};
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region};
+use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region};
+use crate::sys::futex::futex_wake;
 
 /// Revision of this object's layout, stored in the header params.
 const OBJECT_REV: u64 = 1;
@@ -175,6 +176,59 @@ impl SharedBucket {
                 e.obj[tier].fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
             }
         }
+    }
+
+    /// The highest tier at which another live process has waiters, and that
+    /// process's entry index. A dead process found there (its counts are
+    /// stale) is reaped, which zeroes them, and the scan repeated once.
+    pub fn best_waiting_elsewhere(&self) -> Option<(usize, u32)> {
+        let best = self.scan_waiting_elsewhere()?;
+        if self.map.is_alive(best.1).unwrap_or(false) {
+            return Some(best);
+        }
+        let _ = self.reap();
+        self.scan_waiting_elsewhere()
+            .filter(|&(_, idx)| self.map.is_alive(idx).unwrap_or(false))
+    }
+
+    fn scan_waiting_elsewhere(&self) -> Option<(usize, u32)> {
+        let mut best: Option<(usize, u32)> = None;
+        for idx in 0..self.map.process_slots() {
+            if idx == self.me.idx {
+                continue;
+            }
+            let Ok(e) = self.map.proc_entry(idx) else {
+                continue;
+            };
+            if !matches!(e.state(idx), Ok(ProcState::Live)) {
+                continue;
+            }
+            for t in (best.map_or(0, |(bt, _)| bt + 1)..LEVELS).rev() {
+                // A count above 2^32 can only be a scribble: ignore it.
+                let c = e.obj[t].load(Ordering::SeqCst);
+                if c > 0 && c <= u64::from(u32::MAX) {
+                    best = Some((t, idx));
+                    break;
+                }
+            }
+            if best.is_some_and(|(t, _)| t + 1 == LEVELS) {
+                break;
+            }
+        }
+        best
+    }
+
+    /// Wakes process `idx`'s pumps (bumps its futex word).
+    pub fn wake_process(&self, idx: u32) {
+        if let Ok(e) = self.map.proc_entry(idx) {
+            e.futex.fetch_add(1, Ordering::SeqCst);
+            futex_wake(&e.futex, i32::MAX);
+        }
+    }
+
+    /// This process's futex word (its pumps sleep on it).
+    pub fn my_futex(&self) -> Option<&AtomicU32> {
+        self.map.proc_entry(self.me.idx).ok().map(|e| &e.futex)
     }
 
     /// Frees the entries of dead processes. Returns how many.

@@ -1,0 +1,92 @@
+//! Tokio `AsyncRead`/`AsyncWrite` adapters throttled by a Limiter (feature
+//! `tokio`): rates, exact charges, cancellation.
+#![cfg(feature = "tokio")]
+
+use std::time::{Duration, Instant};
+
+use shmsched::limiter::Limiter;
+use shmsched::Priority;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const RATE: u64 = 100_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_writer_holds_the_rate() {
+    let lim = Limiter::new(RATE).unwrap();
+    let data = vec![5u8; 250_000];
+    let t = Instant::now();
+    let mut w = lim.async_writer(Vec::new(), Priority::Normal);
+    w.write_all(&data).await.unwrap();
+    w.flush().await.unwrap();
+    let e = t.elapsed();
+    assert_eq!(w.into_inner(), data);
+    // 100 000 in the full bucket, 150 000 refilled at 100 000/s.
+    assert!(e >= Duration::from_millis(1_300), "{e:?}");
+    assert!(e < Duration::from_millis(2_500), "{e:?}");
+    assert_eq!(lim.stats().pending, 0);
+}
+
+#[tokio::test]
+async fn async_reader_holds_the_rate_and_returns_every_byte() {
+    let lim = Limiter::new(RATE).unwrap();
+    let data: Vec<u8> = (0..250_000u32).map(|i| (i % 251) as u8).collect();
+    let t = Instant::now();
+    let mut r = lim.async_reader(&data[..], Priority::High);
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    let e = t.elapsed();
+    assert_eq!(out, data);
+    assert!(e >= Duration::from_millis(1_300), "{e:?}");
+    assert!(e < Duration::from_millis(2_500), "{e:?}");
+}
+
+#[tokio::test]
+async fn charges_are_exact() {
+    let lim = Limiter::new(1_000_000).unwrap();
+    let mut r = lim.async_reader(&[1u8; 1_234][..], Priority::Normal);
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out.len(), 1_234);
+    let t = lim.tokens().unwrap();
+    assert!(
+        (1_000_000 - 1_234..1_000_000 - 1_234 + 500).contains(&t),
+        "{t}"
+    );
+
+    let lim = Limiter::new(1_000_000).unwrap();
+    let mut w = lim.async_writer(Vec::new(), Priority::Low);
+    w.write_all(&[2u8; 4_321]).await.unwrap();
+    let t = lim.tokens().unwrap();
+    assert!(
+        (1_000_000 - 4_321..1_000_000 - 4_321 + 500).contains(&t),
+        "{t}"
+    );
+}
+
+#[tokio::test]
+async fn copy_between_adapters() {
+    let lim = Limiter::new(RATE).unwrap();
+    let data = vec![9u8; 50_000];
+    let mut r = lim.async_reader(&data[..], Priority::Normal);
+    let mut w = lim
+        .child(RATE)
+        .unwrap()
+        .async_writer(Vec::new(), Priority::Normal);
+    let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+    assert_eq!(n, 50_000);
+    assert_eq!(w.into_inner(), data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_write_leaves_no_waiter() {
+    let lim = Limiter::new(10_000).unwrap();
+    lim.consume(10_000, Priority::Normal).unwrap(); // drained
+    let mut w = lim.async_writer(Vec::new(), Priority::Normal);
+    let r = tokio::time::timeout(Duration::from_millis(50), w.write_all(&[0u8; 2_000])).await;
+    assert!(r.is_err());
+    drop(w);
+    let s = lim.stats();
+    assert_eq!(s.pending, 0);
+    assert_eq!(s.total.cancelled, 1);
+    assert_eq!(s.total.deferred, s.total.completed);
+}
