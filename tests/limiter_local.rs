@@ -290,6 +290,9 @@ fn timeouts_leave_the_queue_and_count_as_cancelled() {
         (0, 1, 1, 1)
     );
     assert_eq!(s.pending, 0);
+    // The 50 ms wait was a stall, and the interval closed with it.
+    assert!(s.stall_ns >= 40_000_000, "stall {} ns", s.stall_ns);
+    assert_eq!(l.stats().stall_ns, s.stall_ns);
     // A timeout long enough succeeds.
     let g = l
         .consume_timeout(1, Priority::Normal, Duration::from_secs(5))

@@ -231,6 +231,9 @@ fn processes_killed_mid_consume_leave_a_valid_bucket_and_are_reaped() {
     let after = lim.stats().shared.unwrap();
     assert_eq!(after.processes, 1, "{after:?}");
     assert_eq!(after.waiters, [0; 7], "dead waiters are not counted");
+    // The hogs waited: the region's stall clock ran, and stopped with them.
+    assert!(after.stall_ns > 0, "{after:?}");
+    assert_eq!(lim.stats().shared.unwrap().stall_ns, after.stall_ns);
     let g = lim
         .consume_timeout(1000, Priority::Normal, Duration::from_secs(5))
         .unwrap();

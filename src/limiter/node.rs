@@ -56,6 +56,7 @@ use super::{Grant, STALL_TICKS, TICK_NS};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
 use crate::scheduler::QueueStats;
+use crate::stall::StallClock;
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::{futex_wait, futex_wake};
 use crate::sys::monotonic_ns;
@@ -201,6 +202,8 @@ pub(crate) struct Node {
     inner: Mutex<Inner>,
     /// Async waiters queued here (the pump runs while > 0).
     async_waiting: AtomicU32,
+    /// Time during which at least one consume waited at this level.
+    stall: StallClock,
     /// True while this node's pump thread runs.
     pump_running: AtomicBool,
     /// The pump's wake word when the chain is in process memory (in a
@@ -232,6 +235,7 @@ impl Node {
             },
             inner: Mutex::new(Inner::default()),
             async_waiting: AtomicU32::new(0),
+            stall: StallClock::new(),
             pump_running: AtomicBool::new(false),
             pump_word: AtomicU32::new(0),
         }
@@ -450,6 +454,7 @@ impl Node {
             self.async_waiting.fetch_add(1, Ordering::SeqCst);
         }
         self.queued.fetch_or(1 << tier, Ordering::SeqCst);
+        self.stall.update(|| true);
         if let Some(s) = self.shared_root() {
             s.publish_waiting(tier, 1);
         }
@@ -642,6 +647,8 @@ impl Node {
         }
         if inner.queues[tier].is_empty() {
             self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
+            let backlogged = inner.queues.iter().any(|q| !q.is_empty());
+            self.stall.update(|| backlogged);
         }
         if let Some(s) = self.shared_root() {
             s.publish_waiting(tier, -1);
@@ -774,6 +781,7 @@ impl Node {
             clock,
             total,
             queues,
+            stall_ns: self.stall.total_ns(),
             shared: match &self.home {
                 Home::Shared(s) => Some(s.stats()),
                 Home::Local(_) => None,

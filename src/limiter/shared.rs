@@ -29,6 +29,7 @@ use super::{check_rate, MAX_TOKENS_PER_SECOND};
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region};
+use crate::stall::StallClock;
 use crate::sys::futex::futex_wake;
 
 /// Revision of this object's layout, stored in the header params.
@@ -41,7 +42,9 @@ struct LimiterState {
     tat: AtomicU64,
     /// Counter: force-throughs into debt, by any process (`fetch_add`).
     forced: AtomicU64,
-    _pad: [u64; 14],
+    /// Region-wide stall time: at least one consume waiting, in any process.
+    stall: StallClock,
+    _pad: [u64; 12],
 }
 
 const _: () = assert!(std::mem::size_of::<LimiterState>() == 128);
@@ -171,11 +174,24 @@ impl SharedBucket {
     pub fn publish_waiting(&self, tier: usize, delta: i64) {
         if let Ok(e) = self.map.proc_entry(self.me.idx) {
             if delta >= 0 {
-                e.obj[tier].fetch_add(delta as u64, Ordering::Relaxed);
+                e.obj[tier].fetch_add(delta as u64, Ordering::SeqCst);
             } else {
-                e.obj[tier].fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+                e.obj[tier].fetch_sub(delta.unsigned_abs(), Ordering::SeqCst);
             }
         }
+        self.state().stall.update(|| self.anyone_waiting());
+    }
+
+    /// True if a consume waits in any registered process (this one too).
+    fn anyone_waiting(&self) -> bool {
+        (0..self.map.process_slots()).any(|idx| {
+            self.map.proc_entry(idx).is_ok_and(|e| {
+                e.obj[..LEVELS].iter().any(|w| {
+                    let c = w.load(Ordering::SeqCst);
+                    c != 0 && c <= u64::from(u32::MAX)
+                })
+            })
+        })
     }
 
     /// The highest tier at which another live process has waiters, and that
@@ -233,7 +249,12 @@ impl SharedBucket {
 
     /// Frees the entries of dead processes. Returns how many.
     pub fn reap(&self) -> Result<u32> {
-        self.map.reap_dead(&mut |_, _| {})
+        let n = self.map.reap_dead(&mut |_, _| {})?;
+        if n > 0 {
+            // The dead processes' waiter counts are gone.
+            self.state().stall.update(|| self.anyone_waiting());
+        }
+        Ok(n)
     }
 
     /// Region-wide figures.
@@ -258,6 +279,7 @@ impl SharedBucket {
             forced: self.state().forced.load(Ordering::Relaxed),
             waiters,
             processes,
+            stall_ns: self.state().stall.total_ns(),
         }
     }
 }

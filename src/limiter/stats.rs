@@ -48,6 +48,9 @@ pub struct LimiterStats {
     pub total: QueueStats,
     /// Per priority, index = priority + 3.
     pub queues: [LimiterQueueStats; LEVELS],
+    /// Counter: nanoseconds during which at least one consume waited at this
+    /// level (PSI "some"), kept exactly at transitions.
+    pub stall_ns: u64,
     /// Region-wide figures, in shared mode only.
     pub shared: Option<SharedLimiterStats>,
 }
@@ -62,4 +65,7 @@ pub struct SharedLimiterStats {
     pub waiters: [u64; LEVELS],
     /// Gauge: processes attached to the region and alive.
     pub processes: u32,
+    /// Counter: nanoseconds during which at least one consume waited, in any
+    /// process (PSI "some"), kept exactly at transitions.
+    pub stall_ns: u64,
 }

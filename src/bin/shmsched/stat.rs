@@ -152,6 +152,10 @@ fn print_limiter(l: &LimiterStats) {
             }
         );
         println!("forced      {} across all processes", sh.forced);
+        println!(
+            "stalled     {:.1} ms in all (some consume waiting)",
+            sh.stall_ns as f64 / 1e6
+        );
         println!("processes   {} alive", sh.processes.saturating_sub(1));
     }
 }
