@@ -80,13 +80,14 @@ fn child_entry() {
             loop {
                 let p = Priority::ALL[rng.below(7) as usize];
                 let permit = s.acquire(p).unwrap();
+                // Hold most of the time, so that kills land on holders (and,
+                // with 5 churners and 4 slots, on waiters). The sleep is load
+                // shaping for a 2-core machine, not synchronisation.
+                std::thread::sleep(Duration::from_micros(rng.below(300)));
+                drop(permit);
                 for _ in 0..rng.below(2000) {
                     std::hint::spin_loop();
                 }
-                drop(permit);
-                // Load shaping, not synchronisation: leave the CPU to the
-                // parent on a 2-core machine.
-                std::thread::sleep(Duration::from_micros(rng.below(300)));
             }
         }
         other => panic!("unknown role {other}"),
@@ -256,6 +257,10 @@ fn chaos_sigkill_holders_nothing_leaks() {
     );
     assert_eq!(st.waiters, [0; 7]);
     assert_eq!(st.processes, 1);
+    // Kills landed on holders many times: the crash path was exercised for
+    // real. (Kills come faster than the ~50 ms automatic reclaim, so many
+    // land on waiters while the slots are held by the already dead.)
+    assert!(st.reclaimed >= 20, "only {} slots reclaimed", st.reclaimed);
     // The budget is whole: all MAX slots can be taken at once.
     let all: Vec<_> = (0..MAX)
         .map(|_| me.try_acquire(Priority::Normal).expect("slot"))
