@@ -82,3 +82,8 @@ pub mod sys;
 
 pub use error::{Error, Result};
 pub use priority::Priority;
+
+/// The README's Rust examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
