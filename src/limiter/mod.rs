@@ -53,8 +53,12 @@
 //!   seed. Priorities hold across processes in the drain: a process does
 //!   not charge refilled tokens to a queued waiter while another live
 //!   process has a waiter queued at a higher priority (it wakes that
-//!   process and looks again every 2 ms, until its own stall guard forces
-//!   its front through). The fast path does not look at other processes.
+//!   process and sleeps on its own process's futex word, which the other
+//!   process bumps when a waiter of its leaves the queue; it looks again
+//!   at least every 50 ms, until its own stall guard forces its front
+//!   through). The fast path (and `try_consume`) is closed while a consume
+//!   waits in any process (a region-wide waiting-process bitmap), so the
+//!   drain decides.
 //! - [`Limiter::consume_async`] is the same consume as a future (no async
 //!   runtime needed); a per-node pump thread, alive only while async
 //!   waiters are queued, stands in for the sleeping thread.

@@ -6,7 +6,10 @@
 //!
 //! **Fast path.** A consume of `n > 0` at priority `p` charges the chain
 //! directly (one CAS per level, no lock, no syscall beyond the clock) when
-//! nothing is queued at `p` or above in this level. `n == 0` goes at once
+//! nothing is queued at `p` or above in this level and, for a chain rooted
+//! in a region, no consume waits in any process (the region's
+//! waiting-process bitmap is zero; the drain's deferral rules decide
+//! otherwise). `n == 0` goes at once
 //! only when nothing is queued at all. Anything else queues at `p`.
 //!
 //! **Draining.** Under the level's lock, queues are visited from the highest
@@ -40,8 +43,10 @@
 //! **Across processes** (a region): before charging a queued waiter at
 //! tier `t`, the drain looks up the published per-process waiter counts;
 //! if another live process has a waiter above `t`, this tier waits (the
-//! other process is woken, and this one looks again after
-//! `DEFER_POLL_NS`), unless its front is due for force-through.
+//! other process is woken), unless its front is due for force-through. The
+//! deferring front sleeps on its process's futex word, which any process
+//! bumps when one of its waiters leaves a queue; `DEFER_POLL_NS` (50 ms)
+//! bounds the sleep in case a wake-up is missed (a process died, say).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -72,9 +77,9 @@ const CANCELLED: u32 = 4;
 const PUMP_BACKSTOP: Duration = Duration::from_millis(100);
 
 /// While a waiter defers to a higher-priority waiter in another process, it
-/// looks again this often (the other process's count dropping wakes nobody
-/// here).
-const DEFER_POLL_NS: u64 = 2_000_000;
+/// sleeps on its process's futex word (woken when a waiter elsewhere leaves
+/// its queue) and looks again at least this often.
+const DEFER_POLL_NS: u64 = 50_000_000;
 
 /// Where a level's bucket word lives.
 #[derive(Debug)]
@@ -98,6 +103,10 @@ struct Waiter {
     paid: AtomicU32,
     /// `(tat, v)` of a corrupt bucket word, for the error.
     corrupt: [AtomicU64; 2],
+    /// True while this waiter's thread sleeps on its process's futex word
+    /// (a deferring front) instead of `wake`: a poke then bumps that word
+    /// too.
+    on_proc: AtomicBool,
     /// True for a waiter behind an async future (no thread sleeps on it:
     /// the node's pump computes its refill instant).
     is_async: bool,
@@ -114,17 +123,27 @@ impl Waiter {
             wake: AtomicU32::new(0),
             paid: AtomicU32::new(paid),
             corrupt: [AtomicU64::new(0), AtomicU64::new(0)],
+            on_proc: AtomicBool::new(false),
             is_async,
             waker: Mutex::new(None),
         }
     }
 
-    fn poke(&self) {
+    /// Wakes this waiter's thread. `proc`: the chain's region, whose
+    /// process word the thread may be asleep on instead (it sets `on_proc`
+    /// before re-checking `wake`, and this bumps `wake` before reading
+    /// `on_proc`, both SeqCst, so one of the two sees the other).
+    fn poke(&self, proc: Option<&SharedBucket>) {
         self.wake.fetch_add(1, Ordering::SeqCst);
         futex_wake(&self.wake, 1);
+        if self.on_proc.load(Ordering::SeqCst) {
+            if let Some(s) = proc {
+                s.wake_mine();
+            }
+        }
     }
 
-    fn finish(&self, state: u32) {
+    fn finish(&self, state: u32, proc: Option<&SharedBucket>) {
         self.state.store(state, Ordering::Release);
         if self.is_async {
             let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -132,7 +151,7 @@ impl Waiter {
                 w.wake();
             }
         } else {
-            self.poke();
+            self.poke(proc);
         }
     }
 
@@ -174,7 +193,14 @@ fn pump(weak: Weak<Node>) {
             Duration::from_nanos(u.saturating_sub(now)).min(PUMP_BACKSTOP)
         });
         if !nap.is_zero() {
-            futex_wait(word, seq, Some(nap));
+            match node.shared_root() {
+                // Counted as a sleeper, so that other processes' wakes
+                // reach it.
+                Some(s) if s.my_futex().is_some() => s.sleep(seq, nap),
+                _ => {
+                    futex_wait(word, seq, Some(nap));
+                }
+            }
         }
     }
 }
@@ -186,6 +212,8 @@ struct Inner {
     /// When each queue's current front became the front (or last
     /// progressed), ns.
     front_since: [u64; LEVELS],
+    /// Set by the last drain if some tier deferred to another process.
+    deferring: bool,
 }
 
 /// One level of a limiter chain.
@@ -347,6 +375,9 @@ impl Node {
                 }));
             }
         } else if mask >> p.index() == 0 {
+            if self.closed_by_region() {
+                return Ok(Err(0));
+            }
             if self.parent.is_none() {
                 // A root: one charge, nothing to record on failure.
                 return match self
@@ -385,9 +416,24 @@ impl Node {
         Ok(Err(0))
     }
 
+    /// True if the chain's root is in a region where a consume waits in
+    /// some process: the fast path is closed (the drain decides).
+    #[inline(always)]
+    fn closed_by_region(&self) -> bool {
+        let mut n = self;
+        while let Some(p) = n.parent.as_deref() {
+            n = p;
+        }
+        match &n.home {
+            Home::Shared(s) => s.anyone_waiting(),
+            Home::Local(_) => false,
+        }
+    }
+
     #[inline]
-    /// Non-blocking: charges `n` only if nothing is queued here and every
-    /// level holds `n` tokens now. Never goes into debt, never queues.
+    /// Non-blocking: charges `n` only if nothing is queued here (nor, in a
+    /// region, anywhere) and every level holds `n` tokens now. Never goes
+    /// into debt, never queues.
     pub fn try_consume(&self, n: u64) -> Result<bool> {
         self.check_usable()?;
         if self.queued.load(Ordering::SeqCst) != 0 {
@@ -395,6 +441,9 @@ impl Node {
         }
         if n == 0 {
             return Ok(true);
+        }
+        if self.closed_by_region() {
+            return Ok(false);
         }
         let now = monotonic_ns();
         let mut done = Vec::new();
@@ -566,13 +615,19 @@ impl Node {
         if f.is_async {
             self.wake_pump();
         } else {
-            f.poke();
+            f.poke(self.shared_root());
         }
     }
 
     fn wait(&self, w: &Arc<Waiter>, deadline: Option<u64>) -> Result<bool> {
+        let shared = self.shared_root();
         loop {
             let seq = w.wake.load(Ordering::SeqCst);
+            // Read before the drain looks at other processes' counts, so a
+            // wake sent after that look is never lost.
+            let pseq = shared
+                .and_then(|s| s.my_futex())
+                .map(|f| f.load(Ordering::SeqCst));
             if let Some(r) = self.outcome(w) {
                 return r;
             }
@@ -580,13 +635,13 @@ impl Node {
             if deadline.is_some_and(|d| now >= d) {
                 return self.cancel(w, now);
             }
-            let (next, front) = {
+            let (next, front, deferring) = {
                 let mut inner = self.lock();
                 let next = self.dispatch_locked(&mut inner, now);
                 let front = inner.queues[w.tier]
                     .front()
                     .is_some_and(|f| Arc::ptr_eq(f, w));
-                (next, front)
+                (next, front, inner.deferring)
             };
             if w.state.load(Ordering::Acquire) != WAITING {
                 continue;
@@ -596,7 +651,20 @@ impl Node {
                 until = Some(until.map_or(d, |u| u.min(d)));
             }
             let timeout = until.map(|u| std::time::Duration::from_nanos(u.saturating_sub(now)));
-            futex_wait(&w.wake, seq, timeout);
+            match (shared, pseq, timeout) {
+                (Some(s), Some(ps), Some(t)) if front && deferring => {
+                    // Deferring to another process: sleep where its wake
+                    // lands (see `Waiter::poke` for the local wakes).
+                    w.on_proc.store(true, Ordering::SeqCst);
+                    if w.wake.load(Ordering::SeqCst) == seq {
+                        s.sleep(ps, t);
+                    }
+                    w.on_proc.store(false, Ordering::SeqCst);
+                }
+                _ => {
+                    futex_wait(&w.wake, seq, timeout);
+                }
+            }
         }
     }
 
@@ -663,6 +731,7 @@ impl Node {
         // The best waiter queued in another process, looked up once.
         let mut elsewhere: Option<Option<(usize, u32)>> = None;
         let mut woke = false;
+        inner.deferring = false;
         for tier in (0..LEVELS).rev() {
             let mut progressed = false;
             while let Some(w) = inner.queues[tier].front().cloned() {
@@ -677,6 +746,7 @@ impl Node {
                                 s.wake_process(idx);
                                 woke = true;
                             }
+                            inner.deferring = true;
                             let at = (now + DEFER_POLL_NS).min(force_at);
                             next = Some(next.map_or(at, |x| x.min(at)));
                             break;
@@ -729,7 +799,7 @@ impl Node {
                 self.left_queue(inner, &w);
                 inner.front_since[tier] = now;
                 progressed = true;
-                w.finish(state);
+                w.finish(state, shared);
             }
             if progressed {
                 if let Some(f) = inner.queues[tier].front() {

@@ -1,8 +1,12 @@
 //! The Limiter's home in a region: one bucket word, shared by every process.
 //!
-//! **Layout** (object area of a `Limiter` region, one 128-byte line):
-//! `tat` (the bucket, see [`bucket`](super::bucket)), then `forced`, a
-//! region-wide counter of force-throughs. The rate and the epoch are *not*
+//! **Layout** (object area of a `Limiter` region, revision 2):
+//! `[LimiterState: 128 bytes][waiting-process bitmap: 64 words]`. The state
+//! line holds `tat` (the bucket, see [`bucket`](super::bucket)), `forced`, a
+//! region-wide counter of force-throughs, the stall clock and `wakes`; the
+//! bitmap has bit `i` set while process `i` has consumes waiting (it covers
+//! the largest process table; only the words the region's process slots
+//! need are read, 2 for the default 128). The rate and the epoch are *not*
 //! in the object area: the rate is the header's `params[0]` and the epoch is
 //! the header's `clock_epoch_ns`, both written once by the initialiser and
 //! covered by the header checksum, so a scribbler cannot change them without
@@ -10,7 +14,7 @@
 //!
 //! **Validation.** `params[0]` must be a rate in `1..=2³¹−1`, `params[1]`
 //! this layout's revision, the epoch not in the future of the shared clock,
-//! and the object area large enough; `tat` is checked on every read
+//! and the object area large enough for the state and the bitmap; `tat` is checked on every read
 //! (a word further ahead than any real debt is an error, see
 //! [`MAX_LEAD`](super::bucket::MAX_LEAD)).
 //!
@@ -18,7 +22,18 @@
 //! that its waiters per priority are visible to the others (`obj[tier]` of
 //! its entry, adjusted with atomic adds by this process only) and to the
 //! CLI. A dead process holds no tokens (a charge is final), so reaping only
-//! frees its entry, which zeroes its waiter counts.
+//! frees its entry, which zeroes its waiter counts, and clears its waiting
+//! bit.
+//!
+//! **Fast path closed while anyone waits.** A consume (or `try_consume`)
+//! takes tokens directly only while the bitmap is all zero; otherwise it
+//! queues and the drain decides, with its cross-process deferral rules.
+//!
+//! **Wake-ups across processes.** When a waiter leaves a queue (granted,
+//! cancelled, failed), every other process with waiters is woken on its
+//! futex word, so a drain deferring to this process's waiter looks again at
+//! once. Threads sleeping on a process word count themselves in its entry's
+//! `obj[SLEEPERS]`; a wake finding no sleeper makes no syscall.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,10 +45,23 @@ use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region};
 use crate::stall::StallClock;
-use crate::sys::futex::futex_wake;
+use crate::sys::futex::{futex_wait, futex_wake};
+use std::time::Duration;
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 1;
+const OBJECT_REV: u64 = 2;
+
+/// Process slots covered by the waiting-process bitmap (the region's limit).
+const WAITING_BITS: usize = crate::region::layout::MAX_PROCESS_SLOTS as usize;
+const WAITING_WORDS: usize = WAITING_BITS / 64;
+/// Byte offset of the bitmap in the object area.
+const WAITING_OFF: usize = std::mem::size_of::<LimiterState>();
+/// Bytes of object area this layout needs.
+const OBJECT_SIZE: usize = WAITING_OFF + WAITING_WORDS * 8;
+
+/// Per-process word (in the process entry) counting this process's threads
+/// asleep on its futex word; words 0..7 hold the waiter counts per tier.
+const SLEEPERS: usize = LEVELS;
 
 /// The limiter's state at the start of the object area.
 #[repr(C, align(128))]
@@ -44,7 +72,9 @@ struct LimiterState {
     forced: AtomicU64,
     /// Region-wide stall time: at least one consume waiting, in any process.
     stall: StallClock,
-    _pad: [u64; 12],
+    /// Counter: futex wake-ups sent to a process word with a sleeper there.
+    wakes: AtomicU64,
+    _pad: [u64; 11],
 }
 
 const _: () = assert!(std::mem::size_of::<LimiterState>() == 128);
@@ -56,6 +86,8 @@ pub(crate) struct SharedBucket {
     me: ProcId,
     base: *const LimiterState,
     gcra: Gcra,
+    /// Waiting-bitmap words in use: the region's process slots / 64.
+    pwords: usize,
 }
 
 // SAFETY: `base` points into the mapping owned by `map`, which lives as long
@@ -76,7 +108,7 @@ impl SharedBucket {
                 let spec = ObjectSpec {
                     kind: ObjectKind::Limiter,
                     params: [u64::from(r), OBJECT_REV, 0, 0, 0, 0, 0, 0],
-                    object_size: std::mem::size_of::<LimiterState>(),
+                    object_size: OBJECT_SIZE,
                     init: &init,
                 };
                 region.bind(ObjectKind::Limiter, Some(&spec))?
@@ -115,11 +147,10 @@ impl SharedBucket {
                 h.clock_epoch_ns
             )));
         }
-        if map.object_len() < std::mem::size_of::<LimiterState>() {
+        if map.object_len() < OBJECT_SIZE {
             return Err(Error::BadRegion(format!(
-                "limiter object area is {} bytes, it needs {}",
+                "limiter object area is {} bytes, it needs {OBJECT_SIZE}",
                 map.object_len(),
-                std::mem::size_of::<LimiterState>()
             )));
         }
         let base = map.object_ptr() as *const LimiterState;
@@ -128,21 +159,27 @@ impl SharedBucket {
                 "limiter object area is not 128-byte aligned".into(),
             ));
         }
-        let me = match map.me() {
+        let pwords = (map.process_slots() as usize)
+            .div_ceil(64)
+            .clamp(1, WAITING_WORDS);
+        let mut s = SharedBucket {
+            gcra: Gcra::new(rate, h.clock_epoch_ns),
+            map,
+            me: ProcId { idx: 0, owner: 0 },
+            base,
+            pwords,
+        };
+        s.me = match s.map.me() {
             Err(Error::ProcessTableFull { .. }) => {
                 // Entries of dead processes become free once reaped; a
-                // limiter has nothing of theirs to give back.
-                map.reap_dead(&mut |_, _| {})?;
-                map.me()?
+                // limiter has nothing of theirs to give back but their
+                // waiting state.
+                s.map.reap_dead(&mut |idx, _| s.release_dead(idx))?;
+                s.map.me()?
             }
             r => r?,
         };
-        Ok(SharedBucket {
-            gcra: Gcra::new(rate, h.clock_epoch_ns),
-            map,
-            me,
-            base,
-        })
+        Ok(s)
     }
 
     fn state(&self) -> &LimiterState {
@@ -152,6 +189,26 @@ impl SharedBucket {
         // shared mutation through `&`; the mapping (kept by `self.map`)
         // outlives the returned reference.
         unsafe { &*self.base }
+    }
+
+    #[inline]
+    fn waiting(&self) -> &[AtomicU64] {
+        // SAFETY: `pwords` (≤ WAITING_WORDS) u64s at WAITING_OFF lie inside
+        // the object area (at least OBJECT_SIZE bytes, checked in
+        // `from_mapping`), 8-aligned; atomics only, valid for any bits.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.base as *const u8).add(WAITING_OFF) as *const AtomicU64,
+                self.pwords,
+            )
+        }
+    }
+
+    /// True if a consume waits in any process (this one included): the
+    /// fast path is closed then. Reads only the bitmap words in use.
+    #[inline]
+    pub fn anyone_waiting(&self) -> bool {
+        self.waiting().iter().any(|w| w.load(Ordering::SeqCst) != 0)
     }
 
     /// The bucket's arithmetic.
@@ -170,28 +227,65 @@ impl SharedBucket {
         self.state().forced.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adds `delta` to this process's waiter count at `tier`.
+    /// Adds `delta` to this process's waiter count at `tier` and keeps its
+    /// waiting bit in step (the count is changed by a CAS, as several
+    /// limiters of one process share its registration, and the bit is
+    /// re-checked after a clear: a concurrent increment may have raced it).
+    /// A waiter leaving (`delta < 0`) wakes every other waiting process.
     pub fn publish_waiting(&self, tier: usize, delta: i64) {
-        if let Ok(e) = self.map.proc_entry(self.me.idx) {
-            if delta >= 0 {
-                e.obj[tier].fetch_add(delta as u64, Ordering::SeqCst);
+        let Ok(e) = self.map.proc_entry(self.me.idx) else {
+            return;
+        };
+        let word = &e.obj[tier];
+        let mut old = word.load(Ordering::SeqCst);
+        loop {
+            let new = if old > u64::from(u32::MAX) {
+                // A scribbled count: start again from this change.
+                delta.max(0) as u64
             } else {
-                e.obj[tier].fetch_sub(delta.unsigned_abs(), Ordering::SeqCst);
+                (old as i64 + delta).max(0) as u64
+            };
+            match word.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        let any = || {
+            e.obj[..LEVELS]
+                .iter()
+                .any(|w| w.load(Ordering::SeqCst) != 0)
+        };
+        let (w, b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
+        if let Some(bits) = self.waiting().get(w) {
+            if any() {
+                bits.fetch_or(1 << b, Ordering::SeqCst);
+            } else {
+                bits.fetch_and(!(1 << b), Ordering::SeqCst);
+                if any() {
+                    bits.fetch_or(1 << b, Ordering::SeqCst);
+                }
             }
         }
         self.state().stall.update(|| self.anyone_waiting());
+        if delta < 0 {
+            self.wake_others();
+        }
     }
 
-    /// True if a consume waits in any registered process (this one too).
-    fn anyone_waiting(&self) -> bool {
-        (0..self.map.process_slots()).any(|idx| {
-            self.map.proc_entry(idx).is_ok_and(|e| {
-                e.obj[..LEVELS].iter().any(|w| {
-                    let c = w.load(Ordering::SeqCst);
-                    c != 0 && c <= u64::from(u32::MAX)
-                })
-            })
-        })
+    /// Wakes every other process with waiters (a deferring drain there may
+    /// now go). No syscall for a process where nobody sleeps.
+    fn wake_others(&self) {
+        for (w, word) in self.waiting().iter().enumerate() {
+            let mut v = word.load(Ordering::SeqCst);
+            while v != 0 {
+                let b = v.trailing_zeros();
+                v &= !(1 << b);
+                let idx = w as u32 * 64 + b;
+                if idx != self.me.idx {
+                    self.wake_process(idx);
+                }
+            }
+        }
     }
 
     /// The highest tier at which another live process has waiters, and that
@@ -234,12 +328,36 @@ impl SharedBucket {
         best
     }
 
-    /// Wakes process `idx`'s pumps (bumps its futex word).
+    /// Wakes the threads of process `idx` sleeping on its futex word (its
+    /// pumps and its deferring fronts). The syscall is skipped when nobody
+    /// sleeps there: sleepers count themselves in `obj[SLEEPERS]` before
+    /// re-checking the word, and the waker bumps the word before reading the
+    /// count (both SeqCst), so one of the two always sees the other.
     pub fn wake_process(&self, idx: u32) {
         if let Ok(e) = self.map.proc_entry(idx) {
             e.futex.fetch_add(1, Ordering::SeqCst);
-            futex_wake(&e.futex, i32::MAX);
+            if e.obj[SLEEPERS].load(Ordering::SeqCst) != 0 {
+                futex_wake(&e.futex, i32::MAX);
+                self.state().wakes.fetch_add(1, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Wakes this process's threads sleeping on its futex word.
+    pub fn wake_mine(&self) {
+        self.wake_process(self.me.idx);
+    }
+
+    /// Sleeps on this process's futex word until woken or `nap` passes,
+    /// unless the word moved past `seq` already.
+    pub fn sleep(&self, seq: u32, nap: Duration) {
+        let Ok(e) = self.map.proc_entry(self.me.idx) else {
+            std::thread::sleep(nap);
+            return;
+        };
+        e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
+        futex_wait(&e.futex, seq, Some(nap));
+        e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
     }
 
     /// This process's futex word (its pumps sleep on it).
@@ -249,12 +367,27 @@ impl SharedBucket {
 
     /// Frees the entries of dead processes. Returns how many.
     pub fn reap(&self) -> Result<u32> {
-        let n = self.map.reap_dead(&mut |_, _| {})?;
+        let n = self.map.reap_dead(&mut |idx, _| self.release_dead(idx))?;
         if n > 0 {
             // The dead processes' waiter counts are gone.
             self.state().stall.update(|| self.anyone_waiting());
+            // Waiters that deferred to them may go now.
+            self.wake_others();
+            self.wake_mine();
         }
         Ok(n)
+    }
+
+    /// Clears a dead process's waiting state (bit and counts).
+    fn release_dead(&self, idx: u32) {
+        if (idx as usize) < self.pwords * 64 {
+            self.waiting()[idx as usize / 64].fetch_and(!(1u64 << (idx % 64)), Ordering::SeqCst);
+        }
+        if let Ok(e) = self.map.proc_entry(idx) {
+            for w in &e.obj[..=SLEEPERS] {
+                w.store(0, Ordering::SeqCst);
+            }
+        }
     }
 
     /// Region-wide figures.
@@ -280,6 +413,7 @@ impl SharedBucket {
             waiters,
             processes,
             stall_ns: self.state().stall.total_ns(),
+            wakes: self.state().wakes.load(Ordering::Relaxed),
         }
     }
 }

@@ -68,4 +68,8 @@ pub struct SharedLimiterStats {
     /// Counter: nanoseconds during which at least one consume waited, in any
     /// process (PSI "some"), kept exactly at transitions.
     pub stall_ns: u64,
+    /// Counter: futex wake-ups sent to a process's word that found a thread
+    /// asleep there (a deferring drain or a pump), by any process. A wake
+    /// with nobody asleep makes no syscall and is not counted.
+    pub wakes: u64,
 }
