@@ -92,16 +92,6 @@ impl std::error::Error for Error {
 }
 
 impl Error {
-    /// Wraps the current `errno` as an [`Error::Io`].
-    #[allow(dead_code)] // for the objects above `region`
-    pub(crate) fn last_os(op: &'static str, path: Option<PathBuf>) -> Error {
-        Error::Io {
-            op,
-            path,
-            source: io::Error::last_os_error(),
-        }
-    }
-
     /// Wraps an [`io::Error`] as an [`Error::Io`].
     pub(crate) fn io(op: &'static str, path: Option<PathBuf>, source: io::Error) -> Error {
         Error::Io { op, path, source }
