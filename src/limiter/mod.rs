@@ -5,7 +5,9 @@
 //! Tokens are usually bytes, but any integer unit works. The capacity of
 //! the bucket equals its rate (tokens per second); refill is continuous from
 //! elapsed time on `CLOCK_MONOTONIC` (the clock every process of a host
-//! shares), and a new bucket starts full. There is no timer thread: blocked
+//! shares; read through a calibrated TSC where that is reliable, the same
+//! calibration in every process of a region, see [`Clock`](crate::sys::clock::Clock)),
+//! and a new bucket starts full. There is no timer thread: blocked
 //! callers sleep until the instant the tokens they need will be there.
 //!
 //! ```
@@ -171,9 +173,12 @@ pub struct Limiter {
 
 impl Limiter {
     /// An in-process limiter of `tokens_per_second` (= capacity), full now.
+    ///
+    /// The first in-process limiter of a process calibrates the TSC (about
+    /// 20 ms, once per process; see [`Clock::process`](crate::sys::clock::Clock::process)).
     pub fn new(tokens_per_second: u64) -> Result<Limiter> {
         let rate = check_rate(tokens_per_second)?;
-        let gcra = Gcra::new(rate, crate::sys::monotonic_ns());
+        let gcra = Gcra::new(rate, crate::sys::clock::Clock::process().now_ns());
         Ok(Limiter {
             node: Arc::new(Node::new(gcra, Home::Local(AtomicU64::new(0)), None)),
         })
@@ -219,7 +224,7 @@ impl Limiter {
     pub fn child(&self, tokens_per_second: u64) -> Result<Limiter> {
         self.node.check_usable()?;
         let rate = check_rate(tokens_per_second)?;
-        let gcra = Gcra::new(rate, crate::sys::monotonic_ns());
+        let gcra = Gcra::new(rate, self.node.now());
         Ok(Limiter {
             node: Arc::new(Node::new(
                 gcra,
@@ -246,7 +251,9 @@ impl Limiter {
     /// a timeout, never created).
     pub fn consume_timeout(&self, n: u64, priority: Priority, timeout: Duration) -> Result<Grant> {
         check_consume(n)?;
-        let deadline = crate::sys::monotonic_ns()
+        let deadline = self
+            .node
+            .now()
             .saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
         self.node.consume(n, priority, Some(deadline))
     }

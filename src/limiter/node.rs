@@ -62,9 +62,9 @@ use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
 use crate::scheduler::QueueStats;
 use crate::stall::StallClock;
+use crate::sys::clock::Clock;
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::{futex_wait, futex_wake};
-use crate::sys::monotonic_ns;
 
 const WAITING: u32 = 0;
 const GRANTED: u32 = 1;
@@ -184,7 +184,7 @@ fn pump(weak: Weak<Node>) {
         }
         let word = node.pump_word();
         let seq = word.load(Ordering::SeqCst);
-        let now = monotonic_ns();
+        let now = node.now();
         let next = {
             let mut inner = node.lock();
             node.dispatch_locked(&mut inner, now)
@@ -237,6 +237,10 @@ pub(crate) struct Node {
     /// The pump's wake word when the chain is in process memory (in a
     /// region it sleeps on the process's futex word instead).
     pump_word: AtomicU32,
+    /// The chain's clock: a region's stored one at a shared root (the same
+    /// in every process), else this process's; children inherit their
+    /// parent's, so one `now` serves every level of a chain.
+    clock: Clock,
 }
 
 #[cold]
@@ -250,7 +254,13 @@ fn corrupt_error(tat: u64, v: u64, cap: u64) -> Error {
 
 impl Node {
     pub fn new(gcra: Gcra, home: Home, parent: Option<Arc<Node>>) -> Node {
+        let clock = match (&parent, &home) {
+            (Some(p), _) => p.clock,
+            (None, Home::Shared(s)) => s.clock(),
+            (None, Home::Local(_)) => Clock::process(),
+        };
         Node {
+            clock,
             gcra,
             home,
             parent,
@@ -267,6 +277,12 @@ impl Node {
             pump_running: AtomicBool::new(false),
             pump_word: AtomicU32::new(0),
         }
+    }
+
+    /// Nanoseconds now on this chain's clock (see [`Clock`]).
+    #[inline(always)]
+    pub fn now(&self) -> u64 {
+        self.clock.now_ns()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -352,7 +368,7 @@ impl Node {
         Ok(debt)
     }
 
-    /// Blocking consume; `deadline` in ns of the monotonic clock.
+    /// Blocking consume; `deadline` in ns of this chain's clock ([`Node::now`]).
     #[inline]
     pub fn consume(&self, n: u64, p: Priority, deadline: Option<u64>) -> Result<Grant> {
         self.check_usable()?;
@@ -380,10 +396,7 @@ impl Node {
             }
             if self.parent.is_none() {
                 // A root: one charge, nothing to record on failure.
-                return match self
-                    .gcra
-                    .charge(self.tat(), n, monotonic_ns(), Mode::Normal)
-                {
+                return match self.gcra.charge(self.tat(), n, self.now(), Mode::Normal) {
                     Ok(c) => {
                         if c.debt {
                             self.count_forced();
@@ -397,7 +410,7 @@ impl Node {
                     Err(Refused::Until(_)) => Ok(Err(0)),
                 };
             }
-            match self.charge_chain(0, n, monotonic_ns(), Mode::Normal) {
+            match self.charge_chain(0, n, self.now(), Mode::Normal) {
                 Ok(debt) => {
                     if debt {
                         self.count_forced();
@@ -445,7 +458,7 @@ impl Node {
         if self.closed_by_region() {
             return Ok(false);
         }
-        let now = monotonic_ns();
+        let now = self.now();
         let mut done = Vec::new();
         let mut cur = Some(self);
         while let Some(node) = cur {
@@ -495,7 +508,7 @@ impl Node {
         let w = Arc::new(Waiter::new(n, tier, paid, is_async));
         let mut inner = self.lock();
         if inner.queues[tier].is_empty() {
-            inner.front_since[tier] = monotonic_ns();
+            inner.front_since[tier] = self.now();
         }
         inner.queues[tier].push_back(w.clone());
         inner.counters[tier].deferred += 1;
@@ -536,7 +549,7 @@ impl Node {
                 *slot = Some(AsyncWaiter(w.clone()));
                 {
                     let mut inner = self.lock();
-                    self.dispatch_locked(&mut inner, monotonic_ns());
+                    self.dispatch_locked(&mut inner, self.now());
                 }
                 if w.state.load(Ordering::Acquire) == WAITING {
                     self.ensure_pump();
@@ -572,7 +585,7 @@ impl Node {
             // the fork; the queue belongs to the parent anyway.
             return;
         }
-        let _ = self.cancel(&slot.0, monotonic_ns());
+        let _ = self.cancel(&slot.0, self.now());
     }
 
     /// The word this node's pump sleeps on: the process's futex word in a
@@ -631,7 +644,7 @@ impl Node {
             if let Some(r) = self.outcome(w) {
                 return r;
             }
-            let now = monotonic_ns();
+            let now = self.now();
             if deadline.is_some_and(|d| now >= d) {
                 return self.cancel(w, now);
             }
@@ -813,7 +826,7 @@ impl Node {
     /// Current balance, or the corrupt-word error.
     pub fn tokens(&self) -> Result<i64> {
         self.gcra
-            .read(self.tat(), monotonic_ns())
+            .read(self.tat(), self.now())
             .map(|(t, _)| t)
             .map_err(|r| match r {
                 Refused::Corrupt { tat, v } => corrupt_error(tat, v, self.gcra.cap()),
@@ -823,7 +836,7 @@ impl Node {
     }
 
     pub fn stats(&self) -> LimiterStats {
-        let now = monotonic_ns();
+        let now = self.now();
         let inner = self.lock();
         let mut queues = inner.counters;
         let mut total = QueueStats::default();

@@ -1,9 +1,11 @@
 //! The Limiter's home in a region: one bucket word, shared by every process.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 2):
+//! **Layout** (object area of a `Limiter` region, revision 3):
 //! `[LimiterState: 128 bytes][waiting-process bitmap: 64 words]`. The state
 //! line holds `tat` (the bucket, see [`bucket`](super::bucket)), `forced`, a
-//! region-wide counter of force-throughs, the stall clock and `wakes`; the
+//! region-wide counter of force-throughs, the stall clock, `wakes` and the
+//! region's clock (5 words at byte 40: a "TSC in use" flag, 0 or 1, then
+//! `tsc0`, `ns0`, `mult`, `shift` of a [`TscClock`]); the
 //! bitmap has bit `i` set while process `i` has consumes waiting (it covers
 //! the largest process table; only the words the region's process slots
 //! need are read, 2 for the default 128). The rate and the epoch are *not*
@@ -12,9 +14,17 @@
 //! covered by the header checksum, so a scribbler cannot change them without
 //! the region failing validation.
 //!
+//! **One clock for all.** The bucket is exact only if every process
+//! computes the same time, so the region's creator calibrates the TSC once
+//! ([`calibrate`]) and stores the calibration; every process uses the
+//! stored one. A region created without a reliable TSC stores "not in use"
+//! and everyone reads `CLOCK_MONOTONIC`.
+//!
 //! **Validation.** `params[0]` must be a rate in `1..=2³¹−1`, `params[1]`
 //! this layout's revision, the epoch not in the future of the shared clock,
-//! and the object area large enough for the state and the bitmap; `tat` is checked on every read
+//! the object area large enough for the state and the bitmap, and the
+//! stored clock valid (flag 0 or 1; a TSC calibration passing
+//! [`TscClock::validate`]); `tat` is checked on every read
 //! (a word further ahead than any real debt is an error, see
 //! [`MAX_LEAD`](super::bucket::MAX_LEAD)).
 //!
@@ -45,11 +55,12 @@ use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region};
 use crate::stall::StallClock;
+use crate::sys::clock::{calibrate, Clock, TscClock};
 use crate::sys::futex::{futex_wait, futex_wake};
 use std::time::Duration;
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 2;
+const OBJECT_REV: u64 = 3;
 
 /// Process slots covered by the waiting-process bitmap (the region's limit).
 const WAITING_BITS: usize = crate::region::layout::MAX_PROCESS_SLOTS as usize;
@@ -74,10 +85,16 @@ struct LimiterState {
     stall: StallClock,
     /// Counter: futex wake-ups sent to a process word with a sleeper there.
     wakes: AtomicU64,
-    _pad: [u64; 11],
+    /// The region's clock: "TSC in use" (0 or 1), `tsc0`, `ns0`, `mult`,
+    /// `shift`. Written once by the creator, before the region is ready.
+    clock: [AtomicU64; 5],
+    _pad: [u64; 6],
 }
 
 const _: () = assert!(std::mem::size_of::<LimiterState>() == 128);
+/// Byte offset of the stored clock in the object area.
+const CLOCK_OFF: usize = std::mem::offset_of!(LimiterState, clock);
+const _: () = assert!(CLOCK_OFF == 40);
 
 /// A bound limiter region, as seen by one registered process.
 #[derive(Debug)]
@@ -88,6 +105,8 @@ pub(crate) struct SharedBucket {
     gcra: Gcra,
     /// Waiting-bitmap words in use: the region's process slots / 64.
     pwords: usize,
+    /// The region's clock (stored by its creator).
+    clock: Clock,
 }
 
 // SAFETY: `base` points into the mapping owned by `map`, which lives as long
@@ -104,7 +123,18 @@ impl SharedBucket {
         let map = match rate {
             Some(r) => {
                 let r = check_rate(r)?;
-                let init = |_: &mut [u8]| {}; // zeroed area: tat = 0 = full
+                // Zeroed area: tat = 0 = full. The creator calibrates the
+                // clock every process will use.
+                let init = |area: &mut [u8]| {
+                    let words = match calibrate() {
+                        Some(c) => [1, c.tsc0, c.ns0, c.mult, u64::from(c.shift)],
+                        None => [0; 5],
+                    };
+                    for (i, w) in words.iter().enumerate() {
+                        let at = CLOCK_OFF + i * 8;
+                        area[at..at + 8].copy_from_slice(&w.to_ne_bytes());
+                    }
+                };
                 let spec = ObjectSpec {
                     kind: ObjectKind::Limiter,
                     params: [u64::from(r), OBJECT_REV, 0, 0, 0, 0, 0, 0],
@@ -168,7 +198,9 @@ impl SharedBucket {
             me: ProcId { idx: 0, owner: 0 },
             base,
             pwords,
+            clock: Clock::Monotonic,
         };
+        s.clock = s.load_clock()?;
         s.me = match s.map.me() {
             Err(Error::ProcessTableFull { .. }) => {
                 // Entries of dead processes become free once reaped; a
@@ -180,6 +212,39 @@ impl SharedBucket {
             r => r?,
         };
         Ok(s)
+    }
+
+    /// Reads and validates the stored clock.
+    fn load_clock(&self) -> Result<Clock> {
+        let w: Vec<u64> = self
+            .state()
+            .clock
+            .iter()
+            .map(|x| x.load(Ordering::Acquire))
+            .collect();
+        match w[0] {
+            0 => Ok(Clock::Monotonic),
+            1 => {
+                let c = TscClock {
+                    tsc0: w[1],
+                    ns0: w[2],
+                    mult: w[3],
+                    shift: u32::try_from(w[4]).unwrap_or(u32::MAX),
+                };
+                c.validate()
+                    .map_err(|e| Error::BadRegion(format!("limiter clock: {e}")))?;
+                Ok(Clock::Tsc(c))
+            }
+            f => Err(Error::BadRegion(format!(
+                "limiter clock flag {f} is neither 0 (CLOCK_MONOTONIC) nor 1 (TSC)"
+            ))),
+        }
+    }
+
+    /// The region's clock, the same in every process.
+    #[inline]
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     fn state(&self) -> &LimiterState {
@@ -414,6 +479,7 @@ impl SharedBucket {
             processes,
             stall_ns: self.state().stall.total_ns(),
             wakes: self.state().wakes.load(Ordering::Relaxed),
+            tsc: self.clock.tsc(),
         }
     }
 }

@@ -72,4 +72,7 @@ pub struct SharedLimiterStats {
     /// asleep there (a deferring drain or a pump), by any process. A wake
     /// with nobody asleep makes no syscall and is not counted.
     pub wakes: u64,
+    /// The region's TSC calibration, which every process uses for its
+    /// clock; `None` if the region uses `CLOCK_MONOTONIC`.
+    pub tsc: Option<crate::sys::clock::TscClock>,
 }
