@@ -53,10 +53,11 @@ use super::stats::SharedLimiterStats;
 use super::{check_rate, MAX_TOKENS_PER_SECOND};
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region};
+use crate::region::{
+    Mapping, ObjectKind, ObjectSpec, ProcId, ProcState, Region, Waiters, SLEEPERS,
+};
 use crate::stall::StallClock;
 use crate::sys::clock::{calibrate, Clock, TscClock};
-use crate::sys::futex::{futex_wait, futex_wake};
 use std::time::Duration;
 
 /// Revision of this object's layout, stored in the header params.
@@ -70,9 +71,8 @@ const WAITING_OFF: usize = std::mem::size_of::<LimiterState>();
 /// Bytes of object area this layout needs.
 const OBJECT_SIZE: usize = WAITING_OFF + WAITING_WORDS * 8;
 
-/// Per-process word (in the process entry) counting this process's threads
-/// asleep on its futex word; words 0..7 hold the waiter counts per tier.
-const SLEEPERS: usize = LEVELS;
+// Waiter counts use obj[0..LEVELS]; the sleeper count sits above them.
+const _: () = assert!(SLEEPERS >= LEVELS);
 
 /// The limiter's state at the start of the object area.
 #[repr(C, align(128))]
@@ -273,7 +273,11 @@ impl SharedBucket {
     /// fast path is closed then. Reads only the bitmap words in use.
     #[inline]
     pub fn anyone_waiting(&self) -> bool {
-        self.waiting().iter().any(|w| w.load(Ordering::SeqCst) != 0)
+        self.waiters().anyone()
+    }
+
+    fn waiters(&self) -> Waiters<'_> {
+        Waiters::new(self.waiting())
     }
 
     /// The bucket's arithmetic.
@@ -320,17 +324,7 @@ impl SharedBucket {
                 .iter()
                 .any(|w| w.load(Ordering::SeqCst) != 0)
         };
-        let (w, b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
-        if let Some(bits) = self.waiting().get(w) {
-            if any() {
-                bits.fetch_or(1 << b, Ordering::SeqCst);
-            } else {
-                bits.fetch_and(!(1 << b), Ordering::SeqCst);
-                if any() {
-                    bits.fetch_or(1 << b, Ordering::SeqCst);
-                }
-            }
-        }
+        self.waiters().mark(self.me.idx, any);
         self.state().stall.update(|| self.anyone_waiting());
         if delta < 0 {
             self.wake_others();
@@ -340,16 +334,8 @@ impl SharedBucket {
     /// Wakes every other process with waiters (a deferring drain there may
     /// now go). No syscall for a process where nobody sleeps.
     fn wake_others(&self) {
-        for (w, word) in self.waiting().iter().enumerate() {
-            let mut v = word.load(Ordering::SeqCst);
-            while v != 0 {
-                let b = v.trailing_zeros();
-                v &= !(1 << b);
-                let idx = w as u32 * 64 + b;
-                if idx != self.me.idx {
-                    self.wake_process(idx);
-                }
-            }
+        for idx in self.waiters().each().filter(|&i| i != self.me.idx) {
+            self.wake_process(idx);
         }
     }
 
@@ -394,17 +380,10 @@ impl SharedBucket {
     }
 
     /// Wakes the threads of process `idx` sleeping on its futex word (its
-    /// pumps and its deferring fronts). The syscall is skipped when nobody
-    /// sleeps there: sleepers count themselves in `obj[SLEEPERS]` before
-    /// re-checking the word, and the waker bumps the word before reading the
-    /// count (both SeqCst), so one of the two always sees the other.
+    /// pumps and its deferring fronts); no syscall when nobody sleeps there.
     pub fn wake_process(&self, idx: u32) {
-        if let Ok(e) = self.map.proc_entry(idx) {
-            e.futex.fetch_add(1, Ordering::SeqCst);
-            if e.obj[SLEEPERS].load(Ordering::SeqCst) != 0 {
-                futex_wake(&e.futex, i32::MAX);
-                self.state().wakes.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.map.wake_process(idx) {
+            self.state().wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -416,13 +395,7 @@ impl SharedBucket {
     /// Sleeps on this process's futex word until woken or `nap` passes,
     /// unless the word moved past `seq` already.
     pub fn sleep(&self, seq: u32, nap: Duration) {
-        let Ok(e) = self.map.proc_entry(self.me.idx) else {
-            std::thread::sleep(nap);
-            return;
-        };
-        e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
-        futex_wait(&e.futex, seq, Some(nap));
-        e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+        self.map.sleep_on(self.me.idx, seq, nap);
     }
 
     /// This process's futex word (its pumps sleep on it).
@@ -445,9 +418,7 @@ impl SharedBucket {
 
     /// Clears a dead process's waiting state (bit and counts).
     fn release_dead(&self, idx: u32) {
-        if (idx as usize) < self.pwords * 64 {
-            self.waiting()[idx as usize / 64].fetch_and(!(1u64 << (idx % 64)), Ordering::SeqCst);
-        }
+        self.waiters().clear(idx);
         if let Ok(e) = self.map.proc_entry(idx) {
             for w in &e.obj[..=SLEEPERS] {
                 w.store(0, Ordering::SeqCst);

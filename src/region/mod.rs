@@ -19,6 +19,7 @@ mod fork_lock;
 pub mod layout;
 pub mod mapping;
 pub mod proc_table;
+pub mod waiters;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use create::ObjectSpec;
 pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
 pub use mapping::Mapping;
 pub use proc_table::{ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJ_WORDS};
+pub use waiters::{Waiters, SLEEPERS};
 
 use crate::error::{Error, Result};
 use crate::sys;

@@ -42,10 +42,9 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region};
+use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region, Waiters};
 use crate::stall::StallClock;
 use crate::sys::clock::monotonic_ms;
-use crate::sys::futex::{futex_wait, futex_wake};
 use std::time::Duration;
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
@@ -58,9 +57,8 @@ const OBJECT_REV: u64 = 2;
 const WAITING_BITS: usize = 4096;
 const WAITING_WORDS: usize = WAITING_BITS / 64;
 
-/// Per-process word (in the process entry) counting this process's threads
-/// asleep on its futex word; words 0..7 hold the waiter counts per tier.
-const SLEEPERS: usize = LEVELS;
+// Waiter counts use obj[0..LEVELS]; the sleeper count sits above them.
+const _: () = assert!(crate::region::SLEEPERS >= LEVELS);
 
 /// Minimum time between two scans for dead processes, region-wide.
 pub const REAP_INTERVAL_MS: u64 = 20;
@@ -333,7 +331,11 @@ impl SharedSlots {
     /// schedulers of one process share its registration).
     #[inline]
     pub fn anyone_waiting(&self) -> bool {
-        self.waiting().iter().any(|w| w.load(Ordering::SeqCst) != 0)
+        self.waiters().anyone()
+    }
+
+    fn waiters(&self) -> Waiters<'_> {
+        Waiters::new(self.waiting())
     }
 
     /// Publishes a change of this process's waiter count at `tier`.
@@ -361,18 +363,7 @@ impl SharedSlots {
                 .iter()
                 .any(|w| w.load(Ordering::SeqCst) & 0xffff_ffff != 0)
         };
-        let (w, b) = (self.me.idx as usize / 64, self.me.idx as usize % 64);
-        let Some(bits) = self.waiting().get(w) else {
-            return;
-        };
-        if any() {
-            bits.fetch_or(1 << b, Ordering::SeqCst);
-        } else {
-            bits.fetch_and(!(1 << b), Ordering::SeqCst);
-            if any() {
-                bits.fetch_or(1 << b, Ordering::SeqCst);
-            }
-        }
+        self.waiters().mark(self.me.idx, any);
         self.header().stall.update(|| self.anyone_waiting());
     }
 
@@ -380,29 +371,20 @@ impl SharedSlots {
     /// admits at `running`, if any (`tier` None: any tier).
     fn best_waiting(&self, above: Option<usize>, running: u32) -> Option<u32> {
         let mut best: Option<(usize, u32)> = None;
-        let slots = self.map.process_slots() as usize;
-        for (w, word) in self.waiting().iter().enumerate() {
-            let mut v = word.load(Ordering::SeqCst);
-            while v != 0 {
-                let b = v.trailing_zeros() as usize;
-                v &= !(1 << b);
-                let idx = w * 64 + b;
-                if idx == self.me.idx as usize || idx >= slots {
-                    continue;
-                }
-                let Ok(entry) = self.map.proc_entry(idx as u32) else {
-                    continue;
-                };
-                let from = above.map_or(0, |t| t + 1);
-                for t in (from..LEVELS).rev() {
-                    let x = entry.obj[t].load(Ordering::SeqCst);
-                    let (count, cap) = (x & 0xffff_ffff, (x >> 32) as u32);
-                    if count > 0 && running < cap {
-                        if best.is_none_or(|(bt, _)| t > bt) {
-                            best = Some((t, idx as u32));
-                        }
-                        break;
+        for idx in self.waiters().each().filter(|&i| i != self.me.idx) {
+            // `proc_entry` refuses an index beyond the process table.
+            let Ok(entry) = self.map.proc_entry(idx) else {
+                continue;
+            };
+            let from = above.map_or(0, |t| t + 1);
+            for t in (from..LEVELS).rev() {
+                let x = entry.obj[t].load(Ordering::SeqCst);
+                let (count, cap) = (x & 0xffff_ffff, (x >> 32) as u32);
+                if count > 0 && running < cap {
+                    if best.is_none_or(|(bt, _)| t > bt) {
+                        best = Some((t, idx));
                     }
+                    break;
                 }
             }
         }
@@ -448,30 +430,16 @@ impl SharedSlots {
         })
     }
 
-    /// Wakes every waiter of process `idx` (they re-run dispatch). The
-    /// futex syscall is skipped when nobody in that process sleeps: sleepers
-    /// count themselves in `obj[SLEEPERS]` before re-checking the word, and
-    /// the waker bumps the word before reading the count (both SeqCst), so
-    /// one of the two always sees the other.
+    /// Wakes every waiter of process `idx` (they re-run dispatch); no
+    /// syscall when nobody sleeps there.
     pub fn wake_process(&self, idx: u32) {
-        if let Ok(entry) = self.map.proc_entry(idx) {
-            entry.futex.fetch_add(1, Ordering::SeqCst);
-            if entry.obj[SLEEPERS].load(Ordering::SeqCst) != 0 {
-                futex_wake(&entry.futex, i32::MAX);
-            }
-        }
+        self.map.wake_process(idx);
     }
 
     /// Sleeps on this process's futex word until woken or `nap` passes,
     /// unless the word moved past `seq` already.
     pub fn sleep(&self, seq: u32, nap: Duration) {
-        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
-            std::thread::sleep(nap);
-            return;
-        };
-        entry.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
-        futex_wait(&entry.futex, seq, Some(nap));
-        entry.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+        self.map.sleep_on(self.me.idx, seq, nap);
     }
 
     /// The futex word this process's waiters sleep on.
@@ -518,13 +486,8 @@ impl SharedSlots {
             h.reclaimed.fetch_add(slots, Ordering::Relaxed);
             // Freed slots and vanished waiters: let every waiting process
             // re-run its dispatch.
-            for (w, word) in self.waiting().iter().enumerate() {
-                let mut v = word.load(Ordering::SeqCst);
-                while v != 0 {
-                    let b = v.trailing_zeros();
-                    v &= !(1 << b);
-                    self.wake_process(w as u32 * 64 + b);
-                }
+            for idx in self.waiters().each() {
+                self.wake_process(idx);
             }
             self.notify_mine();
         }
@@ -543,9 +506,7 @@ impl SharedSlots {
                 n += 1;
             }
         }
-        if (idx as usize) < self.pwords * 64 {
-            self.waiting()[idx as usize / 64].fetch_and(!(1u64 << (idx % 64)), Ordering::SeqCst);
-        }
+        self.waiters().clear(idx);
         if let Ok(entry) = self.map.proc_entry(idx) {
             for w in &entry.obj[..LEVELS] {
                 w.store(0, Ordering::SeqCst);
