@@ -86,6 +86,67 @@ impl Drop for Permit<'_> {
     }
 }
 
+/// A permit that owns a handle to its scheduler: `Send + 'static`, so it can
+/// move into a spawned thread or task. Releases its slot exactly once, on
+/// drop, like [`Permit`].
+///
+/// ```
+/// use shmsched::scheduler::Scheduler;
+/// use shmsched::Priority;
+/// # fn main() -> shmsched::Result<()> {
+/// let sched = Scheduler::new(2)?;
+/// let permit = sched.acquire_owned(Priority::Normal)?;
+/// let worker = std::thread::spawn(move || {
+///     // ... work while holding the slot ...
+///     drop(permit); // released here, on another thread
+/// });
+/// worker.join().unwrap();
+/// assert_eq!(sched.stats().running, 0);
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a permit releases its slot at once"]
+#[derive(Debug)]
+pub struct OwnedPermit {
+    sched: Scheduler,
+    ticket: u32,
+    priority: Priority,
+}
+
+impl OwnedPermit {
+    /// The priority this permit was acquired at.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// The scheduler this permit belongs to.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+}
+
+impl Drop for OwnedPermit {
+    fn drop(&mut self) {
+        let leaf = &self.sched.node;
+        if leaf.forked() {
+            return;
+        }
+        release_chain(leaf, self.ticket);
+    }
+}
+
+impl Permit<'_> {
+    /// Turns a borrowed permit into an owned one (the slot stays held).
+    pub fn into_owned(self) -> OwnedPermit {
+        let owned = OwnedPermit {
+            sched: self.sched.clone(),
+            ticket: self.ticket,
+            priority: self.priority,
+        };
+        std::mem::forget(self);
+        owned
+    }
+}
+
 fn default_seed() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -209,6 +270,28 @@ impl Scheduler {
     /// after `timeout`. A timed-out wait leaves no count behind.
     pub fn acquire_timeout(&self, priority: Priority, timeout: Duration) -> Result<Permit<'_>> {
         self.acquire_until(priority, Some(Instant::now() + timeout))
+    }
+
+    /// Like [`acquire`](Self::acquire), but the permit owns a handle to the
+    /// scheduler (`Send + 'static`): it can move into another thread or task.
+    pub fn acquire_owned(&self, priority: Priority) -> Result<OwnedPermit> {
+        self.acquire(priority).map(Permit::into_owned)
+    }
+
+    /// Like [`acquire_timeout`](Self::acquire_timeout), returning an
+    /// [`OwnedPermit`].
+    pub fn acquire_owned_timeout(
+        &self,
+        priority: Priority,
+        timeout: Duration,
+    ) -> Result<OwnedPermit> {
+        self.acquire_timeout(priority, timeout)
+            .map(Permit::into_owned)
+    }
+
+    /// Like [`try_acquire`](Self::try_acquire), returning an [`OwnedPermit`].
+    pub fn try_acquire_owned(&self, priority: Priority) -> Option<OwnedPermit> {
+        self.try_acquire(priority).map(Permit::into_owned)
     }
 
     /// Takes a slot only if one is free at `priority` now and nothing is
