@@ -267,7 +267,7 @@ fn corrupt_headers_are_clear_errors() {
     // layout version (offset 8)
     let (name, _c, p) = initialised("version");
     scribble(&p, 8, &7u32.to_ne_bytes());
-    expect_bad(&name, &["layout version 7", "version 1"]);
+    expect_bad(&name, &["layout version 7", "version 2"]);
 
     // process_slots (offset 20): 0 and 5000
     let (name, _c, p) = initialised("slots0");
@@ -349,7 +349,7 @@ fn scribbled_process_entries_are_errors() {
     let r = Region::open(&name).unwrap();
     let m = r.bind(ObjectKind::Scheduler, None).unwrap();
     let idx = m.process_slots() - 1;
-    let entry_off = m.header().proc_table_offset + u64::from(idx) * 128;
+    let entry_off = m.header().proc_table_offset + u64::from(idx) * 256;
     scribble(&p, entry_off, &77u32.to_ne_bytes());
     assert_eq!(m.proc_entry(idx).unwrap().state_raw(), 77);
     let e = m.proc_entry(idx).unwrap().state(idx).unwrap_err();

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! offset 0                 Header (HEADER_SIZE = 4096 bytes, one page)
-//! offset 4096              ProcEntry × process_slots (128 bytes each)
+//! offset 4096              ProcEntry × process_slots (256 bytes each)
 //! offset object_offset     the object's state (object_size bytes)
 //! total_size               object_offset + object_size, rounded up to 4096
 //! ```
@@ -24,11 +24,11 @@ use crate::error::{Error, Result};
 /// `b"SHMSCHED"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMSCHED");
 /// The layout version this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Size of the header page.
 pub const HEADER_SIZE: u32 = 4096;
 /// Size of one process-table entry.
-pub const PROC_ENTRY_SIZE: u64 = 128;
+pub const PROC_ENTRY_SIZE: u64 = 256;
 /// Upper bound on `process_slots`.
 pub const MAX_PROCESS_SLOTS: u32 = 4096;
 /// Upper bound on an object's size (1 GiB).
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn layout_is_aligned() {
         let (o, t) = compute_layout(128, 1000).unwrap();
-        assert_eq!(o, 4096 + 128 * 128);
+        assert_eq!(o, 4096 + 128 * 256);
         assert_eq!(o % 128, 0);
         assert_eq!(t % 4096, 0);
         assert!(t >= o + 1000);

@@ -151,7 +151,7 @@ impl Mapping {
             + idx as usize * std::mem::size_of::<ProcEntry>();
         // SAFETY: the process table lies inside the mapping (validated layout:
         // proc_table_offset + process_slots * 128 <= object_offset <= len),
-        // the mapping is page aligned and offsets are multiples of 128, so the
+        // the mapping is page aligned and offsets are multiples of 256, so the
         // pointer is aligned for ProcEntry. ProcEntry consists only of atomics,
         // for which every bit pattern is valid and shared mutation (by this
         // and other processes) is allowed through `&`. The reference cannot

@@ -2,8 +2,8 @@
 //!
 //! # How it works
 //!
-//! The table is an array of [`ProcEntry`] (128 bytes each, one cache-line
-//! pair, no false sharing). Entry `i` is guarded by an OFD write lock on byte
+//! The table is an array of [`ProcEntry`] (256 bytes each: two 128-byte
+//! lines, so no entry shares a line with another process's). Entry `i` is guarded by an OFD write lock on byte
 //! [`LOCK_BASE`]` + i` of the region file (far past its end, so no data is
 //! involved). An OFD lock belongs to an open file description, and the
 //! kernel drops it when the last fd of that description is closed, at the
@@ -65,8 +65,11 @@ pub const LIVE: u32 = 1;
 /// Entry state: a reaper is returning a dead process's holdings.
 pub const REAPING: u32 = 2;
 
-/// Number of object-specific words per process entry.
-pub const OBJ_WORDS: usize = 12;
+/// Number of object-specific words per process entry: `obj[0..14]` share the
+/// entry's first 128-byte line with the futex word other processes bump to
+/// wake it; `obj[14..28]` lie in its second line (for words only the process
+/// itself writes often).
+pub const OBJ_WORDS: usize = 28;
 
 /// One process's entry in the region's process table.
 ///
@@ -74,7 +77,7 @@ pub const OBJ_WORDS: usize = 12;
 /// the entry's byte lock (the registrant, the owner, or a reaper). `futex`
 /// and `obj` belong to the object built on the region; they are zero when the
 /// entry is handed to a new process.
-#[repr(C, align(128))]
+#[repr(C, align(256))]
 #[derive(Debug)]
 pub struct ProcEntry {
     state: AtomicU32,
@@ -89,8 +92,9 @@ pub struct ProcEntry {
     reserved: AtomicU64,
 }
 
-const _: () = assert!(std::mem::size_of::<ProcEntry>() == 128);
-const _: () = assert!(std::mem::align_of::<ProcEntry>() == 128);
+const _: () = assert!(std::mem::size_of::<ProcEntry>() == 256);
+const _: () = assert!(std::mem::align_of::<ProcEntry>() == 256);
+const _: () = assert!(std::mem::offset_of!(ProcEntry, obj) == 16);
 
 impl ProcEntry {
     /// Raw state word (`FREE`, `LIVE`, `REAPING`, or garbage if scribbled).
