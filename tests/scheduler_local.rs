@@ -157,7 +157,9 @@ fn lottery_bound_under_sustained_high_priority_saturation() {
         for _ in 0..3 {
             sc.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    let _p = s.acquire(Priority::High).unwrap();
+                    let Ok(_p) = s.acquire(Priority::High) else {
+                        break; // disposed at the end
+                    };
                     for _ in 0..50 {
                         std::hint::spin_loop();
                     }
@@ -165,8 +167,10 @@ fn lottery_bound_under_sustained_high_priority_saturation() {
             });
         }
         sc.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let _p = s.acquire(Priority::Lowest).unwrap();
+            // Capped at 0, lowest runs only on a lottery win at a dispatch;
+            // once the high threads stop, nothing dispatches any more and
+            // the dispose below ends its last wait.
+            while let Ok(_p) = s.acquire(Priority::Lowest) {
                 low_runs.fetch_add(1, Ordering::Relaxed);
             }
         });
@@ -183,6 +187,7 @@ fn lottery_bound_under_sustained_high_priority_saturation() {
             let (lo, all) = dispatched(&s.stats());
             if all - all0 >= 20_000 || start.elapsed() > Duration::from_secs(30) {
                 stop.store(true, Ordering::Relaxed);
+                s.dispose();
                 break (lo - lo0, all - all0);
             }
             thread::sleep(Duration::from_millis(5));

@@ -54,7 +54,13 @@ pub struct Mapping {
     /// Fast path of `me()`: `(fork_generation as u32) << 32 | owner`, 0 when
     /// unregistered. Owner ids are never 0.
     fast: AtomicU64,
+    /// The object's per-process state, shared by the process's handles (a
+    /// weak reference: the handles own it).
+    object: ForkSafeMutex<Option<ObjectState>>,
 }
+
+/// A weak reference to an object's per-process state.
+pub(crate) type ObjectState = std::sync::Weak<dyn std::any::Any + Send + Sync>;
 
 impl Mapping {
     /// Wraps a freshly validated mapping. `map.len()` must be at least
@@ -85,7 +91,13 @@ impl Mapping {
             probe,
             reg: ForkSafeMutex::new(None),
             fast: AtomicU64::new(0),
+            object: ForkSafeMutex::new(None),
         })
+    }
+
+    /// The object's per-process state slot (one object per region).
+    pub(crate) fn object_state(&self) -> super::fork_lock::ForkSafeGuard<'_, Option<ObjectState>> {
+        self.object.lock()
     }
 
     /// The region this mapping belongs to.

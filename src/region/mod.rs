@@ -19,6 +19,7 @@ mod fork_lock;
 pub mod layout;
 pub mod mapping;
 pub mod proc_table;
+pub mod registry;
 pub mod waiters;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

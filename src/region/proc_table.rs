@@ -33,8 +33,9 @@
 //! stays `REAPING`; the next reaper redoes the release, so `release` must be
 //! idempotent for one owner id (a CAS from owner id to free is).
 //!
-//! **Owner ids** are `(idx + 1) | (generation << 16)`: never zero, and
-//! different for each reuse of an entry (modulo 2^16 generations), so an
+//! **Owner ids** are `(idx + 1) | (generation << 16)`, 31 bits (bit 31 is
+//! left to objects that tag ownership records): never zero, and
+//! different for each reuse of an entry (modulo 2^15 generations), so an
 //! ownership record left in the object by a previous occupant of the entry
 //! is never mistaken for the current one's.
 //!
@@ -153,8 +154,8 @@ pub enum ProcState {
 pub struct ProcId {
     /// Index in the process table.
     pub idx: u32,
-    /// `(idx + 1) | (generation << 16)`: non-zero, unique over reuse of the
-    /// entry (modulo 2^16 generations).
+    /// `(idx + 1) | (generation << 16)`, bit 31 clear: non-zero, unique over
+    /// reuses of the entry (modulo 2^15 generations).
     pub owner: u32,
 }
 
@@ -164,13 +165,18 @@ impl ProcId {
     /// in 16 bits).
     pub fn encode(idx: u32, generation: u32) -> u32 {
         debug_assert!(idx < super::layout::MAX_PROCESS_SLOTS);
-        ((idx & 0xffff) + 1) | ((generation & 0xffff) << 16)
+        ((idx & 0xffff) + 1) | ((generation & 0x7fff) << 16)
     }
 
     /// Splits an owner id read from the region, validating its index against
     /// `process_slots`.
     pub fn decode(owner: u32, process_slots: u32) -> Result<ProcId> {
         let low = owner & 0xffff;
+        if owner >> 31 != 0 {
+            return Err(Error::BadRegion(format!(
+                "owner id {owner:#x} has bit 31 set (owner ids are 31 bits)"
+            )));
+        }
         if low == 0 || low > process_slots {
             return Err(Error::BadRegion(format!(
                 "owner id {owner:#x} names process entry {} but the table has {process_slots} entries",
@@ -377,7 +383,7 @@ mod tests {
                 assert_ne!(o, 0);
                 let p = ProcId::decode(o, 4096).unwrap();
                 assert_eq!(p.idx, idx);
-                assert_eq!(p.generation(), gen & 0xffff);
+                assert_eq!(p.generation(), gen & 0x7fff);
             }
         }
         assert_ne!(ProcId::encode(3, 0), ProcId::encode(3, 1));

@@ -2,14 +2,15 @@
 //!
 //! The future walks the chain leaf → root like the blocking acquire. At each
 //! level it tries the fast path, else queues an *async* waiter whose grant
-//! wakes the task instead of a thread. In a region, a release in another
-//! process is noticed by the node's pump thread (one per node and process,
-//! alive only while async waiters are queued), which runs dispatch.
+//! wakes the task instead of a thread. At a root shared through a region, a
+//! release in another process is noticed by the process's helper thread
+//! (one per process and region, alive only while async waiters are queued
+//! there), which moves the queue on and wakes the task.
 //!
 //! **Cancellation.** Dropping the future before it completes removes its
-//! queued place (or, if a grant raced the drop, returns the granted slot) and
-//! releases the levels it already holds, so nothing is left behind. There
-//! are no timers in here: wrap the future in your runtime's timeout.
+//! queued place (or, if a grant raced the drop, returns the granted units)
+//! and releases the levels it already holds, so nothing is left behind.
+//! There are no timers in here: wrap the future in your runtime's timeout.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::node::Node;
-use super::waiter::{Waiter, FAILED, GRANTED, WAITING};
+use super::waiter::{Slots, Waiter, FAILED, GRANTED, WAITING};
 use super::{Permit, Scheduler};
 use crate::error::{Error, Result};
 use crate::priority::Priority;
@@ -28,6 +29,7 @@ use crate::priority::Priority;
 pub struct Acquire<'a> {
     sched: &'a Scheduler,
     priority: Priority,
+    n: u32,
     /// The level being acquired (0 = the scheduler itself, then parents).
     level: usize,
     /// Ids of the levels already taken (for dispose of a child).
@@ -37,10 +39,11 @@ pub struct Acquire<'a> {
 }
 
 impl<'a> Acquire<'a> {
-    pub(super) fn new(sched: &'a Scheduler, priority: Priority) -> Acquire<'a> {
+    pub(super) fn new(sched: &'a Scheduler, priority: Priority, n: u32) -> Acquire<'a> {
         Acquire {
             sched,
             priority,
+            n,
             level: 0,
             via: Vec::new(),
             waiter: None,
@@ -56,17 +59,13 @@ impl<'a> Acquire<'a> {
         n
     }
 
-    /// Records a slot taken at the current level; returns the permit when
+    /// Records units taken at the current level; returns the permit when
     /// that level is the root.
-    fn advance(&mut self, ticket: u32) -> Option<Permit<'a>> {
+    fn advance(&mut self, slots: Slots) -> Option<Permit<'a>> {
         let node = self.node_at(self.level);
         if node.parent().is_none() {
             self.done = true;
-            return Some(Permit {
-                sched: self.sched,
-                ticket,
-                priority: self.priority,
-            });
+            return Some(self.sched.permit(slots, self.priority));
         }
         self.via.push(node.id());
         self.level += 1;
@@ -76,7 +75,7 @@ impl<'a> Acquire<'a> {
     /// Releases the levels below the current one (all taken), leaf last.
     fn unwind(&mut self) {
         for i in (0..self.level).rev() {
-            self.node_at(i).release_level(0);
+            self.node_at(i).release_level(&Slots::counted(self.n));
         }
         self.level = 0;
         self.via.clear();
@@ -100,21 +99,26 @@ impl<'a> Future for Acquire<'a> {
                 "acquire_async polled after completion".into(),
             )));
         }
+        if this.n == 0 {
+            return this.fail(Error::InvalidArgument(
+                "acquire of 0 slots: n must be at least 1".into(),
+            ));
+        }
         loop {
             let node = this.node_at(this.level);
             if let Some(w) = this.waiter.clone() {
                 match w.state() {
                     GRANTED => {
                         this.waiter = None;
-                        if let Some(p) =
-                            this.advance(w.ticket.load(std::sync::atomic::Ordering::Relaxed))
-                        {
+                        node.waited_async();
+                        if let Some(p) = this.advance(w.take_slots()) {
                             return Poll::Ready(Ok(p));
                         }
                         continue;
                     }
                     FAILED => {
                         this.waiter = None;
+                        node.waited_async();
                         return this.fail(Error::Disposed);
                     }
                     _ => {
@@ -128,18 +132,18 @@ impl<'a> Future for Acquire<'a> {
                     }
                 }
             }
-            if let Err(e) = node.check_usable() {
+            if let Err(e) = node.check_usable(this.n) {
                 return this.fail(e);
             }
-            if let Some(t) = node.try_fast(this.priority) {
-                if let Some(p) = this.advance(t) {
+            if let Some(s) = node.fast(this.priority, this.n) {
+                if let Some(p) = this.advance(s) {
                     return Poll::Ready(Ok(p));
                 }
                 continue;
             }
-            match node.enqueue(this.priority, this.via.clone(), true) {
+            match node.enqueue(this.priority, this.n, this.via.clone(), true) {
                 Ok(w) => {
-                    node.ensure_pump();
+                    node.ensure_helper();
                     this.waiter = Some(w);
                 }
                 Err(e) => return this.fail(e),
@@ -155,9 +159,9 @@ impl Drop for Acquire<'_> {
         }
         if let Some(w) = self.waiter.take() {
             let node = self.node_at(self.level);
-            // Granted just before the drop: give the slot back.
-            if let Ok(t) = node.cancel(&w) {
-                node.release_level(t);
+            // Granted just before the drop: give the units back.
+            if let Ok(s) = node.cancel(&w) {
+                node.release_level(&s);
             }
         }
         self.unwind();

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::node::Pool;
+use super::node::Level;
 use super::shared::SharedSlots;
 use super::Scheduler;
 use crate::error::{Error, Result};
@@ -21,13 +21,9 @@ impl Scheduler {
     /// The shared slot table of this scheduler's root, if it lives in a
     /// region.
     fn shared_root(&self) -> Option<&SharedSlots> {
-        let mut root = &self.node;
-        while let Some(p) = root.parent() {
-            root = p;
-        }
-        match root.pool() {
-            Pool::Shared(s) => Some(s),
-            Pool::Local(_) => None,
+        match self.root().level() {
+            Level::Shared(r) => Some(r.slots()),
+            Level::Local(_) => None,
         }
     }
 
@@ -74,9 +70,15 @@ impl Scheduler {
                     .into(),
             ));
         }
-        let Some(s) = self.shared_root() else {
+        let Level::Shared(root) = self.node.level() else {
             return Ok(());
         };
+        if Arc::strong_count(root) > 1 {
+            return Err(Error::InvalidArgument(
+                "cannot detach: another scheduler handle of this process shares the region".into(),
+            ));
+        }
+        let s = root.slots();
         if Arc::strong_count(s.mapping()) > 1 {
             return Err(Error::InvalidArgument(
                 "cannot detach: another object of this process is bound to the same region".into(),
@@ -88,6 +90,7 @@ impl Scheduler {
                 "cannot detach: this process still holds {held} slot(s)"
             )));
         }
+        s.reg().leave();
         s.mapping().deregister()
     }
 }

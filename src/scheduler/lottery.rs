@@ -18,7 +18,11 @@
 //! measures it.
 //!
 //! The generator is xorshift64* with an explicit seed, so a test can replay a
-//! sequence of decisions exactly.
+//! sequence of decisions exactly. An in-process level keeps its own
+//! [`Lottery`]; a root shared through a region draws from the region's
+//! generator (one sequence for every process, advanced by CAS) and applies
+//! the same rule, [`pick_tier`], to the region's backlog, so the bound holds
+//! for a waiter in any process.
 
 use crate::priority::LEVELS;
 
@@ -73,24 +77,32 @@ impl Lottery {
             return None;
         }
         let r = self.next();
-        if self.enabled && r % LOTTERY_ODDS == 0 {
-            let tier = ((r >> 32) % LEVELS as u64) as usize;
-            if backlogged & (1 << tier) != 0 {
-                return Some(Pick {
-                    tier,
-                    lottery: true,
-                });
-            }
-        }
-        let eligible = backlogged & admissible;
-        if eligible == 0 {
-            return None;
-        }
-        Some(Pick {
-            tier: highest_bit(eligible),
-            lottery: false,
-        })
+        pick_tier(r, self.enabled, backlogged, admissible)
     }
+}
+
+/// The pick rule for one random draw `r` (see the module docs).
+pub(crate) fn pick_tier(r: u64, enabled: bool, backlogged: u8, admissible: u8) -> Option<Pick> {
+    if backlogged == 0 {
+        return None;
+    }
+    if enabled && r % LOTTERY_ODDS == 0 {
+        let tier = ((r >> 32) % LEVELS as u64) as usize;
+        if backlogged & (1 << tier) != 0 {
+            return Some(Pick {
+                tier,
+                lottery: true,
+            });
+        }
+    }
+    let eligible = backlogged & admissible;
+    if eligible == 0 {
+        return None;
+    }
+    Some(Pick {
+        tier: highest_bit(eligible),
+        lottery: false,
+    })
 }
 
 /// Index of the highest set bit of a nonzero byte.

@@ -29,7 +29,7 @@ mod future;
 mod inspect;
 mod lottery;
 mod node;
-mod pool;
+mod root;
 mod shared;
 mod stats;
 mod waiter;
@@ -40,15 +40,18 @@ use std::time::{Duration, Instant};
 pub use caps::{Concurrency, MAX_CONCURRENCY};
 pub use future::Acquire;
 pub use lottery::LOTTERY_ODDS;
+pub use root::{BACKSTOP, FAIR_AFTER, PROBE_AFTER};
+pub use shared::MAX_SHARED_SLOTS;
 pub use stats::{QueueStats, SchedulerStats, SharedStats};
+
+pub use crate::region::registry::REAP_INTERVAL_MS;
 
 use crate::error::{Error, Result};
 use crate::priority::Priority;
 use crate::region::Region;
-use node::{Node, Pool};
-use pool::LocalSlots;
-use shared::SharedSlots;
-pub use shared::{MAX_SHARED_SLOTS, REAP_INTERVAL_MS};
+use node::{Level, Node};
+use root::SharedRoot;
+use waiter::Slots;
 
 /// A handle to a scheduler. Clones share the same scheduler; disposing one
 /// disposes it for all.
@@ -57,7 +60,8 @@ pub struct Scheduler {
     node: Arc<Node>,
 }
 
-/// The right to run one task. Releases its slot exactly once, on drop.
+/// The right to run one task (or, from a weighted acquire, `n` units of the
+/// budget). Releases exactly once, on drop.
 ///
 /// A permit inherited by a forked child belongs to the parent: dropping it
 /// in the child does nothing.
@@ -65,24 +69,39 @@ pub struct Scheduler {
 #[derive(Debug)]
 pub struct Permit<'a> {
     sched: &'a Scheduler,
-    ticket: u32,
-    priority: Priority,
+    slots: Slots,
 }
 
 impl Permit<'_> {
     /// The priority this permit was acquired at.
     pub fn priority(&self) -> Priority {
-        self.priority
+        self.slots.priority()
+    }
+
+    /// How many units of the budget it holds (1 unless acquired with
+    /// [`Scheduler::acquire_many`]).
+    pub fn units(&self) -> u32 {
+        self.slots.len()
+    }
+
+    /// Turns a borrowed permit into an owned one (the slot stays held).
+    pub fn into_owned(self) -> OwnedPermit {
+        let this = std::mem::ManuallyDrop::new(self);
+        OwnedPermit {
+            sched: this.sched.clone(),
+            // SAFETY: `this` is never dropped (ManuallyDrop), so moving the
+            // slots out of it leaves nothing to be dropped twice.
+            slots: unsafe { std::ptr::read(&this.slots) },
+        }
     }
 }
 
 impl Drop for Permit<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
-        let leaf = &self.sched.node;
-        if leaf.forked() {
-            return;
+        if !self.sched.node.release_fast(&self.slots) {
+            release_chain(&self.sched.node, &self.slots);
         }
-        release_chain(leaf, self.ticket);
     }
 }
 
@@ -108,14 +127,18 @@ impl Drop for Permit<'_> {
 #[derive(Debug)]
 pub struct OwnedPermit {
     sched: Scheduler,
-    ticket: u32,
-    priority: Priority,
+    slots: Slots,
 }
 
 impl OwnedPermit {
     /// The priority this permit was acquired at.
     pub fn priority(&self) -> Priority {
-        self.priority
+        self.slots.priority()
+    }
+
+    /// How many units of the budget it holds.
+    pub fn units(&self) -> u32 {
+        self.slots.len()
     }
 
     /// The scheduler this permit belongs to.
@@ -125,25 +148,11 @@ impl OwnedPermit {
 }
 
 impl Drop for OwnedPermit {
+    #[inline]
     fn drop(&mut self) {
-        let leaf = &self.sched.node;
-        if leaf.forked() {
-            return;
+        if !self.sched.node.release_fast(&self.slots) {
+            release_chain(&self.sched.node, &self.slots);
         }
-        release_chain(leaf, self.ticket);
-    }
-}
-
-impl Permit<'_> {
-    /// Turns a borrowed permit into an owned one (the slot stays held).
-    pub fn into_owned(self) -> OwnedPermit {
-        let owned = OwnedPermit {
-            sched: self.sched.clone(),
-            ticket: self.ticket,
-            priority: self.priority,
-        };
-        std::mem::forget(self);
-        owned
     }
 }
 
@@ -154,16 +163,27 @@ fn default_seed() -> u64 {
     t ^ (u64::from(std::process::id()) << 32)
 }
 
-/// Releases every level of the chain, root first (the global slot goes back
-/// soonest).
-fn release_chain(node: &Node, root_ticket: u32) {
-    match node.parent() {
-        None => node.release_level(root_ticket),
-        Some(parent) => {
-            release_chain(parent, root_ticket);
-            node.release_level(0);
-        }
+/// A deadline `timeout` from now; `None` (no deadline) if it lies beyond
+/// what `Instant` can represent (e.g. `Duration::MAX`).
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// Releases every level of the chain, leaf first (a waiter of a child gets
+/// the child's unit at once and then queues for the root, which follows).
+/// Nothing in a forked child: the units are the parent's.
+#[inline(never)]
+fn release_chain(leaf: &Node, root_slots: &Slots) {
+    if leaf.forked() {
+        return;
     }
+    let n = root_slots.len();
+    let mut node = leaf;
+    while let Some(parent) = node.parent() {
+        node.release_level(&Slots::counted(n));
+        node = parent;
+    }
+    node.release_level(root_slots);
 }
 
 impl Scheduler {
@@ -177,15 +197,8 @@ impl Scheduler {
     pub fn with_seed(concurrency: impl Into<Concurrency>, seed: u64) -> Result<Scheduler> {
         let c = concurrency.into();
         let caps = c.resolve()?;
-        let node = Node::new(
-            caps,
-            c.overall(),
-            Pool::Local(LocalSlots::new()),
-            None,
-            seed,
-        );
         Ok(Scheduler {
-            node: Arc::new(node),
+            node: Arc::new(Node::local(caps, c.overall(), None, seed)),
         })
     }
 
@@ -217,23 +230,30 @@ impl Scheduler {
             )));
         };
         c.validate()?;
-        let slots = SharedSlots::bind(region, Some(max))?;
-        Scheduler::from_slots(slots, c)
+        let root = SharedRoot::bind(region, Some(max))?;
+        Scheduler::from_root(root, c)
     }
 
     /// Joins the scheduler already initialised in `region`, whatever its max.
     pub fn attach(region: &Region) -> Result<Scheduler> {
-        let slots = SharedSlots::bind(region, None)?;
-        Scheduler::from_slots(slots, Concurrency::unlimited())
+        let root = SharedRoot::bind(region, None)?;
+        Scheduler::from_root(root, Concurrency::unlimited())
     }
 
-    fn from_slots(slots: SharedSlots, c: Concurrency) -> Result<Scheduler> {
-        let caps = c.with_max(Some(slots.max())).resolve()?;
-        let seed = default_seed() ^ u64::from(slots.owner());
-        let node = Node::new(caps, None, Pool::Shared(Box::new(slots)), None, seed);
+    fn from_root(root: Arc<SharedRoot>, c: Concurrency) -> Result<Scheduler> {
+        let caps = c.with_max(Some(root.slots().max())).resolve()?;
+        let seed = default_seed() ^ u64::from(root.slots().owner());
         Ok(Scheduler {
-            node: Arc::new(node),
+            node: Arc::new(Node::shared(root, caps, seed)),
         })
+    }
+
+    fn root(&self) -> &Node {
+        let mut root = &*self.node;
+        while let Some(p) = root.parent() {
+            root = p;
+        }
+        root
     }
 
     /// Returns now every slot held by dead processes sharing this
@@ -241,19 +261,26 @@ impl Scheduler {
     /// rate, when they find the budget full). Returns (processes reaped,
     /// slots reclaimed). In-process schedulers have nothing to reap.
     pub fn reap(&self) -> Result<(u32, u64)> {
-        let mut root = &self.node;
-        while let Some(p) = root.parent() {
-            root = p;
-        }
-        match root.pool() {
-            Pool::Shared(s) => s.reap(),
-            Pool::Local(_) => Ok((0, 0)),
+        match self.root().level() {
+            Level::Shared(r) => {
+                if r.forked() {
+                    return Err(Error::Forked(
+                        "reap through a handle of the parent process; attach anew in the child"
+                            .into(),
+                    ));
+                }
+                let n = r.slots().reap()?;
+                r.serve_now(false);
+                Ok(n)
+            }
+            Level::Local(_) => Ok((0, 0)),
         }
     }
 
-    /// Reseeds this level's lottery so that a test can replay its
-    /// decisions. `enabled: false` switches the lottery off (strict priority
-    /// within caps; starvation is then possible).
+    /// Reseeds the lottery so that a test can replay its decisions, or
+    /// switches it off (`enabled: false`: strict priority within caps;
+    /// starvation is then possible). For a shared root this is the region's
+    /// lottery: it applies to every process.
     pub fn set_lottery(&self, seed: Option<u64>, enabled: bool) {
         self.node.set_lottery(seed, enabled);
     }
@@ -261,15 +288,100 @@ impl Scheduler {
     /// Blocks until a slot is free at `priority`.
     ///
     /// Errors: [`Error::Disposed`] if the scheduler is (or becomes) disposed,
-    /// [`Error::ZeroConcurrency`] at once if nothing can ever be admitted.
+    /// [`Error::ZeroConcurrency`] at once if nothing can ever be admitted,
+    /// [`Error::Forked`] in a forked child.
+    #[inline(always)]
     pub fn acquire(&self, priority: Priority) -> Result<Permit<'_>> {
-        self.acquire_until(priority, None)
+        if let Some(slots) = self.node.fast_root(priority) {
+            return Ok(self.permit(slots, priority));
+        }
+        self.acquire_slow(priority)
+    }
+
+    #[inline(never)]
+    fn acquire_slow(&self, priority: Priority) -> Result<Permit<'_>> {
+        if self.node.parent().is_some() {
+            if let Some(slots) = self.fast_chain(priority, 1) {
+                return Ok(self.permit(slots, priority));
+            }
+        }
+        self.acquire_chain(priority, 1, None)
+    }
+
+    /// Every level's fast path, leaf to root, without a lock or an
+    /// allocation; on the first refusal the levels taken are given back and
+    /// `None` sends the caller to the slow path.
+    fn fast_chain(&self, priority: Priority, n: u32) -> Option<Slots> {
+        let mut node = &*self.node;
+        let mut taken = 0usize;
+        let got = loop {
+            if node.forked() {
+                break None;
+            }
+            match node.fast(priority, n) {
+                Some(s) => match node.parent() {
+                    None => break Some(s),
+                    Some(p) => {
+                        taken += 1;
+                        node = p;
+                    }
+                },
+                None => break None,
+            }
+        };
+        if got.is_none() {
+            let mut node = &*self.node;
+            for _ in 0..taken {
+                node.release_level(&Slots::counted(n));
+                node = node.parent().expect("a taken level has a parent");
+            }
+        }
+        got
     }
 
     /// Like [`acquire`](Self::acquire), giving up with [`Error::Timeout`]
-    /// after `timeout`. A timed-out wait leaves no count behind.
+    /// after `timeout` (any `Duration`; one too long to represent waits
+    /// forever). A timed-out wait leaves no count behind.
     pub fn acquire_timeout(&self, priority: Priority, timeout: Duration) -> Result<Permit<'_>> {
-        self.acquire_until(priority, Some(Instant::now() + timeout))
+        self.acquire_chain(priority, 1, deadline_after(timeout))
+    }
+
+    /// A weighted acquire: blocks until `n` units of the budget are free at
+    /// `priority`, and takes them all at once (never some of them; two
+    /// weighted waiters cannot deadlock). `n` must be 1..=max (else
+    /// [`Error::InvalidArgument`] naming both).
+    pub fn acquire_many(&self, priority: Priority, n: u32) -> Result<Permit<'_>> {
+        Scheduler::check_n(n)?;
+        self.acquire_chain(priority, n, None)
+    }
+
+    /// Like [`acquire_many`](Self::acquire_many), giving up after `timeout`.
+    pub fn acquire_many_timeout(
+        &self,
+        priority: Priority,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Permit<'_>> {
+        Scheduler::check_n(n)?;
+        self.acquire_chain(priority, n, deadline_after(timeout))
+    }
+
+    /// Takes `n` units only if they are free at `priority` now and nothing
+    /// waits at that priority or above; never queues.
+    pub fn try_acquire_many(&self, priority: Priority, n: u32) -> Option<Permit<'_>> {
+        if n == 0 {
+            return None;
+        }
+        self.try_chain(priority, n)
+    }
+
+    fn check_n(n: u32) -> Result<()> {
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "acquire of 0 slots: n must be at least 1".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Like [`acquire`](Self::acquire), but the permit owns a handle to the
@@ -294,36 +406,42 @@ impl Scheduler {
         self.try_acquire(priority).map(Permit::into_owned)
     }
 
-    /// Takes a slot only if one is free at `priority` now and nothing is
-    /// queued at that priority; never queues.
+    /// Takes a slot only if one is free at `priority` now and nothing waits
+    /// at that priority or above (in any process, for a shared root: dead
+    /// waiters are reaped first); never queues.
+    #[inline(always)]
     pub fn try_acquire(&self, priority: Priority) -> Option<Permit<'_>> {
-        let leaf = &self.node;
-        if leaf.check_usable().is_err() {
-            return None;
+        if let Some(s) = self.node.fast_root(priority) {
+            return Some(self.permit(s, priority));
         }
-        // Fast path for a root: one CAS.
-        if leaf.parent().is_none() {
-            let ticket = leaf.try_level(priority)?;
-            return Some(Permit {
-                sched: self,
-                ticket,
-                priority,
-            });
+        self.try_slow(priority)
+    }
+
+    #[inline(never)]
+    fn try_slow(&self, priority: Priority) -> Option<Permit<'_>> {
+        let leaf = &*self.node;
+        if let (Level::Local(_), None) = (leaf.level(), leaf.parent()) {
+            return None; // the fast path was the whole answer
         }
+        self.try_chain(priority, 1)
+    }
+
+    #[inline]
+    fn permit(&self, slots: Slots, priority: Priority) -> Permit<'_> {
+        Permit {
+            sched: self,
+            slots: slots.at(priority),
+        }
+    }
+
+    fn try_chain(&self, priority: Priority, n: u32) -> Option<Permit<'_>> {
         let mut taken: Vec<&Node> = Vec::new();
-        let mut cur = Some(&**leaf);
+        let mut cur = Some(&*self.node);
         while let Some(node) = cur {
-            if node.check_usable().is_err() {
-                break;
-            }
-            match node.try_level(priority) {
-                Some(ticket) => {
+            match node.try_level(priority, n) {
+                Some(slots) => {
                     if node.parent().is_none() {
-                        return Some(Permit {
-                            sched: self,
-                            ticket,
-                            priority,
-                        });
+                        return Some(self.permit(slots, priority));
                     }
                     taken.push(node);
                     cur = node.parent().map(|p| &**p);
@@ -332,44 +450,37 @@ impl Scheduler {
             }
         }
         for node in taken.iter().rev() {
-            node.release_level(0);
+            node.release_level(&Slots::counted(n));
         }
         None
     }
 
-    fn acquire_until(&self, priority: Priority, deadline: Option<Instant>) -> Result<Permit<'_>> {
-        let leaf = &self.node;
-        if leaf.parent().is_none() {
-            let ticket = leaf.acquire_level(priority, deadline, Vec::new())?;
-            return Ok(Permit {
-                sched: self,
-                ticket,
-                priority,
-            });
-        }
+    #[inline(never)]
+    fn acquire_chain(
+        &self,
+        priority: Priority,
+        n: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Permit<'_>> {
         // Check every level first: a zero max or a disposed ancestor fails
         // at once rather than after queueing below it.
         let mut chain: Vec<&Node> = Vec::new();
-        let mut cur = Some(&**leaf);
+        let mut cur = Some(&*self.node);
         while let Some(node) = cur {
-            node.check_usable()?;
+            node.check_usable(n)?;
             chain.push(node);
             cur = node.parent().map(|p| &**p);
         }
         let mut via = Vec::new();
         for (i, node) in chain.iter().enumerate() {
-            match node.acquire_level(priority, deadline, via.clone()) {
-                Ok(ticket) if i == chain.len() - 1 => {
-                    return Ok(Permit {
-                        sched: self,
-                        ticket,
-                        priority,
-                    });
+            match node.acquire_level(priority, n, deadline, via.clone()) {
+                Ok(slots) if i == chain.len() - 1 => {
+                    return Ok(self.permit(slots, priority));
                 }
                 Ok(_) => via.push(node.id()),
                 Err(e) => {
                     for taken in chain[..i].iter().rev() {
-                        taken.release_level(0);
+                        taken.release_level(&Slots::counted(n));
                     }
                     return Err(e);
                 }
@@ -381,7 +492,7 @@ impl Scheduler {
     /// An async acquire that works with any executor (no runtime
     /// dependency). Dropping the future before it completes removes its
     /// queued place and leaves no count behind; use your runtime's timeout
-    /// to bound the wait.
+    /// to bound the wait. `.await?.into_owned()` gives a `'static` permit.
     ///
     /// ```
     /// # use shmsched::scheduler::Scheduler;
@@ -392,7 +503,12 @@ impl Scheduler {
     /// # Ok(()) }
     /// ```
     pub fn acquire_async(&self, priority: Priority) -> Acquire<'_> {
-        Acquire::new(self, priority)
+        Acquire::new(self, priority, 1)
+    }
+
+    /// The async form of [`acquire_many`](Self::acquire_many).
+    pub fn acquire_many_async(&self, priority: Priority, n: u32) -> Acquire<'_> {
+        Acquire::new(self, priority, n)
     }
 
     /// Acquires at `priority`, runs `f`, releases (also if `f` panics).
@@ -406,16 +522,15 @@ impl Scheduler {
     /// the chain wins. Children nest. `Concurrency::unlimited()` adds no
     /// local cap.
     pub fn child(&self, concurrency: impl Into<Concurrency>) -> Result<Scheduler> {
-        self.node.check_usable().or_else(|e| match e {
+        self.node.check_usable(1).or_else(|e| match e {
             Error::ZeroConcurrency => Ok(()),
             e => Err(e),
         })?;
         let c = concurrency.into();
         let caps = c.resolve()?;
-        let node = Arc::new(Node::new(
+        let node = Arc::new(Node::local(
             caps,
             c.overall(),
-            Pool::Local(LocalSlots::new()),
             Some(self.node.clone()),
             default_seed() ^ self.node.id(),
         ));
@@ -426,7 +541,8 @@ impl Scheduler {
     /// Disposes this scheduler and its children: queued waiters get
     /// [`Error::Disposed`], later calls fail at once. Permits still held
     /// keep their slots until they drop, so the cap is never exceeded; a
-    /// child's slots then go back to its parent.
+    /// child's slots then go back to its parent. Disposing a handle on a
+    /// shared region affects this handle only, not other processes.
     pub fn dispose(&self) {
         self.node.dispose();
     }
@@ -451,14 +567,14 @@ impl Scheduler {
         }
     }
 
-    /// Slots held right now across everyone sharing this scheduler's root
-    /// (all processes, for a region). Cheap: no syscall, no allocation.
+    /// Units held right now across everyone sharing this scheduler's root
+    /// (all processes, for a region; counted from the slot table there).
     pub fn global_running(&self) -> u32 {
-        let mut root = &self.node;
-        while let Some(p) = root.parent() {
-            root = p;
+        let root = self.root();
+        match root.level() {
+            Level::Shared(r) => r.slots().occupied(),
+            Level::Local(_) => root.running().min(u64::from(u32::MAX)) as u32,
         }
-        root.pool_running()
     }
 
     /// A snapshot of gauges and counters.

@@ -1,126 +1,83 @@
-//! The scheduling policy, written once for every home.
+//! One level of a scheduler tree: the policy, written once for every home.
 //!
-//! A [`Node`] is one level of a scheduler tree: the root (in process memory
-//! or in a region) or a child that adds a local cap on top of its parent.
-//! Each level has a slot [`Pool`], seven FIFO queues and a [`Lottery`].
-//!
-//! **Admission at one level.** A task at priority `p` takes the fast path
-//! (one CAS, no lock, no syscall) only when nothing is queued at `p` in this
-//! level, nobody waits in another process (region mode), and fewer than
-//! `cap[p]` tasks run. Otherwise it queues at `p` and sleeps.
-//!
-//! **Dispatch.** Whenever a slot may have become usable (a release, an
-//! enqueue, a wake-up in region mode) the level's lock is taken and the
-//! lottery picks a backlogged tier; the front waiter of that tier gets a slot
-//! taken on its behalf and is woken already holding it (a hand-off: nobody
-//! can steal it between the wake and the run). In a region, a non-lottery
-//! pick first defers to a higher-priority waiter in another process whose
-//! cap admits it: that process is woken instead, so priorities hold across
-//! processes.
-//!
-//! **A chain** (child → … → root) is acquired leaf first; each level is
+//! A [`Node`] is a root (in process memory, or a handle on a root shared
+//! through a region) or a child that adds a local cap on top of its
+//! parent. A chain (child → … → root) is acquired leaf first; each level is
 //! released if a later level fails (timeout, dispose), so a failed acquire
-//! leaves no count behind anywhere.
+//! leaves no count behind anywhere, and released leaf first.
 //!
-//! **Ordering.** A releaser returns its slot (SeqCst RMW) and then reads the
-//! queued mask (SeqCst); an enqueuer sets the mask (SeqCst RMW) and then
-//! tries to take a slot. One of the two sees the other, so a waiter is never
-//! left queued next to a free slot.
+//! # An in-process level
+//!
+//! Its whole fast-path state is one word ([`LocalState`]): the running
+//! count, a bit per tier with queued waiters, and a disposed bit. An
+//! acquire at priority `p` is one CAS that checks "not disposed, nothing
+//! queued at `p` or above, running + n ≤ cap\[p\]" and adds `n`; a release is
+//! one CAS that subtracts, taken only while nothing is queued. Otherwise
+//! the caller takes the level's lock: a waiter queues at `p` (FIFO) and sets
+//! its tier's bit; a releaser keeps its units *in hand* and runs dispatch,
+//! which draws the lottery ([`lottery`](super::lottery)) and hands units
+//! straight to the picked tier's front waiter, so no fresh caller can take
+//! a freed unit ahead of the lottery. Because the queued bits and the count
+//! are one word, a releaser and an enqueuer always see each other: a
+//! waiter is never left queued next to a free unit.
+//!
+//! # A shared root
+//!
+//! A handle on the process's [`SharedRoot`]: the fast path checks the
+//! region's gate and takes cells; waiting, ordering and fairness across
+//! processes are the root's (see `root.rs`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::lottery::Lottery;
-use super::pool::LocalSlots;
-use super::shared::SharedSlots;
+use super::root::{above, SharedRoot};
 use super::stats::{QueueStats, SchedulerStats};
-use super::waiter::{Waiter, FAILED, GRANTED, WAITING};
+use super::waiter::{Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
+use crate::region::registry::GATE_STRICT;
 use crate::stall::StallClock;
 use crate::sys::fork::fork_generation;
-use crate::sys::futex::{futex_wait, futex_wake, WaitResult};
-
-/// In region mode a sleeping waiter wakes at least this often to run
-/// dispatch itself and, if the budget is full, to look for dead holders.
-pub(crate) const BACKSTOP: Duration = Duration::from_millis(50);
+use crate::sys::futex::futex_wait;
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The pump loop (see [`Node::ensure_pump`]).
-fn pump(weak: Weak<Node>) {
-    loop {
-        let Some(node) = weak.upgrade() else { return };
-        let Pool::Shared(s) = &node.pool else { return };
-        if node.async_waiting.load(Ordering::SeqCst) == 0 || node.is_disposed() {
-            node.pump_running.store(false, Ordering::SeqCst);
-            // A waiter may have queued between the check and the store.
-            if node.async_waiting.load(Ordering::SeqCst) == 0
-                || node.pump_running.swap(true, Ordering::SeqCst)
-            {
-                return;
-            }
-        }
-        let seq = s.my_futex().load(Ordering::SeqCst);
-        node.dispatch(None);
-        if s.running() >= node.max {
-            s.maybe_reap();
-        }
-        s.sleep(seq, BACKSTOP);
-    }
+const RUNNING: u64 = 0xffff_ffff;
+const QUEUED_SHIFT: u32 = 32;
+const QUEUED_ALL: u64 = 0x7f << QUEUED_SHIFT;
+const DISPOSED: u64 = 1 << 39;
+
+/// Queued bits of tiers at or above `tier`, in the state word.
+#[inline(always)]
+const fn queued_from(tier: usize) -> u64 {
+    QUEUED_ALL & !((1u64 << (QUEUED_SHIFT as usize + tier)) - 1)
+}
+
+/// An in-process level's fast-path word: running (bits 0..32), queued
+/// tiers (32..39), disposed (39).
+#[derive(Debug)]
+pub(crate) struct LocalState {
+    state: AtomicU64,
 }
 
 /// Where a level's slots come from.
 #[derive(Debug)]
-pub(crate) enum Pool {
-    /// A counter in process memory.
-    Local(LocalSlots),
-    /// The slot table of a region.
-    Shared(Box<SharedSlots>),
-}
-
-impl Pool {
-    #[inline]
-    fn try_take(&self, limit: u32) -> Option<u32> {
-        match self {
-            Pool::Local(l) => l.try_take(limit).then_some(0),
-            Pool::Shared(s) => s.try_take(limit),
-        }
-    }
-
-    #[inline]
-    fn give(&self, ticket: u32) {
-        match self {
-            Pool::Local(l) => l.give(),
-            Pool::Shared(s) => s.give(ticket),
-        }
-    }
-
-    #[inline]
-    fn running(&self) -> u32 {
-        match self {
-            Pool::Local(l) => l.running(),
-            Pool::Shared(s) => s.running(),
-        }
-    }
-
-    #[inline]
-    fn anyone_waiting(&self) -> bool {
-        match self {
-            Pool::Local(_) => false,
-            Pool::Shared(s) => s.anyone_waiting(),
-        }
-    }
+pub(crate) enum Level {
+    /// A count in process memory, with queues in the node.
+    Local(LocalState),
+    /// A root shared through a region.
+    Shared(Arc<SharedRoot>),
 }
 
 #[derive(Debug)]
 struct Inner {
     queues: [VecDeque<Arc<Waiter>>; LEVELS],
-    counters: [QueueStats; LEVELS],
     lottery: Lottery,
     children: Vec<Weak<Node>>,
+    next_seq: u32,
 }
 
 impl Inner {
@@ -144,62 +101,74 @@ pub(crate) struct Node {
     /// Overall max at this level (`u32::MAX` = unlimited).
     max: u32,
     configured: Option<u32>,
-    pool: Pool,
+    level: Level,
     parent: Option<Arc<Node>>,
-    /// Bit `i` set while tier `i`'s queue is non-empty (read on the fast path).
-    queued: AtomicU32,
     disposed: AtomicBool,
-    /// Time during which at least one task waited here.
-    stall: StallClock,
-    /// Async waiters queued here (region mode: the pump runs while > 0).
-    async_waiting: AtomicU32,
-    /// True while this node's pump thread runs.
-    pump_running: AtomicBool,
     fork_gen: u64,
+    counters: Arc<Counters>,
+    /// Time during which at least one task waited here (its waiters).
+    stall: StallClock,
+    waiting: AtomicU64,
     inner: Mutex<Inner>,
 }
 
 impl Node {
-    pub fn new(
+    fn build(
         caps: [u32; LEVELS],
+        max: u32,
         configured: Option<u32>,
-        pool: Pool,
+        level: Level,
         parent: Option<Arc<Node>>,
         seed: u64,
     ) -> Node {
-        let max = match &pool {
-            Pool::Shared(s) => s.max().min(configured.unwrap_or(u32::MAX)),
-            Pool::Local(_) => configured.unwrap_or(u32::MAX),
-        };
         Node {
             id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
             caps: caps.map(|c| c.min(max)),
             max,
             configured,
-            pool,
+            level,
             parent,
-            queued: AtomicU32::new(0),
             disposed: AtomicBool::new(false),
-            stall: StallClock::new(),
-            async_waiting: AtomicU32::new(0),
-            pump_running: AtomicBool::new(false),
             fork_gen: {
                 // Without the handler, a fork would go unnoticed (ENOMEM only).
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
+            counters: Arc::new(Counters::default()),
+            stall: StallClock::new(),
+            waiting: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 queues: Default::default(),
-                counters: Default::default(),
                 lottery: Lottery::new(seed),
                 children: Vec::new(),
+                next_seq: 0,
             }),
         }
     }
 
+    /// An in-process level (a root, or a child when `parent` is given).
+    pub fn local(
+        caps: [u32; LEVELS],
+        configured: Option<u32>,
+        parent: Option<Arc<Node>>,
+        seed: u64,
+    ) -> Node {
+        let max = configured.unwrap_or(u32::MAX);
+        let level = Level::Local(LocalState {
+            state: AtomicU64::new(0),
+        });
+        Node::build(caps, max, configured, level, parent, seed)
+    }
+
+    /// A handle on a shared root with this handle's caps.
+    pub fn shared(root: Arc<SharedRoot>, caps: [u32; LEVELS], seed: u64) -> Node {
+        let max = root.slots().max();
+        Node::build(caps, max, Some(max), Level::Shared(root), None, seed)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Nothing panics while holding this lock; if a panic ever did, the
-        // queues are still structurally valid, so keep going.
+        // Nothing panics while holding this lock (wakers run after it); if
+        // something ever did, the queues are still structurally valid.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -215,12 +184,8 @@ impl Node {
         self.parent.as_ref()
     }
 
-    pub fn pool_running(&self) -> u32 {
-        self.pool.running()
-    }
-
-    pub fn pool(&self) -> &Pool {
-        &self.pool
+    pub fn level(&self) -> &Level {
+        &self.level
     }
 
     pub fn is_disposed(&self) -> bool {
@@ -228,7 +193,7 @@ impl Node {
     }
 
     /// True when this handle was inherited across `fork`.
-    #[inline]
+    #[inline(always)]
     pub fn forked(&self) -> bool {
         self.fork_gen != fork_generation()
     }
@@ -243,11 +208,8 @@ impl Node {
         Ok(())
     }
 
-    /// Checks that this level can ever admit anything.
-    pub fn check_usable(&self) -> Result<()> {
-        if self.is_disposed() {
-            return Err(Error::Disposed);
-        }
+    /// Checks that this level can ever admit `n` units.
+    pub fn check_usable(&self, n: u32) -> Result<()> {
         if self.forked() {
             return Err(Error::Forked(
                 "a Scheduler belongs to the process that created it; in a forked child, \
@@ -255,388 +217,499 @@ impl Node {
                     .into(),
             ));
         }
+        if self.is_disposed() {
+            return Err(Error::Disposed);
+        }
         if self.max == 0 {
             return Err(Error::ZeroConcurrency);
+        }
+        if n > self.max {
+            return Err(Error::InvalidArgument(format!(
+                "acquire of {n} slots can never be admitted: the max is {}",
+                self.max
+            )));
         }
         Ok(())
     }
 
-    #[inline]
-    fn take(&self, limit: u32) -> Option<u32> {
-        self.pool.try_take(limit)
+    // ---- fast paths ----------------------------------------------------------
+
+    /// The fast path of a root-only acquire of one unit, inlined into the
+    /// caller: `None` sends it to the slow path (always, for a child).
+    ///
+    /// An in-process root does not check for `fork` here: its state is
+    /// process memory, which a forked child owns a copy of, so taking a free
+    /// unit of that copy is the child's own business; only waiting (which
+    /// could wait for a parent's thread that does not exist in the child)
+    /// fails with [`Error::Forked`], on the slow path.
+    #[inline(always)]
+    pub fn fast_root(&self, p: Priority) -> Option<Slots> {
+        match &self.level {
+            Level::Local(st) if self.parent.is_none() => self.local_take(st, p.index(), 1),
+            Level::Shared(root) if !self.forked() => self.shared_fast(root, p.index(), 1),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    fn local_take(&self, st: &LocalState, tier: usize, n: u32) -> Option<Slots> {
+        let block = DISPOSED | queued_from(tier);
+        let cap = u64::from(self.caps[tier]);
+        let mut s = st.state.load(Ordering::Relaxed);
+        loop {
+            if s & block != 0 || (s & RUNNING) + u64::from(n) > cap {
+                return None;
+            }
+            match st.state.compare_exchange_weak(
+                s,
+                s + u64::from(n),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(Slots::counted(n)),
+                Err(cur) => s = cur,
+            }
+        }
+    }
+
+    /// The fast path of a root-only release, inlined into the permit's drop:
+    /// false sends it to the chain's release.
+    #[inline(always)]
+    pub fn release_fast(&self, slots: &Slots) -> bool {
+        if self.parent.is_some() {
+            return false;
+        }
+        match (&self.level, slots.view()) {
+            (Level::Local(st), SlotsView::Counted(n)) => {
+                let n = u64::from(n);
+                let mut s = st.state.load(Ordering::Relaxed);
+                while s & QUEUED_ALL == 0 {
+                    match st.state.compare_exchange_weak(
+                        s,
+                        s - n,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return true,
+                        Err(cur) => s = cur,
+                    }
+                }
+                false
+            }
+            (Level::Shared(root), _) => {
+                // In a forked child the units are the parent's: keep them.
+                if !self.forked() {
+                    root.release(slots);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The fast path: no lock, no syscall. `None` means "go slow".
-    #[inline]
-    pub fn try_fast(&self, p: Priority) -> Option<u32> {
-        if self.is_disposed()
-            || self.queued.load(Ordering::SeqCst) & (1 << p.index()) != 0
-            || self.pool.anyone_waiting()
+    #[inline(always)]
+    pub fn fast(&self, p: Priority, n: u32) -> Option<Slots> {
+        let tier = p.index();
+        match &self.level {
+            Level::Local(st) => self.local_take(st, tier, n),
+            Level::Shared(root) => self.shared_fast(root, tier, n),
+        }
+    }
+
+    #[inline(never)]
+    fn shared_fast(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
+        // Barging within a tier is allowed (bounded: see root.rs); waiters
+        // above, a strict hand-off or a disposed handle send the caller to
+        // the slow path.
+        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0
+            || self.disposed.load(Ordering::Relaxed)
         {
             return None;
         }
-        self.take(self.caps[p.index()])
+        root.take(n, self.caps[tier])
     }
 
-    /// A non-blocking acquire that respects queued work and, in a region,
-    /// higher-priority waiters elsewhere.
-    pub fn try_level(&self, p: Priority) -> Option<u32> {
-        if let Some(t) = self.try_fast(p) {
-            return Some(t);
-        }
-        let inner = self.lock();
-        if self.is_disposed() || !inner.queues[p.index()].is_empty() {
+    /// A non-blocking acquire at this level: respects queued work (here
+    /// and, for a shared root, in every process).
+    pub fn try_level(&self, p: Priority, n: u32) -> Option<Slots> {
+        if self.check_usable(n).is_err() {
             return None;
         }
-        if let Pool::Shared(s) = &self.pool {
-            if s.defer_to(p.index(), s.running()).is_some() {
-                return None;
-            }
+        match &self.level {
+            Level::Local(_) => self.fast(p, n),
+            Level::Shared(root) => root.try_take(p.index(), n, self.caps[p.index()]),
         }
-        self.take(self.caps[p.index()])
     }
+
+    /// Returns units taken at this level: straight to a queued waiter if
+    /// there is one, else to the pool.
+    #[inline(always)]
+    pub fn release_level(&self, slots: &Slots) {
+        match &self.level {
+            Level::Local(st) => {
+                let n = u64::from(slots.len());
+                let mut s = st.state.load(Ordering::Relaxed);
+                loop {
+                    if s & QUEUED_ALL != 0 {
+                        return self.release_slow(slots.len());
+                    }
+                    match st.state.compare_exchange_weak(
+                        s,
+                        s - n,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return,
+                        Err(cur) => s = cur,
+                    }
+                }
+            }
+            Level::Shared(root) => root.release(slots),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, n: u32) {
+        let mut out = Wakeups::default();
+        {
+            let mut inner = self.lock();
+            self.dispatch_local(&mut inner, n, &mut out);
+        }
+        out.wake_local();
+    }
+
+    // ---- waiting -------------------------------------------------------------
 
     /// Blocking acquire at this level.
     pub fn acquire_level(
         &self,
         p: Priority,
+        n: u32,
         deadline: Option<Instant>,
         via: Vec<u64>,
-    ) -> Result<u32> {
-        self.check_usable()?;
-        if let Some(t) = self.try_fast(p) {
-            return Ok(t);
+    ) -> Result<Slots> {
+        self.check_usable(n)?;
+        if let Some(s) = self.fast(p, n) {
+            return Ok(s);
         }
-        let waiter = self.enqueue(p, via, false)?;
-        self.wait(&waiter, deadline)
+        let w = self.enqueue(p, n, via, false)?;
+        self.wait(&w, deadline)
     }
 
     /// Queues a waiter at `p` and runs dispatch (which may grant it at once).
-    pub fn enqueue(&self, p: Priority, via: Vec<u64>, is_async: bool) -> Result<Arc<Waiter>> {
-        let waiter = Arc::new(Waiter::new(p, via, is_async));
-        let target = {
-            let mut inner = self.lock();
-            if self.is_disposed() {
-                return Err(Error::Disposed);
+    pub fn enqueue(
+        &self,
+        p: Priority,
+        n: u32,
+        mut via: Vec<u64>,
+        is_async: bool,
+    ) -> Result<Arc<Waiter>> {
+        via.push(self.id);
+        let tier = p.index();
+        let cap = self.caps[tier];
+        let w = match &self.level {
+            Level::Shared(root) => root.enqueue(
+                &self.disposed,
+                p,
+                n,
+                cap,
+                via,
+                self.counters.clone(),
+                is_async,
+            )?,
+            Level::Local(st) => {
+                let mut out = Wakeups::default();
+                let w = {
+                    let mut inner = self.lock();
+                    if self.is_disposed() {
+                        return Err(Error::Disposed);
+                    }
+                    let seq = inner.next_seq;
+                    inner.next_seq = seq.wrapping_add(1);
+                    let w = Arc::new(Waiter::new(
+                        p,
+                        n,
+                        cap,
+                        seq,
+                        via,
+                        self.counters.clone(),
+                        is_async,
+                    ));
+                    inner.queues[tier].push_back(w.clone());
+                    self.counters.deferred(tier);
+                    st.state
+                        .fetch_or(1 << (QUEUED_SHIFT as usize + tier), Ordering::SeqCst);
+                    self.dispatch_local(&mut inner, 0, &mut out);
+                    w
+                };
+                out.wake_local();
+                w
             }
-            let tier = p.index();
-            inner.queues[tier].push_back(waiter.clone());
-            inner.counters[tier].deferred += 1;
-            if is_async {
-                self.async_waiting.fetch_add(1, Ordering::SeqCst);
-            }
-            self.queued.fetch_or(1 << tier, Ordering::SeqCst);
-            self.stall.update(|| true);
-            if let Pool::Shared(s) = &self.pool {
-                s.publish_waiting(tier, 1, self.caps[tier]);
-            }
-            self.dispatch_locked(&mut inner, None).0
         };
-        self.wake_remote(target);
-        Ok(waiter)
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.stall.update(|| true);
+        Ok(w)
     }
 
-    fn wake_remote(&self, target: Option<u32>) {
-        if let (Some(idx), Pool::Shared(s)) = (target, &self.pool) {
-            s.wake_process(idx);
+    /// Book-keeping once an async waiter queued here is done (granted or
+    /// failed, seen by its future).
+    pub fn waited_async(&self) {
+        self.waited();
+    }
+
+    /// Book-keeping once a waiter queued through this handle is done.
+    fn waited(&self) {
+        if self.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.stall
+                .update(|| self.waiting.load(Ordering::SeqCst) > 0);
         }
     }
 
-    /// Hands free slots to queued waiters, by the lottery's picks.
-    ///
-    /// `in_hand` is a slot a releaser passes straight on: it is never put
-    /// back in the pool while someone waits, so a fresh fast-path caller
-    /// cannot take it ahead of the lottery. Returns a process to wake when a
-    /// higher-priority waiter elsewhere should get a slot instead, and the
-    /// in-hand slot if nobody here could use it.
-    fn dispatch_locked(
-        &self,
-        inner: &mut Inner,
-        mut in_hand: Option<u32>,
-    ) -> (Option<u32>, Option<u32>) {
-        let mut granted_shared = false;
-        let mut defer = None;
+    /// Blocks until `w` is granted, failed, or `deadline` passes.
+    pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
+        let r = match &self.level {
+            Level::Shared(root) => root.wait(w, deadline),
+            Level::Local(_) => loop {
+                match w.state() {
+                    GRANTED => break Ok(w.take_slots()),
+                    FAILED => break Err(Error::Disposed),
+                    _ => {}
+                }
+                let timeout = match deadline {
+                    Some(d) => {
+                        let now = Instant::now();
+                        if now >= d {
+                            break self.cancel_local(w);
+                        }
+                        Some(d - now)
+                    }
+                    None => None,
+                };
+                futex_wait(&w.state, WAITING, timeout);
+            },
+        };
+        self.waited();
+        r
+    }
+
+    /// Removes a waiter whose deadline passed (or whose future was
+    /// dropped), unless a grant beat it: then its slots come back as `Ok`.
+    pub fn cancel(&self, w: &Arc<Waiter>) -> Result<Slots> {
+        let r = match &self.level {
+            Level::Shared(root) => root.cancel(w),
+            Level::Local(_) => self.cancel_local(w),
+        };
+        self.waited();
+        r
+    }
+
+    fn cancel_local(&self, w: &Arc<Waiter>) -> Result<Slots> {
+        let mut out = Wakeups::default();
+        let r = {
+            let mut inner = self.lock();
+            match w.state() {
+                GRANTED => return Ok(w.take_slots()),
+                FAILED => return Err(Error::Disposed),
+                _ => {}
+            }
+            let tier = w.tier();
+            if let Some(pos) = inner.queues[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
+                inner.queues[tier].remove(pos);
+                self.left_local(&inner, w, true);
+            }
+            w.fail();
+            // The waiter behind it may fit now (a weighted one left, say).
+            self.dispatch_local(&mut inner, 0, &mut out);
+            Err(Error::Timeout)
+        };
+        out.wake_local();
+        r
+    }
+
+    fn left_local(&self, inner: &Inner, w: &Waiter, cancelled: bool) {
+        let tier = w.tier();
+        w.counters.left(tier, cancelled);
+        if inner.queues[tier].is_empty() {
+            if let Level::Local(st) = &self.level {
+                st.state
+                    .fetch_and(!(1 << (QUEUED_SHIFT as usize + tier)), Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Hands units to queued waiters by the lottery's picks. `in_hand`
+    /// units are being released by the caller: they go to waiters first and
+    /// only what is left returns to the count.
+    fn dispatch_local(&self, inner: &mut Inner, mut in_hand: u32, out: &mut Wakeups) {
+        let Level::Local(st) = &self.level else {
+            return;
+        };
         loop {
             let backlogged = inner.backlogged();
             if backlogged == 0 {
                 break;
             }
-            // The in-hand slot is being freed: it does not count as running.
-            let running = self
-                .pool
-                .running()
-                .saturating_sub(u32::from(in_hand.is_some()));
+            let running = (st.state.load(Ordering::SeqCst) & RUNNING) as u32 - in_hand;
             let mut admissible = 0u8;
-            for (i, &cap) in self.caps.iter().enumerate() {
-                if running < cap {
-                    admissible |= 1 << i;
+            for (t, q) in inner.queues.iter().enumerate() {
+                if let Some(f) = q.front() {
+                    if u64::from(running) + u64::from(f.need) <= u64::from(self.caps[t]) {
+                        admissible |= 1 << t;
+                    }
                 }
             }
             let Some(pick) = inner.lottery.pick(backlogged, admissible) else {
                 break;
             };
-            if let (false, Pool::Shared(s)) = (pick.lottery, &self.pool) {
-                if let Some(idx) = s.defer_to(pick.tier, running) {
-                    defer = Some(idx);
-                    break;
+            let w = inner.queues[pick.tier].front().expect("backlogged").clone();
+            let limit = u64::from(if pick.lottery {
+                self.max
+            } else {
+                self.caps[pick.tier]
+            });
+            let used = in_hand.min(w.need);
+            let extra = u64::from(w.need - used);
+            // Take what the in-hand units do not cover, against the limit.
+            let mut s = st.state.load(Ordering::SeqCst);
+            let took = loop {
+                let now_running = (s & RUNNING) - u64::from(in_hand);
+                if now_running + u64::from(w.need) > limit {
+                    break false;
                 }
-            }
-            let ticket = match in_hand.take() {
-                Some(t) => t,
-                None => {
-                    let limit = if pick.lottery {
-                        self.max
-                    } else {
-                        self.caps[pick.tier]
-                    };
-                    match self.take(limit) {
-                        Some(t) => t,
-                        None => break,
-                    }
+                if extra == 0 {
+                    break true;
+                }
+                match st.state.compare_exchange_weak(
+                    s,
+                    s + extra,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break true,
+                    Err(cur) => s = cur,
                 }
             };
-            let w = inner.queues[pick.tier]
-                .pop_front()
-                .expect("tier is backlogged");
-            self.leave_queue(inner, &w, false);
-            w.ticket.store(ticket, Ordering::Relaxed);
-            w.state.store(GRANTED, Ordering::Release);
-            self.notify(&w, &mut granted_shared);
-        }
-        if granted_shared {
-            if let Pool::Shared(s) = &self.pool {
-                s.notify_mine();
+            if !took {
+                break;
             }
+            in_hand -= used;
+            inner.queues[pick.tier].pop_front();
+            self.left_local(inner, &w, false);
+            w.grant(Slots::counted(w.need));
+            out.add(&w, false);
         }
-        (defer, in_hand)
-    }
-
-    /// Runs dispatch under the lock and acts on its answer.
-    fn dispatch(&self, in_hand: Option<u32>) {
-        let (target, leftover) = {
-            let mut inner = self.lock();
-            self.dispatch_locked(&mut inner, in_hand)
-        };
-        if let Some(t) = leftover {
-            self.give(t);
-        }
-        self.wake_remote(target);
-    }
-
-    /// Puts one slot back in the pool.
-    #[inline]
-    fn give(&self, ticket: u32) {
-        self.pool.give(ticket);
-    }
-
-    /// Wakes whoever waits on `w`: its task, or its thread (in a region,
-    /// threads sleep on the process's futex word: `batch` asks the caller
-    /// to wake it once after the loop).
-    fn notify(&self, w: &Waiter, batch: &mut bool) {
-        if w.is_async {
-            w.wake_task();
-            return;
-        }
-        match &self.pool {
-            Pool::Local(_) => {
-                futex_wake(&w.state, 1);
-            }
-            Pool::Shared(_) => *batch = true,
+        if in_hand > 0 {
+            st.state.fetch_sub(u64::from(in_hand), Ordering::SeqCst);
         }
     }
 
-    /// Book-keeping for a waiter that just left its tier's queue.
-    fn leave_queue(&self, inner: &mut Inner, w: &Waiter, cancelled: bool) {
-        let tier = w.priority.index();
-        if w.is_async {
-            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-        inner.counters[tier].completed += 1;
-        if cancelled {
-            inner.counters[tier].cancelled += 1;
-        }
-        if inner.queues[tier].is_empty() {
-            self.queued.fetch_and(!(1 << tier), Ordering::SeqCst);
-            let backlogged = inner.backlogged() != 0;
-            self.stall.update(|| backlogged);
-        }
-        if let Pool::Shared(s) = &self.pool {
-            s.publish_waiting(tier, -1, self.caps[tier]);
+    /// Async waiters at a shared root need the process's helper thread.
+    pub fn ensure_helper(&self) {
+        if let Level::Shared(root) = &self.level {
+            root.ensure_helper();
         }
     }
 
-    fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<u32> {
-        loop {
-            match w.state() {
-                GRANTED => return Ok(w.ticket.load(Ordering::Relaxed)),
-                FAILED => return Err(Error::Disposed),
-                _ => {}
-            }
-            let remaining = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return self.cancel(w);
-                    }
-                    Some(d - now)
-                }
-                None => None,
-            };
-            match &self.pool {
-                Pool::Local(_) => {
-                    // Wake now and then to run dispatch: a tier capped below
-                    // the running count gets lottery draws even when nothing
-                    // else happens.
-                    let nap = remaining.map_or(BACKSTOP, |r| r.min(BACKSTOP));
-                    if futex_wait(&w.state, WAITING, Some(nap)) == WaitResult::TimedOut {
-                        self.dispatch(None);
-                    }
-                }
-                Pool::Shared(s) => {
-                    let seq = s.my_futex().load(Ordering::SeqCst);
-                    self.dispatch(None);
-                    if w.state() != WAITING {
-                        continue;
-                    }
-                    if s.running() >= self.max {
-                        s.maybe_reap();
-                    }
-                    let nap = remaining.map_or(BACKSTOP, |r| r.min(BACKSTOP));
-                    s.sleep(seq, nap);
-                }
-            }
-        }
-    }
-
-    /// Removes a waiter whose deadline passed (or whose future was
-    /// dropped), unless a grant beat it: then the slot is returned as `Ok`.
-    pub fn cancel(&self, w: &Arc<Waiter>) -> Result<u32> {
-        let mut inner = self.lock();
-        match w.state() {
-            GRANTED => return Ok(w.ticket.load(Ordering::Relaxed)),
-            FAILED => return Err(Error::Disposed),
-            _ => {}
-        }
-        let tier = w.priority.index();
-        if let Some(pos) = inner.queues[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
-            inner.queues[tier].remove(pos);
-            self.leave_queue(&mut inner, w, true);
-        }
-        w.state.store(FAILED, Ordering::Release);
-        drop(inner);
-        Err(Error::Timeout)
-    }
-
-    /// Returns one slot taken at this level: straight to a queued waiter if
-    /// there is one, else to the pool.
-    #[inline]
-    pub fn release_level(&self, ticket: u32) {
-        if self.queued.load(Ordering::SeqCst) != 0 {
-            self.dispatch(Some(ticket));
-        } else {
-            self.give(ticket);
-            // A waiter may have queued between the check and the give; it
-            // set the mask before trying to take, so one of us sees the other.
-            if self.queued.load(Ordering::SeqCst) != 0 {
-                self.dispatch(None);
-            }
-        }
-        if let Pool::Shared(s) = &self.pool {
-            s.wake_after_release();
-        }
-    }
+    // ---- dispose, lottery, stats ------------------------------------------------
 
     /// Disposes this level and its descendants: queued waiters fail with
-    /// [`Error::Disposed`], later calls fail at once. Slots held by live
+    /// [`Error::Disposed`], later calls fail at once. Units held by live
     /// permits stay held until those permits drop (the hard cap stays hard).
     pub fn dispose(self: &Arc<Node>) {
-        if self.disposed.swap(true, Ordering::AcqRel) {
+        if self.forked() || self.disposed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Level::Local(st) = &self.level {
+            st.state.fetch_or(DISPOSED, Ordering::SeqCst);
         }
         let children = std::mem::take(&mut self.lock().children);
         for c in children.iter().filter_map(Weak::upgrade) {
             c.dispose();
         }
-        self.fail_where(|_| true);
+        let id = self.id;
+        self.fail_where(&|w: &Waiter| w.via.contains(&id));
         let mut up = self.parent.clone();
         while let Some(a) = up {
-            a.fail_where(|w| w.via.contains(&self.id));
+            a.fail_where(&|w: &Waiter| w.via.contains(&id));
             up = a.parent.clone();
         }
     }
 
     /// Fails and removes every queued waiter matching `pred`.
-    fn fail_where(&self, pred: impl Fn(&Waiter) -> bool) {
-        let mut inner = self.lock();
-        let mut failed_shared = false;
-        for tier in 0..LEVELS {
-            let mut i = 0;
-            while i < inner.queues[tier].len() {
-                if !pred(&inner.queues[tier][i]) {
-                    i += 1;
-                    continue;
+    fn fail_where(&self, pred: &dyn Fn(&Waiter) -> bool) {
+        match &self.level {
+            Level::Shared(root) => root.fail_where(pred),
+            Level::Local(_) => {
+                let mut out = Wakeups::default();
+                {
+                    let mut inner = self.lock();
+                    for tier in 0..LEVELS {
+                        let mut i = 0;
+                        while i < inner.queues[tier].len() {
+                            if !pred(&inner.queues[tier][i]) {
+                                i += 1;
+                                continue;
+                            }
+                            let w = inner.queues[tier].remove(i).expect("index in range");
+                            self.left_local(&inner, &w, true);
+                            w.fail();
+                            out.add(&w, false);
+                        }
+                    }
+                    self.dispatch_local(&mut inner, 0, &mut out);
                 }
-                let w = inner.queues[tier].remove(i).expect("index in range");
-                self.leave_queue(&mut inner, &w, true);
-                w.state.store(FAILED, Ordering::Release);
-                self.notify(&w, &mut failed_shared);
+                out.wake_local();
             }
-        }
-        drop(inner);
-        if let (true, Pool::Shared(s)) = (failed_shared, &self.pool) {
-            s.notify_mine();
-        }
-    }
-
-    /// In region mode, async waiters have no thread of their own to notice
-    /// a release in another process: one pump thread per node and process
-    /// sleeps on the process's futex word while async waiters are queued,
-    /// and runs dispatch when woken (which wakes the granted tasks).
-    pub fn ensure_pump(self: &Arc<Node>) {
-        if !matches!(self.pool, Pool::Shared(_)) || self.pump_running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("shmsched-pump".into())
-            .spawn(move || pump(weak));
-        if spawned.is_err() {
-            // No thread: async waiters still get slots handed over by local
-            // releases; cross-process wakes wait for the next local event.
-            self.pump_running.store(false, Ordering::Release);
         }
     }
 
     /// Reseeds the lottery, or switches it off (`enabled` false: strict
-    /// priority within caps).
+    /// priority within caps). A shared root's lottery is the region's.
     pub fn set_lottery(&self, seed: Option<u64>, enabled: bool) {
-        let mut inner = self.lock();
-        if let Some(seed) = seed {
-            inner.lottery = Lottery::new(seed);
+        if self.forked() {
+            return;
         }
-        inner.lottery.enabled = enabled;
+        match &self.level {
+            Level::Shared(root) => root.slots().reg().set_lottery(seed, enabled),
+            Level::Local(_) => {
+                let mut inner = self.lock();
+                if let Some(seed) = seed {
+                    inner.lottery = Lottery::new(seed);
+                }
+                inner.lottery.enabled = enabled;
+            }
+        }
+    }
+
+    /// Units held at this level (in-process: the count; shared: this
+    /// process's cells).
+    pub fn running(&self) -> u64 {
+        match &self.level {
+            Level::Local(st) => st.state.load(Ordering::SeqCst) & RUNNING,
+            Level::Shared(root) => u64::from(root.held_here()),
+        }
     }
 
     pub fn stats(&self) -> SchedulerStats {
-        let inner = self.lock();
-        let mut queues = inner.counters;
+        let c = &self.counters;
+        let mut queues = [QueueStats::default(); LEVELS];
         let mut total = QueueStats::default();
-        for (q, queue) in queues.iter_mut().zip(inner.queues.iter()) {
-            q.count = queue.len() as u64;
+        for (t, q) in queues.iter_mut().enumerate() {
+            q.deferred = c.deferred[t].load(Ordering::Relaxed);
+            q.completed = c.completed[t].load(Ordering::Relaxed);
+            q.cancelled = c.cancelled[t].load(Ordering::Relaxed);
+            q.count = q.deferred.saturating_sub(q.completed);
             total.add(q);
         }
-        drop(inner);
-        let (running, shared) = match &self.pool {
-            Pool::Local(l) => (l.running() as u64, None),
-            // Cells this process owns (one scan; stats are not a hot path).
-            Pool::Shared(s) => (u64::from(s.held_by(s.owner())), Some(s.stats())),
+        let shared = match &self.level {
+            Level::Shared(root) if !self.forked() => Some(root.slots().stats()),
+            _ => None,
         };
         SchedulerStats {
-            running,
-            concurrency: self.configured.or(match &self.pool {
-                Pool::Shared(s) => Some(s.max()),
-                Pool::Local(_) => None,
-            }),
+            running: if self.forked() { 0 } else { self.running() },
+            concurrency: self.configured,
             pending: total.count,
             total,
             stall_ns: self.stall.total_ns(),

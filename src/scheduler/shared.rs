@@ -1,138 +1,115 @@
 //! The Scheduler's home in a region: a slot table whose cells record their
-//! owner, written by the same CAS that takes the capacity.
+//! owner, written by the same CAS that takes the capacity, and an exact,
+//! cheap running count beside it.
 //!
-//! **Layout** (object area of a `Scheduler` region, all fixed offsets):
-//! `[SchedHeader][waiting-process bitmap: 64 words][owner cells: max × u32]`,
-//! each part 128-byte aligned.
+//! **Layout** (object area of a `Scheduler` region, revision 3, all fixed
+//! offsets): `[wait registry: 1,280 bytes][SchedHeader: 128][cells: max ×
+//! u32]` (see [`registry`](crate::region::registry) for the first part).
 //!
-//! **Taking a slot** is one instruction: `CAS(owner[c], 0 → my owner id)` on
-//! a free cell. The hard cap is the number of cells (no counter can be raced
+//! **Taking a slot** is one instruction: `CAS(cell, 0 → my owner id)` on a
+//! free cell. The hard cap is the number of cells (no counter can be raced
 //! past it) and ownership is recorded by the very instruction that takes
-//! the capacity.
+//! the capacity. **Giving it back** is `CAS(cell, my id → 0)`. A process
+//! killed between any two instructions leaves each cell either free or
+//! holding its id, so the reaper frees exactly the cells whose owner is the
+//! dead process: no slot is leaked or freed twice.
 //!
-//! **Releasing** is one instruction too: `CAS(owner[c], my id → 0)` (an RMW,
-//! so it is also the full barrier that orders it before the release's read
-//! of the waiting bitmap). A process that dies at any point leaves each of
-//! its cells either free or holding its id, never anything ambiguous, so the
-//! reaper frees exactly the cells whose owner is the dead process. No slot
-//! is leaked or freed twice.
+//! **Running.** Each process counts the cells it holds in a word of its own
+//! process entry (`held`, written only by its own threads): `+n` *before*
+//! it takes cells, `−n` *after* it gives them back. The region's running
+//! count is the sum over the member processes, O(processes) and never
+//! O(max). A process killed between the count and the cell leaves the sum
+//! one too high (never too low) until it is reaped, when its entry and its
+//! count go away together: right or repairable at reap, as the design asks.
+//! Capped admissions take a small cap lock around "sum, compare, take", so
+//! two of them never both see the same count.
 //!
-//! **Running** is the number of non-zero cells: exact at quiescence, never
-//! above `max`. It is counted only where a per-priority cap below `max`
-//! needs it (before and after a claim: two racing claimers can both see the
-//! cap reached and both back off, never both stay above it), in dispatch
-//! and in stats; an uncapped fast path never counts.
+//! **Counting only when asked.** Keeping `held` costs two locked
+//! instructions per acquire and release. A region whose users set no
+//! per-priority cap below the max never needs the sum, so counting starts
+//! only when some policy first needs it (a capped admission, a capped
+//! waiter to rank, a full table to detect): that caller sets the gate's
+//! [`GATE_COUNTING`] bit, for good. A cell taken while counting carries
+//! [`COUNTED`] (bit 31; owner ids are 31 bits) and its `+1` in `held`; one
+//! taken before carries neither and is given back without touching `held`.
+//! A taker that did not count re-reads the gate after its CAS and, if
+//! counting started meanwhile, counts its cells then; the starter sets the
+//! bit before it scans the cells. One of the two sees the other, so after
+//! the first scan that finds no uncounted cell (recorded in the header) the
+//! sum is exact; until then the uncounted cells are added from a scan.
 //!
-//! **Waiting across processes.** Each process entry's `obj[t]` word holds its
-//! waiter count at tier `t` (low 32 bits) and its cap for that tier (high 32
-//! bits), written only by that process under its scheduler lock; a
-//! waiting-process bitmap has bit `i` set while process `i` has waiters. A
-//! releaser wakes the process holding the highest-priority admissible
-//! waiter, on that process's own futex word. A dispatching process defers to
-//! such a waiter elsewhere instead of serving its own lower tier (lottery
-//! picks aside). The fast path is closed while anyone waits anywhere.
-//!
-//! **Dead processes** are found by the region's kernel-backed liveness locks
-//! when a waiter finds the budget full or naps without progress (at most one
-//! scan per [`REAP_INTERVAL_MS`] region-wide), or by an explicit reap.
+//! **Finding a free cell** starts at a per-process hint (the cell it last
+//! gave back) and looks at a few cells; if they are taken it asks the
+//! running count whether any cell is free before scanning further, so a
+//! full table costs O(processes) per attempt, not O(max).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::stats::SharedStats;
+use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::priority::LEVELS;
-use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region, Waiters};
-use crate::stall::StallClock;
-use crate::sys::clock::monotonic_ms;
-use std::time::Duration;
+use crate::region::registry::{Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 2;
+const OBJECT_REV: u64 = 3;
 
-/// Process slots covered by the waiting-process bitmap (the region's limit).
-const WAITING_BITS: usize = 4096;
-const WAITING_WORDS: usize = WAITING_BITS / 64;
+/// Process-entry word holding the cells this process holds (`held`).
+const HELD: usize = OBJ_FREE;
 
-// Waiter counts use obj[0..LEVELS]; the sleeper count sits above them.
-const _: () = assert!(crate::region::SLEEPERS >= LEVELS);
+/// Cells looked at from the hint before consulting the running count.
+const NEAR_SCAN: usize = 8;
 
-/// Minimum time between two scans for dead processes, region-wide.
-pub const REAP_INTERVAL_MS: u64 = 20;
+/// Cell bit (and bit of a cell number held by a permit): this cell is
+/// counted in its owner's `held`.
+pub(crate) const COUNTED: u32 = 1 << 31;
 
-/// The scheduler's own header at the start of the object area.
+/// The scheduler's own header, after the registry.
 #[repr(C, align(128))]
 struct SchedHeader {
     /// Global max; written once at initialisation.
     max: AtomicU32,
-    /// Reserved (0).
-    _reserved: AtomicU32,
-    _pad0: [u32; 2],
+    /// The cap lock: 0, or the owner id of the process admitting a capped
+    /// task (see [`SharedSlots::take_capped`]).
+    cap_lock: AtomicU32,
     /// Counter: cells freed on behalf of dead processes.
     reclaimed: AtomicU64,
-    /// Counter: dead processes reaped.
-    reaped: AtomicU64,
-    /// Monotonic ms of the last dead-process scan (rate limit).
-    last_reap_ms: AtomicU64,
-    /// Region-wide stall time: at least one task waiting, in any process.
-    stall: StallClock,
-    _pad1: [u64; 9],
+    /// 1 once a scan after counting started found no uncounted cell.
+    all_counted: AtomicU32,
+    _pad0: AtomicU32,
+    _pad: [u64; 13],
 }
 
 const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
 
-fn round128(n: usize) -> usize {
-    n.div_ceil(128) * 128
-}
+const HEADER_OFF: usize = REGISTRY_SIZE;
+const CELLS_OFF: usize = HEADER_OFF + 128;
 
-#[derive(Debug, Clone, Copy)]
-struct Layout {
-    waiting_off: usize,
-    owners_off: usize,
-    size: usize,
-}
-
-fn layout(max: u32) -> Layout {
-    let waiting_off = 128;
-    let owners_off = waiting_off + round128(WAITING_WORDS * 8);
-    let size = owners_off + round128(max as usize * 4).max(128);
-    Layout {
-        waiting_off,
-        owners_off,
-        size,
-    }
+fn object_size(max: u32) -> usize {
+    CELLS_OFF + (max as usize * 4).div_ceil(128).max(1) * 128
 }
 
 fn spec_params(max: u32) -> [u64; 8] {
     [u64::from(max), OBJECT_REV, 0, 0, 0, 0, 0, 0]
 }
 
-fn init_object(max: u32, bytes: &mut [u8]) {
-    // The area arrives zeroed: all cells free, no waiters, counters 0.
-    bytes[0..4].copy_from_slice(&max.to_ne_bytes());
-}
-
 /// A bound shared slot table, as seen by one registered process.
 #[derive(Debug)]
 pub(crate) struct SharedSlots {
-    map: Arc<Mapping>,
-    me: ProcId,
+    reg: Registry,
     max: u32,
     base: *mut u8,
-    layout: Layout,
-    /// Waiting-bitmap words in use: the region's process slots / 64, so a
-    /// fast path reads 2 words for the default 128 processes, not 64.
-    pwords: usize,
-    /// Where this process starts looking for a free cell (spreads contention).
+    /// Where this process starts looking for a free cell.
     hint: AtomicU32,
 }
 
-// SAFETY: `base` points into the mapping owned by `map`, which lives as long
-// as `self`; every access through it is to atomics, so sharing across
-// threads is sound.
+// SAFETY: `base` points into the mapping owned by the registry's `Arc`,
+// which lives as long as `self`; every access through it is to atomics, so
+// sharing across threads is sound.
 unsafe impl Send for SharedSlots {}
 // SAFETY: as above: only atomic accesses through `base`.
 unsafe impl Sync for SharedSlots {}
@@ -150,11 +127,14 @@ impl SharedSlots {
         }
         let map = match max {
             Some(m) => {
-                let init = move |b: &mut [u8]| init_object(m, b);
+                let init = move |b: &mut [u8]| {
+                    // The area arrives zeroed: all cells free, no waiters.
+                    b[HEADER_OFF..HEADER_OFF + 4].copy_from_slice(&m.to_ne_bytes());
+                };
                 let spec = ObjectSpec {
                     kind: ObjectKind::Scheduler,
                     params: spec_params(m),
-                    object_size: layout(m).size,
+                    object_size: object_size(m),
                     init: &init,
                 };
                 region.bind(ObjectKind::Scheduler, Some(&spec))?
@@ -181,40 +161,19 @@ impl SharedSlots {
                     params[0]
                 ))
             })?;
-        let l = layout(max);
-        if map.object_len() < l.size {
+        if map.object_len() < object_size(max) {
             return Err(Error::BadRegion(format!(
                 "scheduler object area is {} bytes, max {max} needs {}",
                 map.object_len(),
-                l.size
+                object_size(max)
             )));
         }
         let base = map.object_ptr();
-        if base as usize % 128 != 0 {
-            return Err(Error::BadRegion(
-                "scheduler object area is not 128-byte aligned".into(),
-            ));
-        }
         let mut s = SharedSlots {
-            map,
-            me: ProcId { idx: 0, owner: 0 },
+            reg: Registry::view(map)?,
             max,
             base,
-            layout: l,
-            pwords: WAITING_WORDS,
             hint: AtomicU32::new(0),
-        };
-        s.pwords = (s.map.process_slots() as usize)
-            .div_ceil(64)
-            .clamp(1, WAITING_WORDS);
-        s.me = match s.map.me() {
-            Err(Error::ProcessTableFull { .. }) => {
-                // Dead processes may still hold entries: return what they
-                // held, free their entries, and try once more.
-                s.reap()?;
-                s.map.me()?
-            }
-            r => r?,
         };
         let hmax = s.header().max.load(Ordering::Relaxed);
         if hmax != max {
@@ -222,41 +181,47 @@ impl SharedSlots {
                 "scheduler header says max {hmax}; the region header says max {max}"
             )));
         }
+        // Dead processes may still hold every entry: return what they held,
+        // free their entries, and try again.
+        let me = {
+            let view = &s;
+            let mut release = |idx: u32, owner: u32| {
+                view.release_dead(idx, owner);
+            };
+            s.reg.mapping().me_reaping(&mut release)?
+        };
+        s.reg.join(me);
         if max > 0 {
             s.hint
-                .store(s.me.idx.wrapping_mul(7) % max, Ordering::Relaxed);
+                .store(me.idx.wrapping_mul(7) % max, Ordering::Relaxed);
         }
         Ok(s)
     }
 
     fn header(&self) -> &SchedHeader {
-        // SAFETY: `base` is 128-aligned, the object area is at least
-        // `layout.size` bytes (checked in `from_mapping`) and starts with a
-        // SchedHeader made only of atomics and padding; the mapping outlives
-        // `self`.
-        unsafe { &*(self.base as *const SchedHeader) }
+        // SAFETY: the object area holds at least `object_size(max)` bytes
+        // (checked in `from_mapping`), it is 128-aligned (the registry
+        // checked it) so HEADER_OFF is too, and SchedHeader is only atomics
+        // and padding, valid for any bits; the mapping outlives `self`.
+        unsafe { &*(self.base.add(HEADER_OFF) as *const SchedHeader) }
     }
 
-    fn waiting(&self) -> &[AtomicU64] {
-        // SAFETY: `pwords` (≤ WAITING_WORDS) u64s at `waiting_off` lie inside
-        // the checked object area, 8-aligned.
+    #[inline]
+    fn cells(&self) -> &[AtomicU32] {
+        // SAFETY: `max` u32s at CELLS_OFF lie inside the checked object area,
+        // 4-aligned; atomics are valid for any bits.
         unsafe {
             std::slice::from_raw_parts(
-                self.base.add(self.layout.waiting_off) as *const AtomicU64,
-                self.pwords,
-            )
-        }
-    }
-
-    fn owners(&self) -> &[AtomicU32] {
-        // SAFETY: `max` u32s at `owners_off` lie inside the checked object
-        // area, 4-aligned.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.layout.owners_off) as *const AtomicU32,
+                self.base.add(CELLS_OFF) as *const AtomicU32,
                 self.max as usize,
             )
         }
+    }
+
+    /// The wait registry of this region.
+    #[inline]
+    pub fn reg(&self) -> &Registry {
+        &self.reg
     }
 
     /// The region's global max.
@@ -266,48 +231,184 @@ impl SharedSlots {
 
     /// This process's owner id in the region.
     pub fn owner(&self) -> u32 {
-        self.me.owner
+        self.reg.me().owner
     }
 
     /// The mapping this table lives in.
     pub fn mapping(&self) -> &Arc<Mapping> {
-        &self.map
+        self.reg.mapping()
     }
 
-    /// Slots held across all processes (counts the non-zero cells).
     #[inline]
-    pub fn running(&self) -> u32 {
-        self.owners()
-            .iter()
-            .filter(|c| c.load(Ordering::SeqCst) != 0)
-            .count() as u32
+    fn held(&self) -> &AtomicU64 {
+        self.reg.my_word(HELD)
     }
 
-    /// Claims a free cell iff fewer than `limit` slots are held.
+    /// True once the region keeps an exact running count.
     #[inline]
-    pub fn try_take(&self, limit: u32) -> Option<u32> {
-        let capped = limit < self.max;
-        if capped && self.running() >= limit {
-            return None;
+    fn counting(&self) -> bool {
+        self.reg.gate() & GATE_COUNTING != 0
+    }
+
+    /// Takes `n` cells (all or none) for this process. The slots carry
+    /// [`COUNTED`] on each cell number if they are counted in `held`.
+    #[inline]
+    pub fn take(&self, n: u32) -> Option<Slots> {
+        let counting = self.counting();
+        let tag = if counting { COUNTED } else { 0 };
+        let owner = self.owner() | tag;
+        if counting {
+            self.held().fetch_add(u64::from(n), Ordering::SeqCst);
         }
-        let owners = self.owners();
-        let n = owners.len();
-        let start = self.hint.load(Ordering::Relaxed) as usize;
-        for k in 0..n {
-            let c = (start + k) % n;
-            if owners[c].load(Ordering::Relaxed) != 0 {
-                continue;
+        let got = if n == 1 {
+            self.take_cell(owner).map(|c| Slots::one(c | tag))
+        } else {
+            self.take_cells(owner, n).and_then(|mut cs| {
+                cs.iter_mut().for_each(|c| *c |= tag);
+                let back = cs.clone();
+                Slots::many(cs).or_else(|| {
+                    for c in back {
+                        self.free_cell(c & !COUNTED, owner & !COUNTED, tag);
+                    }
+                    None
+                })
+            })
+        };
+        match got {
+            None => {
+                if counting {
+                    self.held().fetch_sub(u64::from(n), Ordering::SeqCst);
+                }
+                None
             }
-            if owners[c]
-                .compare_exchange(0, self.me.owner, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
-            {
-                if capped && self.running() > limit {
-                    // Raced past a per-priority cap: back off.
-                    self.give(c as u32);
+            // Counting started between the gate read and the CAS: count now
+            // (see the module docs).
+            Some(s) if !counting && self.counting() => Some(self.count_now(s)),
+            Some(s) => Some(s),
+        }
+    }
+
+    #[cold]
+    fn count_now(&self, mut s: Slots) -> Slots {
+        let owner = self.owner();
+        self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
+        let mark = |c: u32| {
+            if let Some(cell) = self.cells().get(c as usize) {
+                let _ = cell.compare_exchange(
+                    owner,
+                    owner | COUNTED,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                );
+            }
+            c | COUNTED
+        };
+        if let SlotsView::One(c) = s.view() {
+            s.set_one(mark(c));
+        } else if let Some(cs) = s.many_mut() {
+            cs.iter_mut().for_each(|c| *c = mark(*c));
+        }
+        s
+    }
+
+    #[cold]
+    fn take_cells(&self, owner: u32, n: u32) -> Option<Vec<u32>> {
+        // `owner` may carry COUNTED; cell numbers come back untagged.
+        let mut got = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            match self.take_cell(owner) {
+                Some(c) => got.push(c),
+                None => {
+                    for c in got {
+                        self.free_cell(c, owner & !COUNTED, owner & COUNTED);
+                    }
                     return None;
                 }
-                // A released cell is the likeliest free one next time.
+            }
+        }
+        Some(got)
+    }
+
+    /// Takes `need` cells iff the running count plus `need` stays within
+    /// `cap` (a per-priority cap below the max). Capped admissions take the
+    /// region's cap lock, so two of them never both see the same count;
+    /// uncapped takes do not need it (a capped admission that saw room is
+    /// ordered before them). The lock's holder is recorded by owner id: a
+    /// process that dies holding it is found dead by the next contender and
+    /// the lock taken over (the critical section changes nothing that needs
+    /// repair: `held` and the cells are exact on their own).
+    pub fn take_capped(&self, need: u32, cap: u32) -> Option<Slots> {
+        let lock = &self.header().cap_lock;
+        let me = self.owner();
+        let mut spins = 0u32;
+        loop {
+            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        if holder != me
+                            && !self.reg.owner_alive(holder)
+                            && lock
+                                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                                .is_ok()
+                        {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+        let r = if self.running() + u64::from(need) <= u64::from(cap) {
+            self.take(need)
+        } else {
+            None
+        };
+        lock.store(0, Ordering::Release);
+        r
+    }
+
+    #[inline]
+    fn take_cell(&self, owner: u32) -> Option<u32> {
+        let cells = self.cells();
+        let n = cells.len();
+        let start = self.hint.load(Ordering::Relaxed) as usize;
+        let start = if start < n { start } else { 0 };
+        // The hint first: the cell this process gave back last.
+        match cells.get(start) {
+            Some(c)
+                if c.load(Ordering::Relaxed) == 0
+                    && c.compare_exchange(0, owner, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok() =>
+            {
+                Some(start as u32)
+            }
+            Some(_) => self.scan_for_cell(owner, start),
+            None => None,
+        }
+    }
+
+    #[inline(never)]
+    fn scan_for_cell(&self, owner: u32, start: usize) -> Option<u32> {
+        let cells = self.cells();
+        let n = cells.len();
+        let mut c = start;
+        for k in 1..n {
+            c += 1;
+            if c == n {
+                c = 0;
+            }
+            if k == NEAR_SCAN && self.running() >= u64::from(self.max) {
+                return None; // full (or about to be): no O(max) scan
+            }
+            if cells[c].load(Ordering::Relaxed) == 0
+                && cells[c]
+                    .compare_exchange(0, owner, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
                 self.hint.store(c as u32, Ordering::Relaxed);
                 return Some(c as u32);
             }
@@ -315,238 +416,156 @@ impl SharedSlots {
         None
     }
 
-    /// Frees cell `cell`, which this process holds. One RMW: it also orders
-    /// the release before the caller's read of the waiting bitmap. A cell
-    /// that is not ours (the region was scribbled on) is left alone.
     #[inline]
-    pub fn give(&self, cell: u32) {
-        let Some(owner) = self.owners().get(cell as usize) else {
-            debug_assert!(false, "cell {cell} out of range");
-            return;
-        };
-        let _ = owner.compare_exchange(self.me.owner, 0, Ordering::SeqCst, Ordering::Relaxed);
-    }
-
-    /// True if anyone waits, in any process (this one included: several
-    /// schedulers of one process share its registration).
-    #[inline]
-    pub fn anyone_waiting(&self) -> bool {
-        self.waiters().anyone()
-    }
-
-    fn waiters(&self) -> Waiters<'_> {
-        Waiters::new(self.waiting())
-    }
-
-    /// Publishes a change of this process's waiter count at `tier`.
-    ///
-    /// All schedulers of a process bound through one `Region` share one
-    /// registration, so the word is updated with a CAS, and the waiting bit
-    /// is re-checked after a clear (a concurrent increment may have raced
-    /// it).
-    pub fn publish_waiting(&self, tier: usize, delta: i32, cap: u32) {
-        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
-            return;
-        };
-        let word = &entry.obj[tier];
-        let mut old = word.load(Ordering::SeqCst);
-        loop {
-            let count = ((old & 0xffff_ffff) as i64 + i64::from(delta)).max(0) as u64;
-            let new = (u64::from(cap) << 32) | count;
-            match word.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => break,
-                Err(now) => old = now,
-            }
+    fn free_cell(&self, cell: u32, owner: u32, tag: u32) {
+        // A cell that is not ours (the region was scribbled on) is left alone.
+        if let Some(c) = self.cells().get(cell as usize) {
+            let _ = c.compare_exchange(owner | tag, 0, Ordering::SeqCst, Ordering::Relaxed);
         }
-        let any = || {
-            entry.obj[..LEVELS]
-                .iter()
-                .any(|w| w.load(Ordering::SeqCst) & 0xffff_ffff != 0)
-        };
-        self.waiters().mark(self.me.idx, any);
-        self.header().stall.update(|| self.anyone_waiting());
     }
 
-    /// The other process holding the best waiter above `tier` that its cap
-    /// admits at `running`, if any (`tier` None: any tier).
-    fn best_waiting(&self, above: Option<usize>, running: u32) -> Option<u32> {
-        let mut best: Option<(usize, u32)> = None;
-        for idx in self.waiters().each().filter(|&i| i != self.me.idx) {
-            // `proc_entry` refuses an index beyond the process table.
-            let Ok(entry) = self.map.proc_entry(idx) else {
-                continue;
-            };
-            let from = above.map_or(0, |t| t + 1);
-            for t in (from..LEVELS).rev() {
-                let x = entry.obj[t].load(Ordering::SeqCst);
-                let (count, cap) = (x & 0xffff_ffff, (x >> 32) as u32);
-                if count > 0 && running < cap {
-                    if best.is_none_or(|(bt, _)| t > bt) {
-                        best = Some((t, idx));
-                    }
-                    break;
+    /// Gives back slots this process holds. The cell CAS is a SeqCst RMW:
+    /// it orders the release before the caller's read of the gate.
+    #[inline]
+    pub fn give(&self, slots: &Slots) {
+        let owner = self.owner();
+        match slots.view() {
+            SlotsView::One(c) => {
+                let cell = c & !COUNTED;
+                self.free_cell(cell, owner, c & COUNTED);
+                self.hint.store(cell, Ordering::Relaxed);
+                if c & COUNTED != 0 {
+                    self.held().fetch_sub(1, Ordering::SeqCst);
                 }
             }
-        }
-        best.map(|(_, idx)| idx)
-    }
-
-    /// Another process whose waiter should get a slot before this process's
-    /// waiter at `tier`.
-    pub fn defer_to(&self, tier: usize, running: u32) -> Option<u32> {
-        if !self.anyone_waiting() {
-            return None;
-        }
-        self.best_waiting(Some(tier), running)
-    }
-
-    /// After a release: wake the process with the best admissible waiter
-    /// (this process too, for its other schedulers' waiters).
-    #[inline]
-    pub fn wake_after_release(&self) {
-        if !self.anyone_waiting() {
-            return;
-        }
-        let running = self.running();
-        match self.best_waiting(None, running) {
-            Some(idx) => self.wake_process(idx),
-            None => {
-                if self.mine_waiting(running) {
-                    self.notify_mine();
+            SlotsView::Many(cs) => {
+                let mut counted = 0;
+                for &c in cs.iter() {
+                    self.free_cell(c & !COUNTED, owner, c & COUNTED);
+                    counted += u64::from(c >> 31);
+                }
+                if counted > 0 {
+                    self.held().fetch_sub(counted, Ordering::SeqCst);
                 }
             }
+            SlotsView::Counted(_) => {}
         }
     }
 
-    /// True if this process has an admissible waiter (another scheduler
-    /// handle of this process may be the one that can use a freed slot).
-    fn mine_waiting(&self, running: u32) -> bool {
-        let Ok(entry) = self.map.proc_entry(self.me.idx) else {
-            return false;
-        };
-        entry.obj[..LEVELS].iter().any(|w| {
-            let x = w.load(Ordering::SeqCst);
-            x & 0xffff_ffff != 0 && running < (x >> 32) as u32
-        })
-    }
-
-    /// Wakes every waiter of process `idx` (they re-run dispatch); no
-    /// syscall when nobody sleeps there.
-    pub fn wake_process(&self, idx: u32) {
-        self.map.wake_process(idx);
-    }
-
-    /// Sleeps on this process's futex word until woken or `nap` passes,
-    /// unless the word moved past `seq` already.
-    pub fn sleep(&self, seq: u32, nap: Duration) {
-        self.map.sleep_on(self.me.idx, seq, nap);
-    }
-
-    /// The futex word this process's waiters sleep on.
-    pub fn my_futex(&self) -> &AtomicU32 {
-        match self.map.proc_entry(self.me.idx) {
-            Ok(e) => &e.futex,
-            // `me.idx` was validated at registration; unreachable in practice.
-            Err(_) => &self.header().max,
+    /// Slots held across all processes: the sum of the members' `held`
+    /// counts (O(processes); at worst one too high per process caught
+    /// between its count and its cell). Starts counting if the region did
+    /// not count yet; until every cell taken before that is given back, the
+    /// uncounted ones are added from a scan (see the module docs).
+    pub fn running(&self) -> u64 {
+        if !self.counting() {
+            self.reg.set_counting();
         }
-    }
-
-    /// Wakes this process's own waiters (after a local grant).
-    pub fn notify_mine(&self) {
-        self.wake_process(self.me.idx);
-    }
-
-    /// Scans for dead processes unless another scan ran within
-    /// [`REAP_INTERVAL_MS`].
-    pub fn maybe_reap(&self) {
-        let now = monotonic_ms();
+        let counted = self.reg.sum_members(HELD);
         let h = self.header();
-        let last = h.last_reap_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < REAP_INTERVAL_MS {
-            return;
+        if h.all_counted.load(Ordering::Acquire) != 0 {
+            return counted;
         }
-        if h.last_reap_ms
-            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            let _ = self.reap();
+        let uncounted = self
+            .cells()
+            .iter()
+            .filter(|c| {
+                let v = c.load(Ordering::SeqCst);
+                v != 0 && v & COUNTED == 0
+            })
+            .count() as u64;
+        if uncounted == 0 {
+            h.all_counted.store(1, Ordering::Release);
         }
+        counted + uncounted
+    }
+
+    /// True if every cell is taken: from the running count once the region
+    /// counts, else from a scan (so asking does not start counting).
+    pub fn full(&self) -> bool {
+        if self.counting() {
+            self.running() >= u64::from(self.max)
+        } else {
+            self.occupied() >= self.max
+        }
+    }
+
+    /// Occupied cells, counted one by one (O(max): stats and tools only).
+    pub fn occupied(&self) -> u32 {
+        self.cells()
+            .iter()
+            .filter(|c| c.load(Ordering::Relaxed) != 0)
+            .count() as u32
+    }
+
+    /// Cells held by `owner` now (for tests and the CLI; O(max)).
+    pub fn held_by(&self, owner: u32) -> u32 {
+        self.cells()
+            .iter()
+            .filter(|c| c.load(Ordering::Relaxed) & !COUNTED == owner)
+            .count() as u32
     }
 
     /// Returns every slot of every dead process now. Returns (processes
     /// reaped, slots reclaimed).
     pub fn reap(&self) -> Result<(u32, u64)> {
         let mut slots = 0u64;
-        let procs = self.map.reap_dead(&mut |idx, owner| {
+        let procs = self.reg.reap(&mut |idx, owner| {
             slots += self.release_dead(idx, owner);
         })?;
-        if procs > 0 {
-            let h = self.header();
-            h.reaped.fetch_add(u64::from(procs), Ordering::Relaxed);
-            h.reclaimed.fetch_add(slots, Ordering::Relaxed);
-            // Freed slots and vanished waiters: let every waiting process
-            // re-run its dispatch.
-            for idx in self.waiters().each() {
-                self.wake_process(idx);
-            }
-            self.notify_mine();
+        if slots > 0 {
+            self.header().reclaimed.fetch_add(slots, Ordering::Relaxed);
         }
         Ok((procs, slots))
     }
 
-    /// Frees every cell owned by `owner` (a dead process) and clears its
-    /// waiting state. Returns the number of cells freed.
-    fn release_dead(&self, idx: u32, owner: u32) -> u64 {
+    /// Reaps if a scan is due (rate-limited region-wide).
+    pub fn maybe_reap(&self) -> u64 {
+        let mut slots = 0u64;
+        let _ = self.reg.maybe_reap(&mut |idx, owner| {
+            slots += self.release_dead(idx, owner);
+        });
+        if slots > 0 {
+            self.header().reclaimed.fetch_add(slots, Ordering::Relaxed);
+        }
+        slots
+    }
+
+    /// Frees every cell owned by `owner` (a dead process). Idempotent per
+    /// owner id (a CAS from that id to 0). Returns the number freed.
+    fn release_dead(&self, _idx: u32, owner: u32) -> u64 {
         let mut n = 0;
-        for cell in self.owners() {
-            if cell
-                .compare_exchange(owner, 0, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
+        for cell in self.cells() {
+            let v = cell.load(Ordering::SeqCst);
+            if v != 0
+                && v & !COUNTED == owner
+                && cell
+                    .compare_exchange(v, 0, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
             {
                 n += 1;
             }
         }
-        self.waiters().clear(idx);
-        if let Ok(entry) = self.map.proc_entry(idx) {
-            for w in &entry.obj[..LEVELS] {
-                w.store(0, Ordering::SeqCst);
-            }
-        }
-        self.header().stall.update(|| self.anyone_waiting());
         n
-    }
-
-    /// Cells held by `owner` now (for tests and the CLI).
-    pub fn held_by(&self, owner: u32) -> u32 {
-        self.owners()
-            .iter()
-            .filter(|c| c.load(Ordering::Relaxed) == owner)
-            .count() as u32
     }
 
     /// Region-wide figures.
     pub fn stats(&self) -> SharedStats {
-        let h = self.header();
-        let mut waiters = [0u32; LEVELS];
         let mut processes = 0;
-        if let Ok(procs) = self.map.live_processes() {
-            for p in procs.iter().filter(|p| p.alive) {
-                processes += 1;
-                if let Ok(entry) = self.map.proc_entry(p.idx) {
-                    for (t, w) in waiters.iter_mut().enumerate() {
-                        *w += (entry.obj[t].load(Ordering::Relaxed) & 0xffff_ffff) as u32;
-                    }
-                }
-            }
+        if let Ok(procs) = self.mapping().live_processes() {
+            processes = procs.iter().filter(|p| p.alive).count() as u32;
         }
+        let w = self.reg.waiter_counts();
         SharedStats {
-            running: self.running(),
+            running: self.occupied(),
             max: self.max,
-            waiters,
+            waiters: w.map(|c| c.min(u64::from(u32::MAX)) as u32),
             processes,
-            reclaimed: h.reclaimed.load(Ordering::Relaxed),
-            reaped_processes: h.reaped.load(Ordering::Relaxed),
-            stall_ns: h.stall.total_ns(),
+            reclaimed: self.header().reclaimed.load(Ordering::Relaxed),
+            reaped_processes: self.reg.reaped(),
+            stall_ns: self.reg.stall_ns(),
+            wakes: self.reg.wakes(),
+            fair_handoffs: self.reg.strict_handoffs(),
         }
     }
 }

@@ -50,6 +50,13 @@ pub struct SharedStats {
     /// Counter: nanoseconds during which at least one task waited for a
     /// slot, in any process (PSI "some"), kept exactly at transitions.
     pub stall_ns: u64,
+    /// Counter: futex wake-ups sent to a waiting process that found a
+    /// thread asleep there (one per hand-off to a sleeping waiter).
+    pub wakes: u64,
+    /// Counter: fairness hand-offs: times every fast path was closed so that
+    /// a waiter overtaken for [`FAIR_AFTER`](super::FAIR_AFTER) got the next
+    /// freed slot.
+    pub fair_handoffs: u64,
 }
 
 /// A snapshot of one scheduler. Allocates nothing on the acquire path; built

@@ -1,59 +1,237 @@
-//! A queued task: one per blocked `acquire`, owned jointly by the queue and
-//! the waiting thread.
+//! A queued task, and what a grant hands it.
 //!
-//! The state word is also the futex word the waiting thread sleeps on in
-//! process mode. It moves from `WAITING` to `GRANTED` or `FAILED` exactly
-//! once, always under the owning node's lock, so a timed-out waiter that
-//! takes the lock and still sees `WAITING` can remove itself without racing a
-//! grant.
+//! A [`Waiter`] is owned jointly by its queue and by whoever waits on it (a
+//! blocked thread, or an async task through its future). Its state moves
+//! from `WAITING` to `GRANTED` or `FAILED` exactly once, always under the
+//! lock of the queue it sits in, so a timed-out waiter that takes that lock
+//! and still sees `WAITING` can remove itself without racing a grant.
+//!
+//! Wakers are never called under a lock: the code that finishes a waiter
+//! collects what to wake in a [`Wakeups`] and wakes after unlocking, so a
+//! waker that re-enters the scheduler (or panics) cannot deadlock it or
+//! leave it half-updated.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::task::Waker;
 
-use crate::priority::Priority;
+use crate::priority::{Priority, LEVELS};
 
 pub(crate) const WAITING: u32 = 0;
 pub(crate) const GRANTED: u32 = 1;
 pub(crate) const FAILED: u32 = 2;
 
+/// The slots a grant hands over at a scheduler's root, and the priority
+/// they were taken at, packed in one word (a permit is two words, so it
+/// travels in registers):
+///
+/// - `Counted(n)`: `n` units of an in-process count;
+/// - `One(cell)`: one region cell (the common case), with
+///   [`COUNTED`](super::shared::COUNTED) if it is counted in `held`;
+/// - `Many(cells)`: several region cells (a weighted acquire), boxed.
+///
+/// Bits 0..57 hold the payload (a count, a cell, or the box's address:
+/// Linux user-space addresses fit in 57 bits), 57..60 the priority, 60..62
+/// the kind.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Slots(u64);
+
+const PAYLOAD: u64 = (1 << 57) - 1;
+const PRIO_SHIFT: u32 = 57;
+const KIND_SHIFT: u32 = 60;
+const KIND_COUNTED: u64 = 0;
+const KIND_ONE: u64 = 1;
+const KIND_MANY: u64 = 2;
+
+/// A view of [`Slots`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SlotsView<'a> {
+    /// Units of an in-process count.
+    Counted(u32),
+    /// One region cell number (maybe tagged `COUNTED`).
+    One(u32),
+    /// Several region cell numbers.
+    Many(&'a [u32]),
+}
+
+impl Slots {
+    /// `n` units of an in-process count.
+    #[inline(always)]
+    pub fn counted(n: u32) -> Slots {
+        Slots((KIND_COUNTED << KIND_SHIFT) | u64::from(n))
+    }
+
+    /// One region cell.
+    #[inline(always)]
+    pub fn one(cell: u32) -> Slots {
+        Slots((KIND_ONE << KIND_SHIFT) | u64::from(cell))
+    }
+
+    /// Several region cells; `None` only if the box's address does not fit
+    /// the payload (never on Linux).
+    pub fn many(cells: Vec<u32>) -> Option<Slots> {
+        let ptr = Box::into_raw(Box::new(cells));
+        let addr = ptr as usize as u64;
+        if addr & !PAYLOAD != 0 {
+            // SAFETY: `ptr` came from Box::into_raw just above and was not
+            // shared; taking it back frees it exactly once.
+            drop(unsafe { Box::from_raw(ptr) });
+            return None;
+        }
+        Some(Slots((KIND_MANY << KIND_SHIFT) | addr))
+    }
+
+    #[inline(always)]
+    fn kind(&self) -> u64 {
+        (self.0 >> KIND_SHIFT) & 3
+    }
+
+    /// What the slots are.
+    #[inline(always)]
+    pub fn view(&self) -> SlotsView<'_> {
+        match self.kind() {
+            KIND_ONE => SlotsView::One(self.0 as u32),
+            KIND_MANY => {
+                // SAFETY: a Many word holds the address of a live
+                // Box<Vec<u32>> that this Slots owns (see `many` and `Drop`).
+                let v = unsafe { &*((self.0 & PAYLOAD) as usize as *const Vec<u32>) };
+                SlotsView::Many(v)
+            }
+            _ => SlotsView::Counted(self.0 as u32),
+        }
+    }
+
+    /// The cells of a weighted grant, to rewrite in place (`count_now`).
+    pub fn many_mut(&mut self) -> Option<&mut Vec<u32>> {
+        if self.kind() != KIND_MANY {
+            return None;
+        }
+        // SAFETY: as in `view`; `&mut self` makes the access exclusive.
+        Some(unsafe { &mut *((self.0 & PAYLOAD) as usize as *mut Vec<u32>) })
+    }
+
+    /// Rewrites a `One` cell number.
+    pub fn set_one(&mut self, cell: u32) {
+        if self.kind() == KIND_ONE {
+            self.0 = (self.0 & !0xffff_ffff) | u64::from(cell);
+        }
+    }
+
+    /// How many units these slots are.
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        match self.view() {
+            SlotsView::Counted(n) => n,
+            SlotsView::One(_) => 1,
+            SlotsView::Many(c) => c.len() as u32,
+        }
+    }
+
+    /// The same slots, marked as taken at `p`.
+    #[inline(always)]
+    pub fn at(mut self, p: Priority) -> Slots {
+        self.0 = (self.0 & !(7 << PRIO_SHIFT)) | ((p.index() as u64) << PRIO_SHIFT);
+        self
+    }
+
+    /// The priority they were taken at (see [`at`](Self::at)).
+    pub fn priority(&self) -> Priority {
+        Priority::from_index(((self.0 >> PRIO_SHIFT) & 7) as usize).unwrap_or(Priority::Normal)
+    }
+}
+
+impl Drop for Slots {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.kind() == KIND_MANY {
+            // SAFETY: the word holds the address of a Box<Vec<u32>> owned by
+            // this Slots (see `many`), dropped exactly once here.
+            drop(unsafe { Box::from_raw((self.0 & PAYLOAD) as usize as *mut Vec<u32>) });
+        }
+    }
+}
+
+/// Per-priority queue counters of one scheduler handle (atomics: a shared
+/// root's queue updates them for every handle of the process).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub deferred: [AtomicU64; LEVELS],
+    pub completed: [AtomicU64; LEVELS],
+    pub cancelled: [AtomicU64; LEVELS],
+}
+
+impl Counters {
+    pub fn deferred(&self, tier: usize) {
+        self.deferred[tier].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn left(&self, tier: usize, cancelled: bool) {
+        self.completed[tier].fetch_add(1, Ordering::Relaxed);
+        if cancelled {
+            self.cancelled[tier].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One blocked acquire.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    /// `WAITING`, then `GRANTED` or `FAILED`; written under the node lock.
+    /// `WAITING`, then `GRANTED` or `FAILED`; written under the queue's lock.
     pub state: AtomicU32,
-    /// The slot ticket handed over with a grant (a cell index in a region).
-    /// Written before `state` becomes `GRANTED` (Release), read after.
-    pub ticket: AtomicU32,
     /// The priority it queued at.
     pub priority: Priority,
-    /// Ids of the child nodes between the caller's scheduler and the node
-    /// whose queue this waiter sits in; disposing any of them fails it.
+    /// Units it needs (a weighted acquire needs more than one).
+    pub need: u32,
+    /// Its per-priority cap at the level it waits in.
+    pub cap: u32,
+    /// Its arrival ticket: region-wide per tier at a shared root (its futex
+    /// wake bit comes from it), a local sequence number elsewhere.
+    pub ticket: u32,
+    /// The handle (node id) it came through, and the child nodes between
+    /// the caller's scheduler and the level it waits in: disposing any of
+    /// them fails it.
     pub via: Vec<u64>,
+    /// The counters of the handle it came through.
+    pub counters: std::sync::Arc<Counters>,
     /// True for a waiter behind an async future (no thread sleeps on it).
     pub is_async: bool,
+    /// What the grant handed over; set before `state` becomes `GRANTED`.
+    pub slots: Mutex<Option<Slots>>,
     /// The task to wake on grant or failure (async waiters only).
     pub waker: Mutex<Option<Waker>>,
 }
 
 impl Waiter {
-    pub fn new(priority: Priority, via: Vec<u64>, is_async: bool) -> Waiter {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        priority: Priority,
+        need: u32,
+        cap: u32,
+        ticket: u32,
+        via: Vec<u64>,
+        counters: std::sync::Arc<Counters>,
+        is_async: bool,
+    ) -> Waiter {
         Waiter {
             state: AtomicU32::new(WAITING),
-            ticket: AtomicU32::new(0),
             priority,
+            need,
+            cap,
+            ticket,
             via,
+            counters,
             is_async,
+            slots: Mutex::new(None),
             waker: Mutex::new(None),
         }
     }
 
-    /// Wakes the async task waiting on this waiter, if any.
-    pub fn wake_task(&self) {
-        let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(w) = w {
-            w.wake();
-        }
+    pub fn tier(&self) -> usize {
+        self.priority.index()
+    }
+
+    pub fn state(&self) -> u32 {
+        self.state.load(Ordering::Acquire)
     }
 
     /// Records the task to wake (async waiters only).
@@ -65,7 +243,72 @@ impl Waiter {
         }
     }
 
-    pub fn state(&self) -> u32 {
-        self.state.load(Ordering::Acquire)
+    /// Grants `slots` (under the queue's lock). The caller then adds the
+    /// waiter to its [`Wakeups`].
+    pub fn grant(&self, slots: Slots) {
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(slots);
+        self.state.store(GRANTED, Ordering::Release);
+    }
+
+    /// Fails the waiter (disposed; under the queue's lock). The caller then
+    /// adds it to its [`Wakeups`].
+    pub fn fail(&self) {
+        self.state.store(FAILED, Ordering::Release);
+    }
+
+    /// The granted slots (after `GRANTED` was seen; once).
+    pub fn take_slots(&self) -> Slots {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or(Slots::counted(0))
+    }
+}
+
+/// What to wake once the lock is released.
+#[derive(Debug, Default)]
+pub(crate) struct Wakeups {
+    /// Async tasks.
+    pub tasks: Vec<Waker>,
+    /// Futex bits of this process's threads blocked at a shared root (they
+    /// sleep on the process's futex word in the region).
+    pub bits: u32,
+    /// Threads blocked at an in-process level (each sleeps on its waiter's
+    /// state word).
+    pub threads: Vec<std::sync::Arc<Waiter>>,
+}
+
+impl Wakeups {
+    /// Adds a waiter that was just granted or failed: its task, its thread
+    /// at a shared root (`shared`), or its thread at an in-process level.
+    pub fn add(&mut self, w: &std::sync::Arc<Waiter>, shared: bool) {
+        if w.is_async {
+            let t = w.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(t) = t {
+                self.tasks.push(t);
+            }
+        } else if shared {
+            self.bits |= crate::region::registry::wake_bit(w.ticket);
+        } else {
+            self.threads.push(w.clone());
+        }
+    }
+
+    /// Wakes the in-process threads and the tasks (not the shared bits:
+    /// the root does that through the region).
+    pub fn wake_local(&mut self) {
+        for w in self.threads.drain(..) {
+            crate::sys::futex::futex_wake(&w.state, 1);
+        }
+        self.wake_tasks();
+    }
+
+    /// Wakes the tasks; a waker that panics is caught (the scheduler's
+    /// state is already consistent) and the rest are still woken.
+    pub fn wake_tasks(&mut self) {
+        for w in self.tasks.drain(..) {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
+        }
     }
 }

@@ -96,6 +96,7 @@ pub fn install_atfork_handler() -> std::io::Result<()> {
 /// process: 0 in a process that was never a fork child (since the handler was
 /// installed), bumped in each child. Compare a cached value to detect that
 /// you are now in a forked child.
+#[inline]
 pub fn fork_generation() -> u64 {
     FORK_GENERATION.load(Ordering::SeqCst)
 }

@@ -1,0 +1,864 @@
+//! The cross-process wait registry: who waits where, in what order, and
+//! whom to wake. The Scheduler and the Limiter both keep their waiting
+//! state here and keep only their policy (slots and a lottery; a bucket and
+//! a force-through) to themselves.
+//!
+//! # What lives in the region
+//!
+//! An object area starts with a [`RegistryArea`] (1,280 bytes, fixed
+//! offsets, atomics only):
+//!
+//! - the **gate** word, read by every fast path: bit `t` is set while a
+//!   waiter of tier `t` is published by some process, [`GATE_STRICT`] while
+//!   a fairness hand-off is in progress (fast paths closed), and the start
+//!   of the current stall interval in µs above that (see *Stall time*);
+//! - a region-wide **arrival ticket** counter per tier: a waiter takes the
+//!   next ticket when it queues, so tickets order waiters of one tier
+//!   across processes (FIFO);
+//! - the **designee** word (the one waiter, in any process, that the next
+//!   freed capacity is for) with the time it was designated, and the
+//!   lottery's generator, for policies that use them;
+//! - a bitmap of processes with published waiters and one of processes
+//!   bound to the object (members), so scans visit only those.
+//!
+//! Each process publishes, in its own process-table entry, per tier: how
+//! many waiters it has there and the ticket of its oldest (one word,
+//! `obj[t]`), and that oldest waiter's cap and need (`obj[14 + t]`). Only
+//! the process itself writes its entry's words (under its own lock), and a
+//! reaper after its death. So the region's queue of tier `t` is the
+//! merge of every process's local queue, in ticket order, and its front is
+//! the process whose published oldest ticket is the oldest.
+//!
+//! # Ordering and liveness
+//!
+//! - Publishing sets the tier's gate bit *after* the count (SeqCst), and a
+//!   releaser reads the gate *after* freeing capacity (SeqCst): one of the
+//!   two sees the other, so a waiter is never left queued beside free
+//!   capacity. A process that empties its last waiter of a tier clears the
+//!   bit and then rescans the others, setting it again if one still
+//!   waits: the bit is never clear while someone waits.
+//! - A published waiter is trusted only while its process lives. Before a
+//!   waiter of another process is designated, woken or deferred to, the
+//!   caller checks that process's kernel liveness lock
+//!   ([`Mapping::is_alive`]); a dead one is reaped on the spot, which
+//!   clears its publication, its bits and a designation naming it.
+//! - Reaping frees nothing of the object by itself: the object passes a
+//!   `release` callback (the scheduler frees the dead process's cells).
+//!
+//! # Waking
+//!
+//! Every thread of a process that waits in the region sleeps on the futex
+//! word of its process's entry, tagged with a bit chosen from its ticket
+//! (`FUTEX_WAIT_BITSET`); a waker bumps the word and wakes the bit of the
+//! waiter it means, so one grant wakes one thread, not the process. The
+//! process's helper thread (for async waiters) sleeps with every bit.
+//! Sleepers count themselves in `obj[SLEEPERS]` before re-checking, and a
+//! waker bumps the word before reading the count (both SeqCst): a wake that
+//! finds nobody asleep makes no syscall, and none is lost.
+//!
+//! # Stall time
+//!
+//! The gate word also records when the current stall (some tier
+//! backlogged) began, in µs of `CLOCK_MONOTONIC` (55 bits: 1,142 years).
+//! The change that sets the first tier bit writes it in the same CAS; the
+//! change that clears the last adds the interval to a total. An interval
+//! therefore opens and closes exactly with the backlog bits, whatever the
+//! interleaving of processes.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mapping::Mapping;
+use super::proc_table::{ProcEntry, ProcId};
+use crate::error::{Error, Result};
+use crate::priority::LEVELS;
+use crate::sys::clock::{monotonic_ms, monotonic_ns};
+use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, BITSET_ALL};
+
+/// Process-entry word counting the process's threads asleep on its futex
+/// word.
+pub const SLEEPERS: usize = 7;
+/// First process-entry word of the per-tier `cap << 32 | need` words.
+const FRONT_WORDS: usize = 14;
+/// First process-entry word free for the object's own use.
+pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS;
+
+const _: () = assert!(SLEEPERS >= LEVELS);
+const _: () = assert!(OBJ_FREE <= crate::region::OBJ_WORDS);
+
+/// Gate bits of the tiers with published waiters.
+pub const GATE_TIERS: u64 = (1 << LEVELS) - 1;
+/// Gate bit: a fairness hand-off is in progress; every fast path is closed.
+pub const GATE_STRICT: u64 = 1 << LEVELS;
+/// Gate bit: the object keeps an exact running count (its policy needed
+/// one); set once, never cleared. What it means is the object's.
+pub const GATE_COUNTING: u64 = 1 << (LEVELS + 1);
+/// The stall interval's start (µs) sits above this many gate bits.
+const SINCE_SHIFT: u32 = LEVELS as u32 + 2;
+const SINCE_MAX: u64 = (1 << (64 - SINCE_SHIFT)) - 1;
+
+/// Bitmap words covering the largest process table.
+const MAP_WORDS: usize = crate::region::MAX_PROCESS_SLOTS as usize / 64;
+
+/// Minimum time between two scans for dead processes, region-wide.
+pub const REAP_INTERVAL_MS: u64 = 20;
+
+/// The futex bit a waiter with `ticket` sleeps under (bit 31 is left to
+/// "everyone", see [`BITSET_ALL`]).
+#[inline]
+pub fn wake_bit(ticket: u32) -> u32 {
+    1 << (ticket % 31)
+}
+
+#[repr(C, align(128))]
+struct GateLine {
+    gate: AtomicU64,
+    _pad: [u64; 15],
+}
+
+#[repr(C, align(128))]
+struct DispatchLine {
+    /// The packed [`Designee`], 0 when none.
+    designee: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns when the designee was designated.
+    designated_ns: AtomicU64,
+    /// The lottery's xorshift state (advanced by CAS).
+    rng: AtomicU64,
+    /// Bit 0: lottery switched off.
+    flags: AtomicU64,
+    /// Region-wide arrival tickets, one counter per tier.
+    tickets: [AtomicU32; 8],
+    /// Closed stall intervals, ns.
+    stall_total_ns: AtomicU64,
+    /// Monotonic ms of the last scan for dead processes.
+    last_reap_ms: AtomicU64,
+    /// Counter: futex wakes that found a sleeper.
+    wakes: AtomicU64,
+    /// Counter: dead processes reaped.
+    reaped: AtomicU64,
+    /// Counter: fairness hand-offs (fast paths closed for a designee).
+    strict: AtomicU64,
+    /// Monotonic ns of the last liveness probe of a stalled designee.
+    last_probe_ns: AtomicU64,
+    _pad: [u64; 2],
+}
+
+/// The registry's part of an object area. Zeroed memory is a valid empty
+/// registry.
+#[repr(C)]
+pub struct RegistryArea {
+    gate: GateLine,
+    dispatch: DispatchLine,
+    waiting: [AtomicU64; MAP_WORDS],
+    members: [AtomicU64; MAP_WORDS],
+}
+
+/// Bytes of object area the registry takes (at its start).
+pub const REGISTRY_SIZE: usize = std::mem::size_of::<RegistryArea>();
+const _: () = assert!(std::mem::size_of::<GateLine>() == 128);
+const _: () = assert!(std::mem::size_of::<DispatchLine>() == 128);
+const _: () = assert!(REGISTRY_SIZE == 1280);
+const _: () = assert!(std::mem::align_of::<RegistryArea>() == 128);
+
+/// One waiter of the region, named by where it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Designee {
+    /// Its process's entry.
+    pub idx: u32,
+    /// Its tier (priority index).
+    pub tier: usize,
+    /// Its arrival ticket in that tier.
+    pub ticket: u32,
+    /// Chosen by the lottery (the policy may then bypass a cap).
+    pub lottery: bool,
+    /// Its process has been woken for it since it was designated (or since
+    /// it last went back to sleep).
+    pub notified: bool,
+    /// Its process is taking capacity for it now; only that process ends
+    /// this state (or a reaper, after its death).
+    pub taking: bool,
+}
+
+const D_TICKET_BITS: u32 = 32;
+const D_IDX_SHIFT: u32 = 32; // 13 bits: idx + 1 (0 means "none")
+const D_TIER_SHIFT: u32 = 45; // 3 bits
+const D_LOTTERY: u64 = 1 << 48;
+const D_NOTIFIED: u64 = 1 << 49;
+const D_TAKING: u64 = 1 << 50;
+
+impl Designee {
+    fn pack(&self) -> u64 {
+        u64::from(self.ticket)
+            | (u64::from(self.idx + 1) << D_IDX_SHIFT)
+            | ((self.tier as u64) << D_TIER_SHIFT)
+            | if self.lottery { D_LOTTERY } else { 0 }
+            | if self.notified { D_NOTIFIED } else { 0 }
+            | if self.taking { D_TAKING } else { 0 }
+    }
+
+    fn unpack(w: u64) -> Option<Designee> {
+        let idx1 = ((w >> D_IDX_SHIFT) & 0x1fff) as u32;
+        let tier = ((w >> D_TIER_SHIFT) & 7) as usize;
+        if idx1 == 0 || tier >= LEVELS {
+            return None;
+        }
+        Some(Designee {
+            idx: idx1 - 1,
+            tier,
+            ticket: (w & ((1 << D_TICKET_BITS) - 1)) as u32,
+            lottery: w & D_LOTTERY != 0,
+            notified: w & D_NOTIFIED != 0,
+            taking: w & D_TAKING != 0,
+        })
+    }
+}
+
+/// A process's published oldest waiter of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Front {
+    /// The process's entry.
+    pub idx: u32,
+    /// The waiter's arrival ticket.
+    pub ticket: u32,
+    /// Waiters this process has at the tier.
+    pub count: u32,
+    /// The waiter's cap (the policy's meaning; the scheduler's per-priority
+    /// cap).
+    pub cap: u32,
+    /// What the waiter needs (slots, tokens).
+    pub need: u32,
+}
+
+/// A bound registry, as seen by one registered process. Cheap to share
+/// (`Send + Sync`); objects keep one in their shared state.
+#[derive(Debug)]
+pub struct Registry {
+    map: Arc<Mapping>,
+    area: *const RegistryArea,
+    me: ProcId,
+    /// This process's entry (set by `join`; null before).
+    mine: *const ProcEntry,
+    /// Bitmap words in use (the region's process slots / 64).
+    words: usize,
+}
+
+// SAFETY: `area` points into the mapping that `map` keeps alive for as long
+// as `self` lives; every access through it is an atomic, which other
+// threads and processes may mutate concurrently by design.
+unsafe impl Send for Registry {}
+// SAFETY: as above: only atomic accesses through `area`.
+unsafe impl Sync for Registry {}
+
+impl Registry {
+    /// Views the registry at the start of `map`'s object area, not yet as a
+    /// member (only [`reap`](Self::reap) may be used before
+    /// [`join`](Self::join)).
+    pub fn view(map: Arc<Mapping>) -> Result<Registry> {
+        if map.object_len() < REGISTRY_SIZE {
+            return Err(Error::BadRegion(format!(
+                "object area is {} bytes, the wait registry alone needs {REGISTRY_SIZE}",
+                map.object_len()
+            )));
+        }
+        let area = map.object_ptr() as *const RegistryArea;
+        if area as usize % 128 != 0 {
+            return Err(Error::BadRegion(
+                "object area is not 128-byte aligned".into(),
+            ));
+        }
+        let words = (map.process_slots() as usize)
+            .div_ceil(64)
+            .clamp(1, MAP_WORDS);
+        Ok(Registry {
+            map,
+            area,
+            me: ProcId {
+                idx: u32::MAX,
+                owner: 0,
+            },
+            mine: std::ptr::null(),
+            words,
+        })
+    }
+
+    /// Joins as `me` (registered in the process table): marks this process
+    /// a member.
+    pub fn join(&mut self, me: ProcId) {
+        self.me = me;
+        self.mine = self
+            .map
+            .proc_entry(me.idx)
+            .map_or(std::ptr::null(), |e| e as *const ProcEntry);
+        self.set_bit(&self.area().members, me.idx, true);
+    }
+
+    /// True if `owner` (an owner id read from the region) names a process
+    /// that is registered now and alive: its entry still carries that id
+    /// and its liveness lock is held.
+    pub fn owner_alive(&self, owner: u32) -> bool {
+        let Ok(id) = ProcId::decode(owner, self.map.process_slots()) else {
+            return false;
+        };
+        let Some(e) = self.entry(id.idx) else {
+            return false;
+        };
+        ProcId::encode(id.idx, e.generation()) == owner && self.alive(id.idx)
+    }
+
+    #[inline(always)]
+    fn area(&self) -> &RegistryArea {
+        // SAFETY: `area` is 128-aligned and the object area holds at least
+        // REGISTRY_SIZE bytes (both checked in `join`); RegistryArea is only
+        // atomics and padding, valid for any bits and meant for shared
+        // mutation through `&`; the mapping outlives the reference.
+        unsafe { &*self.area }
+    }
+
+    fn d(&self) -> &DispatchLine {
+        &self.area().dispatch
+    }
+
+    /// This process's registration.
+    #[inline]
+    pub fn me(&self) -> ProcId {
+        self.me
+    }
+
+    /// The mapping the registry lives in.
+    pub fn mapping(&self) -> &Arc<Mapping> {
+        &self.map
+    }
+
+    fn entry(&self, idx: u32) -> Option<&ProcEntry> {
+        self.map.proc_entry(idx).ok()
+    }
+
+    #[inline]
+    fn my_entry(&self) -> &ProcEntry {
+        assert!(!self.mine.is_null(), "internal: registry used before join");
+        // SAFETY: `mine` was taken from `proc_entry(me.idx)` of the mapping
+        // that `self.map` keeps alive, so it points to a live, aligned
+        // ProcEntry (atomics only) for as long as `self` lives.
+        unsafe { &*self.mine }
+    }
+
+    /// The object's word `i` (≥ [`OBJ_FREE`]) of this process's entry.
+    #[inline]
+    pub fn my_word(&self, i: usize) -> &AtomicU64 {
+        &self.my_entry().obj[i]
+    }
+
+    // ---- bitmaps -------------------------------------------------------
+
+    fn set_bit(&self, map: &[AtomicU64; MAP_WORDS], idx: u32, on: bool) {
+        let Some(w) = map.get(idx as usize / 64) else {
+            return;
+        };
+        let bit = 1u64 << (idx % 64);
+        if on {
+            w.fetch_or(bit, Ordering::SeqCst);
+        } else {
+            w.fetch_and(!bit, Ordering::SeqCst);
+        }
+    }
+
+    fn each_in<'a>(&'a self, map: &'a [AtomicU64; MAP_WORDS]) -> impl Iterator<Item = u32> + 'a {
+        map[..self.words].iter().enumerate().flat_map(|(w, word)| {
+            let mut v = word.load(Ordering::SeqCst);
+            std::iter::from_fn(move || {
+                if v == 0 {
+                    return None;
+                }
+                let b = v.trailing_zeros();
+                v &= v - 1;
+                Some(w as u32 * 64 + b)
+            })
+        })
+    }
+
+    /// The processes bound to the object (members), lowest entry first.
+    pub fn members(&self) -> impl Iterator<Item = u32> + '_ {
+        self.each_in(&self.area().members)
+    }
+
+    /// The processes with published waiters.
+    pub fn waiting_processes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.each_in(&self.area().waiting)
+    }
+
+    /// Σ over members of entry word `i` (values above `u32::MAX` count as
+    /// 0: only a scribble makes one). O(members).
+    pub fn sum_members(&self, i: usize) -> u64 {
+        self.members()
+            .filter_map(|idx| self.entry(idx))
+            .map(|e| e.obj[i].load(Ordering::SeqCst))
+            .filter(|&v| v <= u64::from(u32::MAX))
+            .sum()
+    }
+
+    // ---- the gate ------------------------------------------------------
+
+    /// The gate word (SeqCst).
+    #[inline(always)]
+    pub fn gate(&self) -> u64 {
+        self.area().gate.gate.load(Ordering::SeqCst)
+    }
+
+    fn update_gate(&self, f: impl Fn(u64) -> u64) {
+        let g = &self.area().gate.gate;
+        let mut old = g.load(Ordering::SeqCst);
+        loop {
+            let now_us = monotonic_ns() / 1000;
+            let mut new = f(old & !(SINCE_MAX << SINCE_SHIFT)) & !(SINCE_MAX << SINCE_SHIFT);
+            let (was, is) = (old & GATE_TIERS != 0, new & GATE_TIERS != 0);
+            let since = old >> SINCE_SHIFT;
+            if is {
+                let s = if was {
+                    since
+                } else {
+                    now_us.clamp(1, SINCE_MAX)
+                };
+                new |= s << SINCE_SHIFT;
+            }
+            if new == old {
+                return;
+            }
+            match g.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    if was && !is && since != 0 {
+                        let ns = now_us.saturating_sub(since).saturating_mul(1000);
+                        self.d().stall_total_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                Err(cur) => old = cur,
+            }
+        }
+    }
+
+    /// Closes every fast path until [`clear_strict`](Self::clear_strict).
+    pub fn set_strict(&self) -> bool {
+        let before = self
+            .area()
+            .gate
+            .gate
+            .fetch_or(GATE_STRICT, Ordering::SeqCst);
+        if before & GATE_STRICT == 0 {
+            self.d().strict.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Sets [`GATE_COUNTING`] (once; returns true if this call set it).
+    pub fn set_counting(&self) -> bool {
+        self.area()
+            .gate
+            .gate
+            .fetch_or(GATE_COUNTING, Ordering::SeqCst)
+            & GATE_COUNTING
+            == 0
+    }
+
+    /// Reopens the fast paths closed by [`set_strict`](Self::set_strict).
+    pub fn clear_strict(&self) {
+        if self.gate() & GATE_STRICT != 0 {
+            self.area()
+                .gate
+                .gate
+                .fetch_and(!GATE_STRICT, Ordering::SeqCst);
+        }
+    }
+
+    /// Total stall time (some tier backlogged), open interval included, ns.
+    pub fn stall_ns(&self) -> u64 {
+        let total = self.d().stall_total_ns.load(Ordering::Relaxed);
+        let g = self.gate();
+        if g & GATE_TIERS == 0 {
+            return total;
+        }
+        let since_us = g >> SINCE_SHIFT;
+        total.saturating_add(
+            (monotonic_ns() / 1000)
+                .saturating_sub(since_us)
+                .saturating_mul(1000),
+        )
+    }
+
+    // ---- publication ---------------------------------------------------
+
+    /// The next arrival ticket of `tier`.
+    pub fn take_ticket(&self, tier: usize) -> u32 {
+        self.d().tickets[tier].fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// How long ago (in tickets) `ticket` was taken at `tier`; larger is
+    /// older. Works across the counter's wrap-around.
+    pub fn age(&self, tier: usize, ticket: u32) -> u32 {
+        self.d().tickets[tier]
+            .load(Ordering::SeqCst)
+            .wrapping_sub(ticket)
+    }
+
+    /// Publishes this process's waiters of `tier`: `count` of them, the
+    /// oldest with `ticket`, `cap` and `need`. The caller serialises its
+    /// process's publications (its own lock). Keeps the waiting bit and
+    /// the gate bit in step.
+    pub fn publish(&self, tier: usize, count: u32, ticket: u32, cap: u32, need: u32) {
+        let e = self.my_entry();
+        if count > 0 {
+            e.obj[FRONT_WORDS + tier]
+                .store((u64::from(cap) << 32) | u64::from(need), Ordering::SeqCst);
+        }
+        e.obj[tier].store(
+            (u64::from(count) << 32) | u64::from(ticket),
+            Ordering::SeqCst,
+        );
+        if count > 0 {
+            self.set_bit(&self.area().waiting, self.me.idx, true);
+            if self.gate() & (1 << tier) == 0 {
+                self.update_gate(|g| g | (1 << tier));
+            }
+        } else {
+            if e.obj[..LEVELS]
+                .iter()
+                .all(|w| w.load(Ordering::SeqCst) >> 32 == 0)
+            {
+                self.set_bit(&self.area().waiting, self.me.idx, false);
+            }
+            self.refresh_tier(tier);
+        }
+    }
+
+    /// Clears `tier`'s gate bit if no process publishes waiters there, then
+    /// looks again and sets it back if one does (see the module docs).
+    fn refresh_tier(&self, tier: usize) {
+        if self.gate() & (1 << tier) == 0 {
+            return;
+        }
+        if self.anyone_at(tier) {
+            return;
+        }
+        self.update_gate(|g| g & !(1 << tier));
+        if self.anyone_at(tier) {
+            self.update_gate(|g| g | (1 << tier));
+        }
+    }
+
+    fn anyone_at(&self, tier: usize) -> bool {
+        self.waiting_processes()
+            .filter_map(|idx| self.entry(idx))
+            .any(|e| e.obj[tier].load(Ordering::SeqCst) >> 32 != 0)
+    }
+
+    /// Process `idx`'s published front of `tier`, if it has waiters there.
+    pub fn front_of(&self, idx: u32, tier: usize) -> Option<Front> {
+        let e = self.entry(idx)?;
+        let w = e.obj[tier].load(Ordering::SeqCst);
+        let count = (w >> 32) as u32;
+        if count == 0 {
+            return None;
+        }
+        let cn = e.obj[FRONT_WORDS + tier].load(Ordering::SeqCst);
+        Some(Front {
+            idx,
+            ticket: w as u32,
+            count,
+            cap: (cn >> 32) as u32,
+            need: cn as u32,
+        })
+    }
+
+    /// The region's front of `tier` among waiters that `admit` accepts: the
+    /// oldest such published front, in any process. Dead processes are not
+    /// filtered here (see [`alive`](Self::alive)).
+    pub fn front(&self, tier: usize, admit: impl Fn(&Front) -> bool) -> Option<Front> {
+        let mut best: Option<(u32, Front)> = None;
+        for idx in self.waiting_processes() {
+            let Some(f) = self.front_of(idx, tier) else {
+                continue;
+            };
+            if !admit(&f) {
+                continue;
+            }
+            let age = self.age(tier, f.ticket);
+            if best.is_none_or(|(a, _)| age > a) {
+                best = Some((age, f));
+            }
+        }
+        best.map(|(_, f)| f)
+    }
+
+    /// Waiters published per tier, summed over live-looking processes.
+    pub fn waiter_counts(&self) -> [u64; LEVELS] {
+        let mut out = [0u64; LEVELS];
+        for idx in self.waiting_processes() {
+            if let Some(e) = self.entry(idx) {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o += e.obj[t].load(Ordering::Relaxed) >> 32;
+                }
+            }
+        }
+        out
+    }
+
+    // ---- designation ---------------------------------------------------
+
+    /// The current designee, if any.
+    #[inline]
+    pub fn designee(&self) -> Option<Designee> {
+        Designee::unpack(self.d().designee.load(Ordering::SeqCst))
+    }
+
+    /// When the current designee was designated (ns).
+    pub fn designated_ns(&self) -> u64 {
+        self.d().designated_ns.load(Ordering::SeqCst)
+    }
+
+    /// Designates `d` if nobody is designated. True on success.
+    pub fn designate(&self, d: Designee) -> bool {
+        let ok = self
+            .d()
+            .designee
+            .compare_exchange(0, d.pack(), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if ok {
+            self.d()
+                .designated_ns
+                .store(monotonic_ns(), Ordering::SeqCst);
+        }
+        ok
+    }
+
+    /// Replaces designee `from` (exactly as read) by `to` (`None`: nobody).
+    pub fn swap_designee(&self, from: &Designee, to: Option<&Designee>) -> bool {
+        self.d()
+            .designee
+            .compare_exchange(
+                from.pack(),
+                to.map_or(0, Designee::pack),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// True while `d` is still its process's published front of its tier
+    /// (the waiter has not left).
+    pub fn still_front(&self, d: &Designee) -> bool {
+        self.front_of(d.idx, d.tier)
+            .is_some_and(|f| f.ticket == d.ticket)
+    }
+
+    // ---- lottery -------------------------------------------------------
+
+    /// Draws the next number of the region's lottery generator (xorshift64*,
+    /// advanced by CAS, so every draw in any process is a step of one
+    /// sequence).
+    pub fn draw(&self) -> u64 {
+        let rng = &self.d().rng;
+        let mut x = rng.load(Ordering::Relaxed);
+        loop {
+            let mut y = if x == 0 { 0x9E37_79B9_7F4A_7C15 } else { x };
+            y ^= y >> 12;
+            y ^= y << 25;
+            y ^= y >> 27;
+            match rng.compare_exchange_weak(x, y, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return y.wrapping_mul(0x2545_F491_4F6C_DD1D),
+                Err(cur) => x = cur,
+            }
+        }
+    }
+
+    /// Reseeds the region's lottery and switches it on or off for every
+    /// process.
+    pub fn set_lottery(&self, seed: Option<u64>, enabled: bool) {
+        if let Some(s) = seed {
+            self.d().rng.store(s, Ordering::Relaxed);
+        }
+        if enabled {
+            self.d().flags.fetch_and(!1, Ordering::SeqCst);
+        } else {
+            self.d().flags.fetch_or(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the lottery is on.
+    pub fn lottery_enabled(&self) -> bool {
+        self.d().flags.load(Ordering::Relaxed) & 1 == 0
+    }
+
+    // ---- waking and sleeping -------------------------------------------
+
+    /// This process's futex word's current value (read before looking at
+    /// the state one then sleeps on).
+    #[inline]
+    pub fn my_seq(&self) -> u32 {
+        self.my_entry().futex.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the sleepers of process `idx` tagged with a bit of `bits`
+    /// ([`wake_bit`] of a ticket, or [`BITSET_ALL`]). No syscall when
+    /// nobody sleeps there.
+    pub fn wake(&self, idx: u32, bits: u32) {
+        let Some(e) = self.entry(idx) else { return };
+        e.futex.fetch_add(1, Ordering::SeqCst);
+        if e.obj[SLEEPERS].load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if futex_wake_bitset(&e.futex, i32::MAX, bits | (1 << 31)) > 0 {
+            self.d().wakes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Sleeps on this process's futex word, tagged `bits`, until woken or
+    /// `timeout`, unless the word moved past `seq` already.
+    pub fn sleep(&self, seq: u32, timeout: Duration, bits: u32) {
+        let e = self.my_entry();
+        e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
+        futex_wait_bitset(&e.futex, seq, Some(timeout), bits);
+        e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Counter: wakes that found a sleeper.
+    pub fn wakes(&self) -> u64 {
+        self.d().wakes.load(Ordering::Relaxed)
+    }
+
+    /// Counter: fairness hand-offs.
+    pub fn strict_handoffs(&self) -> u64 {
+        self.d().strict.load(Ordering::Relaxed)
+    }
+
+    // ---- liveness and reaping ------------------------------------------
+
+    /// Whether process `idx` is alive (kernel liveness lock; a syscall).
+    /// This process is always alive.
+    pub fn alive(&self, idx: u32) -> bool {
+        idx == self.me.idx || self.map.is_alive(idx).unwrap_or(false)
+    }
+
+    /// Returns true at most once per `interval_ns` region-wide (for rate
+    /// limiting liveness probes of a stalled designee).
+    pub fn probe_due(&self, interval_ns: u64) -> bool {
+        let now = monotonic_ns();
+        let last = self.d().last_probe_ns.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= interval_ns
+            && self
+                .d()
+                .last_probe_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Reaps every dead process: `release(idx, owner)` returns what it held
+    /// in the object, then its waiting state is cleared (publications, bits,
+    /// a designation naming it) and the gate recomputed. Returns the number
+    /// of processes reaped.
+    pub fn reap(&self, release: &mut dyn FnMut(u32, u32)) -> Result<u32> {
+        let n = self.map.reap_dead(&mut |idx, owner| {
+            release(idx, owner);
+            self.forget(idx);
+        })?;
+        if n > 0 {
+            self.d().reaped.fetch_add(u64::from(n), Ordering::Relaxed);
+            for t in 0..LEVELS {
+                self.refresh_tier(t);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reaps unless a scan ran within [`REAP_INTERVAL_MS`] (region-wide).
+    pub fn maybe_reap(&self, release: &mut dyn FnMut(u32, u32)) -> Result<u32> {
+        let now = monotonic_ms();
+        let last = self.d().last_reap_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < REAP_INTERVAL_MS
+            || self
+                .d()
+                .last_reap_ms
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return Ok(0);
+        }
+        self.reap(release)
+    }
+
+    /// Counter: dead processes reaped.
+    pub fn reaped(&self) -> u64 {
+        self.d().reaped.load(Ordering::Relaxed)
+    }
+
+    /// Clears a dead process's waiting state (under its reaper's claim).
+    fn forget(&self, idx: u32) {
+        self.set_bit(&self.area().waiting, idx, false);
+        self.set_bit(&self.area().members, idx, false);
+        if let Some(e) = self.entry(idx) {
+            for w in &e.obj[..LEVELS] {
+                w.store(0, Ordering::SeqCst);
+            }
+        }
+        if let Some(d) = self.designee() {
+            if d.idx == idx && self.swap_designee(&d, None) {
+                self.clear_strict();
+            }
+        }
+    }
+
+    /// Leaves the member set (a clean detach; the entry itself is freed by
+    /// the mapping).
+    pub fn leave(&self) {
+        self.set_bit(&self.area().members, self.me.idx, false);
+    }
+}
+
+/// Wakes every sleeper of process `idx` (for tests and tools).
+pub fn wake_all(reg: &Registry, idx: u32) {
+    reg.wake(idx, BITSET_ALL);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn designee_roundtrips() {
+        for d in [
+            Designee {
+                idx: 0,
+                tier: 0,
+                ticket: 0,
+                lottery: false,
+                notified: false,
+                taking: false,
+            },
+            Designee {
+                idx: 4095,
+                tier: 6,
+                ticket: u32::MAX,
+                lottery: true,
+                notified: true,
+                taking: true,
+            },
+        ] {
+            assert_ne!(d.pack(), 0);
+            assert_eq!(Designee::unpack(d.pack()), Some(d));
+        }
+        assert_eq!(Designee::unpack(0), None);
+        // A scribbled tier is no designee.
+        assert_eq!(
+            Designee::unpack((1 << D_IDX_SHIFT) | (7 << D_TIER_SHIFT)),
+            None
+        );
+    }
+
+    #[test]
+    fn wake_bits_leave_bit_31_free() {
+        for t in [0u32, 30, 31, 62, u32::MAX] {
+            assert_ne!(wake_bit(t), 1 << 31);
+            assert_eq!(wake_bit(t).count_ones(), 1);
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! A scheduler root shared through a region: the process side.
+//!
+//! Every process keeps its waiters of the shared root in its own per-tier
+//! FIFO queues ([`SharedRoot`], one per process and region, shared by all
+//! the process's handles) and publishes each tier's count and oldest ticket
+//! in the region's [wait registry](crate::region::registry). The region's
+//! queue is the merge of those, in ticket order.
+//!
+//! # Who gets freed capacity
+//!
+//! One waiter at a time, in any process, is the **designee**: the waiter
+//! the next freed capacity is for. Whoever moves the queue forward (a
+//! releaser, a new waiter, a waiter that wakes up: [`SharedRoot::serve`])
+//! designates one when there is none, by the seed's policy applied to the
+//! whole region: a lottery draw ([`lottery`](super::lottery)) over the
+//! tiers backlogged anywhere picks the tier, then the tier's oldest waiter
+//! (the smallest ticket) whose cap admits it is designated; a lottery pick
+//! bypasses the cap, never the max. A designee of another process is
+//! checked alive first, and woken (once) on its ticket's futex bit. Only
+//! the designee's own process takes capacity for it: it marks the
+//! designation `taking`, takes the cells, grants its waiter, clears the
+//! designation, and designates the next one: one grant, one wake, passed on
+//! down the queue. A waiter that leaves (timeout, drop, dispose) while
+//! designated clears the designation and passes it on the same way.
+//!
+//! A non-lottery designee is replaced when a waiter of a higher tier that
+//! its cap admits shows up (priority first), unless it is already taking.
+//!
+//! # Barging, bounded (eventual fairness)
+//!
+//! A fresh acquire at priority `p` takes the fast path (one CAS on a free
+//! cell) while no waiter above `p` waits anywhere and the gate is not
+//! strict, even if waiters of `p` or below wait: like `parking_lot`'s
+//! mutex, a releaser may take its slot straight back while the designee is
+//! still waking up, which keeps a saturated pool running at the speed of
+//! its fast path. The bound: once a designee has waited
+//! [`FAIR_AFTER`] since it was designated, the next
+//! release closes every fast path ([`GATE_STRICT`]) until that designee is
+//! served. So a waiter is overtaken by fresh arrivals of its own or a lower
+//! priority for at most `FAIR_AFTER` per designation ahead of it; priority
+//! across tiers and the lottery's bound are kept.
+//!
+//! # Death
+//!
+//! A designee whose process died is found by the liveness check before any
+//! designation, by a probe when it has been woken but has not come for free
+//! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), and by the
+//! backstop wake of every other waiter ([`BACKSTOP`] =
+//! [`REAP_INTERVAL_MS`]). Reaping it clears its publication and its
+//! designation, so nobody waits on a dead waiter for more than one reap
+//! interval.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::lottery::pick_tier;
+use super::shared::SharedSlots;
+use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
+use crate::error::{Error, Result};
+use crate::priority::{Priority, LEVELS};
+use crate::region::registry::{
+    wake_bit, Designee, Registry, GATE_STRICT, GATE_TIERS, REAP_INTERVAL_MS,
+};
+use crate::region::Region;
+use crate::sys::clock::monotonic_ns;
+use crate::sys::fork::fork_generation;
+use crate::sys::futex::BITSET_ALL;
+
+/// A waiter (and the helper thread) wakes at least this often to look for
+/// dead processes and stalled designees.
+pub const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
+
+/// How long a designee may be overtaken by fresh arrivals before every
+/// fast path closes for it.
+pub const FAIR_AFTER: Duration = Duration::from_millis(1);
+
+/// A woken designee that has not taken free capacity for this long is
+/// checked for liveness.
+pub const PROBE_AFTER: Duration = Duration::from_millis(1);
+
+/// Minimum time between two liveness probes of a stalled designee,
+/// region-wide.
+const PROBE_INTERVAL_NS: u64 = 200_000;
+
+/// Serve rounds per call: each round designates, grants or clears one
+/// designation, so this bounds the work one caller does for others.
+const SERVE_ROUNDS: usize = 64;
+
+/// Tiers strictly above `tier`.
+#[inline(always)]
+pub fn above(tier: usize) -> u64 {
+    GATE_TIERS & !((2u64 << tier) - 1)
+}
+
+/// Tiers at or above `tier`.
+#[inline(always)]
+pub fn at_or_above(tier: usize) -> u64 {
+    GATE_TIERS & !((1u64 << tier) - 1)
+}
+
+#[derive(Debug, Default)]
+struct RootQueues {
+    tiers: [VecDeque<Arc<Waiter>>; LEVELS],
+}
+
+/// This process's side of a shared scheduler root (see the module docs).
+#[derive(Debug)]
+pub(crate) struct SharedRoot {
+    slots: SharedSlots,
+    queues: Mutex<RootQueues>,
+    /// Async waiters queued here (the helper thread runs while > 0).
+    async_waiting: AtomicU32,
+    /// True while the helper thread runs.
+    helper_running: AtomicBool,
+    fork_gen: u64,
+}
+
+impl SharedRoot {
+    /// The process's root for `region` (shared by every handle of this
+    /// process bound through clones of one `Region`), binding it first if
+    /// needed. `max`: see [`SharedSlots::bind`].
+    pub fn bind(region: &Region, max: Option<u32>) -> Result<Arc<SharedRoot>> {
+        let slots = SharedSlots::bind(region, max)?;
+        let map = slots.mapping().clone();
+        let mut cache = map.object_state();
+        if let Some(root) = cache
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .and_then(|a: Arc<dyn Any + Send + Sync>| a.downcast::<SharedRoot>().ok())
+        {
+            if root.fork_gen == fork_generation() {
+                return Ok(root);
+            }
+        }
+        let root = Arc::new(SharedRoot {
+            slots,
+            queues: Mutex::new(RootQueues::default()),
+            async_waiting: AtomicU32::new(0),
+            helper_running: AtomicBool::new(false),
+            fork_gen: {
+                let _ = crate::sys::fork::install_atfork_handler();
+                fork_generation()
+            },
+        });
+        let any: Arc<dyn Any + Send + Sync> = root.clone();
+        *cache = Some(Arc::downgrade(&any));
+        Ok(root)
+    }
+
+    /// The region side.
+    #[inline]
+    pub fn slots(&self) -> &SharedSlots {
+        &self.slots
+    }
+
+    #[inline]
+    fn reg(&self) -> &Registry {
+        self.slots.reg()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RootQueues> {
+        // Nothing panics under this lock (wakers run after it); if something
+        // ever did, the queues are still structurally valid.
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // ---- taking and giving ----------------------------------------------
+
+    /// Takes `need` cells if a waiter of `cap` at this moment may run:
+    /// uncapped (cap ≥ max) with one CAS per cell; capped under the cap
+    /// lock, against the exact running count.
+    #[inline]
+    pub fn take(&self, need: u32, cap: u32) -> Option<Slots> {
+        if cap >= self.slots.max() {
+            self.slots.take(need)
+        } else {
+            self.slots.take_capped(need, cap)
+        }
+    }
+
+    /// Gives slots back and, if anyone waits, moves the queue on.
+    #[inline]
+    pub fn release(&self, slots: &Slots) {
+        self.slots.give(slots);
+        if self.reg().gate() & (GATE_TIERS | GATE_STRICT) != 0 {
+            self.release_slow();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self) {
+        let reg = self.reg();
+        if let Some(d) = reg.designee() {
+            // Someone is already at it, or a remote designee has been woken
+            // and is not yet due for a fairness hand-off: nothing to do.
+            if d.taking
+                || (d.idx != reg.me().idx
+                    && d.notified
+                    && reg.gate() & GATE_STRICT == 0
+                    && !fair_due(reg))
+            {
+                return;
+            }
+        }
+        self.serve_now(false);
+    }
+
+    // ---- queueing --------------------------------------------------------
+
+    /// Queues a waiter (all checks done by the caller except `disposed`,
+    /// which is tested under the lock) and moves the queue on; the waiter
+    /// may come back already granted.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue(
+        &self,
+        disposed: &AtomicBool,
+        priority: Priority,
+        need: u32,
+        cap: u32,
+        via: Vec<u64>,
+        counters: Arc<Counters>,
+        is_async: bool,
+    ) -> Result<Arc<Waiter>> {
+        let tier = priority.index();
+        let mut out = Wakeups::default();
+        let w = {
+            let mut q = self.lock();
+            if disposed.load(Ordering::Acquire) {
+                return Err(Error::Disposed);
+            }
+            let ticket = self.reg().take_ticket(tier);
+            let w = Arc::new(Waiter::new(
+                priority, need, cap, ticket, via, counters, is_async,
+            ));
+            w.counters.deferred(tier);
+            if is_async {
+                self.async_waiting.fetch_add(1, Ordering::SeqCst);
+            }
+            q.tiers[tier].push_back(w.clone());
+            self.republish(&q, tier);
+            self.serve(&mut q, &mut out, false);
+            w
+        };
+        self.wake(out);
+        Ok(w)
+    }
+
+    /// Blocks until `w` is granted (its slots), failed (disposed) or the
+    /// deadline passes (timeout; its place is removed).
+    pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
+        let reg = self.reg();
+        loop {
+            let seq = reg.my_seq();
+            match w.state() {
+                GRANTED => return Ok(w.take_slots()),
+                FAILED => return Err(Error::Disposed),
+                _ => {}
+            }
+            let nap = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return self.cancel(w);
+                    }
+                    (d - now).min(BACKSTOP)
+                }
+                None => BACKSTOP,
+            };
+            self.serve_now(false);
+            if w.state() != WAITING {
+                continue;
+            }
+            let t0 = monotonic_ns();
+            reg.sleep(seq, nap, wake_bit(w.ticket));
+            if monotonic_ns().saturating_sub(t0) >= nap.as_nanos() as u64 {
+                self.on_backstop();
+            }
+        }
+    }
+
+    /// A backstop wake: the budget may be held by dead processes.
+    fn on_backstop(&self) {
+        if self.slots.full() && self.slots.maybe_reap() > 0 {
+            self.serve_now(false);
+        }
+    }
+
+    /// Removes a waiter whose deadline passed (or whose future was dropped)
+    /// and passes its turn on, unless a grant beat it: then its slots come
+    /// back as `Ok`.
+    pub fn cancel(&self, w: &Arc<Waiter>) -> Result<Slots> {
+        let mut out = Wakeups::default();
+        let r = {
+            let mut q = self.lock();
+            match w.state() {
+                GRANTED => return Ok(w.take_slots()),
+                FAILED => return Err(Error::Disposed),
+                _ => {}
+            }
+            self.remove(&mut q, w, true);
+            w.fail();
+            self.serve(&mut q, &mut out, false);
+            Err(Error::Timeout)
+        };
+        self.wake(out);
+        r
+    }
+
+    /// Takes `w` out of its queue (under the lock): counters, publication,
+    /// and a designation naming it.
+    fn remove(&self, q: &mut RootQueues, w: &Arc<Waiter>, cancelled: bool) {
+        let tier = w.tier();
+        let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) else {
+            return;
+        };
+        q.tiers[tier].remove(pos);
+        w.counters.left(tier, cancelled);
+        if w.is_async {
+            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.republish(q, tier);
+        let reg = self.reg();
+        if let Some(d) = reg.designee() {
+            if d.idx == reg.me().idx && d.tier == tier && d.ticket == w.ticket && !d.taking {
+                self.end_designation(&d);
+            }
+        }
+    }
+
+    /// Fails every queued waiter matching `pred` (dispose).
+    pub fn fail_where(&self, pred: impl Fn(&Waiter) -> bool) {
+        let mut out = Wakeups::default();
+        {
+            let mut q = self.lock();
+            for tier in 0..LEVELS {
+                let doomed: Vec<Arc<Waiter>> =
+                    q.tiers[tier].iter().filter(|w| pred(w)).cloned().collect();
+                for w in doomed {
+                    self.remove(&mut q, &w, true);
+                    w.fail();
+                    out.add(&w, true);
+                }
+            }
+            self.serve(&mut q, &mut out, false);
+        }
+        self.wake(out);
+    }
+
+    fn republish(&self, q: &RootQueues, tier: usize) {
+        let dq = &q.tiers[tier];
+        match dq.front() {
+            Some(w) => self
+                .reg()
+                .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need),
+            None => self.reg().publish(tier, 0, 0, 0, 0),
+        }
+    }
+
+    // ---- serving -----------------------------------------------------------
+
+    /// Runs [`serve`](Self::serve) under the lock and wakes what it granted.
+    pub fn serve_now(&self, eager_probe: bool) {
+        let mut out = Wakeups::default();
+        {
+            let mut q = self.lock();
+            self.serve(&mut q, &mut out, eager_probe);
+        }
+        self.wake(out);
+    }
+
+    fn wake(&self, mut out: Wakeups) {
+        if out.bits != 0 {
+            self.reg().wake(self.reg().me().idx, out.bits);
+        }
+        out.wake_tasks();
+    }
+
+    fn end_designation(&self, d: &Designee) {
+        if self.reg().swap_designee(d, None) {
+            self.reg().clear_strict();
+        }
+    }
+
+    /// Moves the region's queue forward as far as this process can (see the
+    /// module docs). `eager_probe`: check a woken-but-absent designee's
+    /// liveness at once (a non-blocking caller cannot wait for the probe).
+    fn serve(&self, q: &mut RootQueues, out: &mut Wakeups, eager_probe: bool) {
+        let reg = self.reg();
+        let me = reg.me().idx;
+        for _ in 0..SERVE_ROUNDS {
+            let Some(d) = reg.designee() else {
+                if reg.gate() & GATE_TIERS == 0 {
+                    reg.clear_strict();
+                    return;
+                }
+                let Some(d) = self.choose() else {
+                    reg.clear_strict();
+                    return;
+                };
+                if d.idx != me && !reg.alive(d.idx) {
+                    let _ = self.slots.reap();
+                    continue;
+                }
+                if reg.designate(d) && !reg.still_front(&d) {
+                    // It left between the look and the designation.
+                    self.end_designation(&d);
+                }
+                continue;
+            };
+            if d.taking {
+                return;
+            }
+            if !d.lottery && self.outranked(&d) {
+                self.end_designation(&d);
+                continue;
+            }
+            if d.idx == me {
+                let Some(w) = q.tiers[d.tier]
+                    .front()
+                    .filter(|w| w.ticket == d.ticket)
+                    .cloned()
+                else {
+                    // Our waiter left (or our publication is stale): pass on.
+                    self.end_designation(&d);
+                    self.republish(q, d.tier);
+                    continue;
+                };
+                let taking = Designee { taking: true, ..d };
+                if !reg.swap_designee(&d, Some(&taking)) {
+                    continue;
+                }
+                let cap = if d.lottery { u32::MAX } else { w.cap };
+                match self.take(w.need, cap) {
+                    Some(slots) => {
+                        q.tiers[d.tier].pop_front();
+                        w.counters.left(d.tier, false);
+                        if w.is_async {
+                            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        w.grant(slots);
+                        out.add(&w, true);
+                        self.republish(q, d.tier);
+                        self.end_designation(&taking);
+                        continue;
+                    }
+                    None => {
+                        // No room now (taken by a fresh arrival, or capped):
+                        // stay designated, and let the next release wake us.
+                        let back = Designee {
+                            taking: false,
+                            notified: false,
+                            ..d
+                        };
+                        reg.swap_designee(&taking, Some(&back));
+                        if fair_due(reg) {
+                            reg.set_strict();
+                        }
+                        return;
+                    }
+                }
+            }
+            // Another process's designee.
+            if !reg.still_front(&d) {
+                self.end_designation(&d);
+                continue;
+            }
+            let waited = monotonic_ns().saturating_sub(reg.designated_ns());
+            if d.notified
+                && (eager_probe || waited >= PROBE_AFTER.as_nanos() as u64)
+                && !self.slots.full()
+                && reg.probe_due(PROBE_INTERVAL_NS)
+                && !reg.alive(d.idx)
+            {
+                let _ = self.slots.reap();
+                continue;
+            }
+            if waited >= FAIR_AFTER.as_nanos() as u64 {
+                reg.set_strict();
+            }
+            if !d.notified {
+                let n = Designee {
+                    notified: true,
+                    ..d
+                };
+                if !reg.swap_designee(&d, Some(&n)) {
+                    continue;
+                }
+                reg.wake(d.idx, wake_bit(d.ticket));
+            }
+            return;
+        }
+    }
+
+    /// The next designee by the region-wide policy, if any waiter could run
+    /// now: lottery over the backlogged tiers, then the oldest admissible
+    /// front of the picked tier.
+    fn choose(&self) -> Option<Designee> {
+        let reg = self.reg();
+        let backlog = (reg.gate() & GATE_TIERS) as u8;
+        if backlog == 0 {
+            return None;
+        }
+        let fits = self.fits();
+        let mut admissible = 0u8;
+        let mut fronts = [None; LEVELS];
+        for (t, slot) in fronts.iter_mut().enumerate() {
+            if backlog & (1 << t) != 0 {
+                *slot = reg.front(t, |f| fits(f.need, f.cap));
+                if slot.is_some() {
+                    admissible |= 1 << t;
+                }
+            }
+        }
+        let pick = pick_tier(reg.draw(), reg.lottery_enabled(), backlog, admissible)?;
+        let f = if pick.lottery {
+            reg.front(pick.tier, |f| fits(f.need, u32::MAX))?
+        } else {
+            fronts[pick.tier]?
+        };
+        Some(Designee {
+            idx: f.idx,
+            tier: pick.tier,
+            ticket: f.ticket,
+            lottery: pick.lottery,
+            notified: false,
+            taking: false,
+        })
+    }
+
+    /// True if a waiter above `d`'s tier, admissible now, waits somewhere.
+    fn outranked(&self, d: &Designee) -> bool {
+        let reg = self.reg();
+        let higher = reg.gate() & above(d.tier);
+        if higher == 0 {
+            return false;
+        }
+        let fits = self.fits();
+        (d.tier + 1..LEVELS)
+            .filter(|t| higher & (1 << t) != 0)
+            .any(|t| reg.front(t, |f| fits(f.need, f.cap)).is_some())
+    }
+
+    /// Whether a waiter needing `need` under `cap` may be designated now. An
+    /// uncapped one always may (its take waits for free cells); a capped one
+    /// only if the running count leaves room under its cap, which makes
+    /// the region count (see `shared.rs`). The count is read once per use.
+    fn fits(&self) -> impl Fn(u32, u32) -> bool + '_ {
+        let max = self.slots.max();
+        let running = std::cell::OnceCell::new();
+        move |need: u32, cap: u32| {
+            if cap >= max {
+                return true;
+            }
+            let r = *running.get_or_init(|| self.slots.running());
+            r + u64::from(need) <= u64::from(cap)
+        }
+    }
+
+    // ---- non-blocking ------------------------------------------------------
+
+    /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
+    /// above waits anywhere (after reaping dead ones) and capacity is free.
+    pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
+        let blocked = GATE_STRICT | at_or_above(tier);
+        if self.reg().gate() & blocked != 0 {
+            self.serve_now(true);
+            if self.reg().gate() & blocked != 0 {
+                return None;
+            }
+        }
+        self.take(need, cap)
+    }
+
+    // ---- async -------------------------------------------------------------
+
+    /// Makes sure the helper thread runs: it stands in for a sleeping thread
+    /// while async waiters are queued (one per process and region).
+    pub fn ensure_helper(self: &Arc<Self>) {
+        if self.helper_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("shmsched-helper".into())
+            .spawn(move || helper(weak));
+        if spawned.is_err() {
+            // No thread: async waiters are still served by this process's
+            // releases and by other processes' wakes of blocked threads.
+            self.helper_running.store(false, Ordering::Release);
+        }
+    }
+
+    /// Cells held by this process.
+    pub fn held_here(&self) -> u32 {
+        self.slots.held_by(self.slots.owner())
+    }
+
+    /// True when this root was bound before a fork (it belongs to the parent).
+    pub fn forked(&self) -> bool {
+        self.fork_gen != fork_generation()
+    }
+}
+
+/// True once the current designee has been overtaken for [`FAIR_AFTER`].
+fn fair_due(reg: &Registry) -> bool {
+    monotonic_ns().saturating_sub(reg.designated_ns()) >= FAIR_AFTER.as_nanos() as u64
+}
+
+/// The helper loop (see [`SharedRoot::ensure_helper`]).
+fn helper(weak: Weak<SharedRoot>) {
+    loop {
+        let Some(root) = weak.upgrade() else { return };
+        if root.forked() {
+            return;
+        }
+        if root.async_waiting.load(Ordering::SeqCst) == 0 {
+            root.helper_running.store(false, Ordering::SeqCst);
+            // A waiter may have queued between the check and the store.
+            if root.async_waiting.load(Ordering::SeqCst) == 0
+                || root.helper_running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+        let reg = root.reg();
+        let seq = reg.my_seq();
+        root.serve_now(false);
+        let t0 = monotonic_ns();
+        reg.sleep(seq, BACKSTOP, BITSET_ALL);
+        if monotonic_ns().saturating_sub(t0) >= BACKSTOP.as_nanos() as u64 {
+            root.on_backstop();
+        }
+    }
+}
