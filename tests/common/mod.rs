@@ -458,7 +458,7 @@ pub fn misuse<L: FairLedger>(mk: Make<L>) {
         ),
         (
             f.acquire("a", 1.0, 0, at(5)).unwrap_err(),
-            "holdMs 0".into(),
+            "hold_ms 0".into(),
         ),
         (f.release("b9", at(5)).unwrap_err(), "b9".into()),
         (f.release("zz1", at(5)).unwrap_err(), "zz1".into()),
