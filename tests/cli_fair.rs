@@ -1,5 +1,6 @@
-//! `shmsched fair replay`: trace T09 (`docs/fair-share.md`) through the CLI,
-//! and its exit status on logs that are not valid.
+//! `shmsched fair replay`: the freeze trace (T09 of `tests/common`) through
+//! the CLI, and its exit status on logs that are not valid
+//! (`docs/fair-share.md`, "Call logs").
 
 use std::io::Write;
 use std::process::{Command, Stdio};

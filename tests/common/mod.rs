@@ -1,7 +1,8 @@
-//! Conformance traces of FAIR-SHARE.md, written once against the
-//! `FairLedger` trait so that every home of the ledger runs them.
+//! Conformance traces of the fair-share rules (`docs/fair-share.md`),
+//! written once against the `FairLedger` trait so that every home of the
+//! ledger runs them.
 //!
-//! Cfg2 has `startedAt -10_000`; our times are unsigned, so every time in a
+//! Cfg2 starts at -10_000; our times are unsigned, so every time in a
 //! trace is shifted by +10_000 (`at(t)`), and `started_at_ms` is 0.
 
 #![allow(dead_code)]
