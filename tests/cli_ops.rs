@@ -489,3 +489,41 @@ fn ls_lists_named_regions_in_dev_shm() {
     // The scheduler handle left an entry that is now dead, not live.
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// `watch` redraws in place on a terminal (a pty from `script`) and prints
+/// plain separated refreshes when piped.
+#[test]
+fn watch_redraws_on_a_terminal_and_prints_lines_when_piped() {
+    let name = unique_name("ops-tty");
+    let _g = shm(&name);
+    let region = Region::create(&name).unwrap();
+    let _s = Scheduler::shared(&region, 2).unwrap();
+
+    let piped = cli(&["watch", &name, "--count", "2"]);
+    assert!(piped.status.success());
+    let p = text(&piped.stdout);
+    assert!(p.contains("--- 0 s") && p.contains("--- 1 s"), "{p}");
+    assert!(!p.contains('\x1b'), "no escape codes in a pipe: {p:?}");
+
+    let mut c = Command::new("script");
+    c.args(["-q", "-e", "-c"])
+        .arg(format!("{BIN} watch {name} --count 2"))
+        .arg("/dev/null");
+    let out = match c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => wait_bounded(child, 30, "script watch"),
+        Err(e) => {
+            eprintln!("SKIPPED: no `script` to run watch on a terminal ({e})");
+            return;
+        }
+    };
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert_eq!(t.matches("\x1b[H\x1b[2J").count(), 2, "{t:?}");
+    assert!(!t.contains("--- 0 s"), "{t:?}");
+    assert!(t.contains("running     0 / 2 max"), "{t:?}");
+}
