@@ -69,6 +69,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+// Regions rely on memfd_create, OFD byte locks, shared futexes, robust
+// process-shared mutexes and /proc/self/fd: say so once, up front, instead
+// of a page of unresolved libc items.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "shmsched supports Linux only: its regions rely on memfd_create, OFD byte locks \
+     (F_OFD_SETLK), shared futexes, robust process-shared mutexes and /proc/self/fd \
+     (see docs/operations.md, \"Platform\")"
+);
+
 pub mod error;
 pub mod fair;
 pub mod io;

@@ -182,7 +182,7 @@ fn reap_returns_the_slots_of_a_killed_process() {
     assert!(human.contains("running     3 / 4 max"), "{human}");
 
     let text = ok_stdout(&["reap", &name.0]);
-    assert_eq!(text.trim(), "reaped 1 processes, reclaimed 3 slots");
+    assert_eq!(text.trim(), "reaped 1 process, reclaimed 3 slots");
     assert_eq!(sched.global_running(), 0);
     let stats = sched.stats().shared.unwrap();
     assert_eq!((stats.reaped_processes, stats.reclaimed), (1, 3));

@@ -92,7 +92,7 @@ fn t45_replay_of_t27_is_identical() {
     );
 }
 
-/// The replay format of FAIR-SHARE.md, line by line, including a misuse
+/// The call-log format of `docs/fair-share.md`, line by line, including a misuse
 /// line in the middle that does not stop the replay.
 #[test]
 fn replay_documented_format() {

@@ -1,4 +1,5 @@
-//! Conformance traces of FAIR-SHARE.md against the in-process ledger.
+//! Conformance traces of the fair-share rules (`docs/fair-share.md`)
+//! against the in-process ledger.
 
 mod common;
 

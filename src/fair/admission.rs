@@ -61,6 +61,16 @@ pub const TOLERANCE: f64 = 1e-9;
 
 /// Formats a quantity for explanations: at most 9 decimals, no `.0`.
 pub(crate) fn fmt_num(x: f64) -> String {
+    // Beyond 1e15 there is no fraction left to round (and `x * 1e9` would
+    // overflow to infinity for a finite x above ~1.8e299): print the value
+    // itself, in exponent form once its decimal expansion gets long.
+    if !x.is_finite() || x.abs() >= 1e15 {
+        return if x.is_finite() && x.abs() >= 1e16 {
+            format!("{x:e}")
+        } else {
+            format!("{x}")
+        };
+    }
     let r = (x * 1e9).round() / 1e9;
     if r == 0.0 {
         "0".into()

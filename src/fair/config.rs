@@ -151,7 +151,7 @@ impl FairConfig {
         }
         if self.idle_after_ms <= self.reclaim_horizon_ms {
             return bad(format!(
-                "idleAfterMs ({}) must be strictly greater than reclaimHorizonMs ({}): the freeze must still hold \
+                "idle_after_ms ({}) must be strictly greater than reclaim_horizon_ms ({}): the freeze must still hold \
                  at the instant the worst loan (taken at the ask, for the full horizon) expires",
                 self.idle_after_ms, self.reclaim_horizon_ms
             ));

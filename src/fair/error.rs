@@ -35,7 +35,8 @@ pub enum FairError {
     },
     /// The cost is negative, NaN or infinite.
     InvalidCost(f64),
-    /// `hold_ms` is 0: every lease must declare a positive hold.
+    /// `hold_ms` is 0 (every lease must declare a positive hold), or so
+    /// large that `now_ms + hold_ms` does not fit in a `u64`.
     InvalidHold(u64),
     /// A fixed-capacity table is full.
     CapacityExhausted {
@@ -66,14 +67,23 @@ impl fmt::Display for FairError {
             FairError::AlreadyReleased(l) => write!(f, "lease \"{l}\" was already released"),
             FairError::TimeWentBackwards { now_ms, last_ms } => write!(
                 f,
-                "now ({now_ms}ms) is earlier than the last accepted now ({last_ms}ms); time may not go backwards"
+                "now_ms {now_ms} is earlier than the last accepted now_ms {last_ms}; time may not go backwards"
             ),
             FairError::BeforeStart { now_ms, started_at_ms } => write!(
                 f,
-                "now ({now_ms}ms) is earlier than the ledger's startedAt ({started_at_ms}ms)"
+                "now_ms {now_ms} is earlier than the ledger's started_at_ms {started_at_ms}"
             ),
-            FairError::InvalidCost(c) => write!(f, "cost {c} is invalid: it must be finite and not negative"),
-            FairError::InvalidHold(h) => write!(f, "holdMs {h} is invalid: it must be at least 1"),
+            FairError::InvalidCost(c) => write!(
+                f,
+                "cost {} is invalid: it must be finite and not negative",
+                super::admission::fmt_num(*c)
+            ),
+            FairError::InvalidHold(0) => write!(f, "hold_ms 0 is invalid: it must be at least 1"),
+            FairError::InvalidHold(h) => write!(
+                f,
+                "hold_ms {h} is too large: the lease's deadline, now_ms + hold_ms, must be at most {} ms",
+                u64::MAX
+            ),
             FairError::CapacityExhausted { what, limit } => write!(
                 f,
                 "capacity exhausted: the {what} is full ({limit} entries); create the ledger with a larger capacity"

@@ -1,8 +1,9 @@
 //! FairShare: one capacity ceiling shared by weighted tenants, lending what
 //! idle tenants are not using and getting it back within a bounded horizon.
 //!
-//! This is the ledger of `seeds/fair-share-ceiling.txt`, closed by the
-//! rulings of `FAIR-SHARE.md`. Every entry point takes an explicit `now`
+//! Its conventions (guarantees, lending, the reclaim horizon, the order in
+//! which an acquire is decided, the statistics) and the call-log format are
+//! described in `docs/fair-share.md`. Every entry point takes an explicit `now`
 //! (milliseconds): there are no timers and no background sweeps, so a stall
 //! can be replayed exactly from a recorded call log ([`replay()`]).
 //!
@@ -83,7 +84,7 @@
 //!
 //! The [`FairLedger`] trait is implemented by [`FairShare`],
 //! [`SharedFairShare`] and the raw [`shared::SharedLedger`], and the
-//! conformance traces of `FAIR-SHARE.md` run against each.
+//! conformance traces in `tests/common` run against each.
 
 mod admission;
 mod config;

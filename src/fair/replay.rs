@@ -1,4 +1,5 @@
-//! Record and replay of call logs (FAIR-SHARE.md, "Call logs").
+//! Record and replay of call logs (format: `docs/fair-share.md`, "Call
+//! logs").
 //!
 //! A log is JSON lines: one `config` line, then `acquire`, `release`,
 //! `stats`, `plan` and `report` calls with explicit `now_ms`. Because the
@@ -20,6 +21,10 @@ pub struct ReplaySummary {
     pub lines: usize,
     /// Lines answered with an error (misuse, malformed, no config).
     pub errors: usize,
+    /// The part of `errors` that are not valid calls at all: malformed
+    /// JSON, an unknown op, a missing or mistyped field, a missing or
+    /// invalid config line. A log with any is not a faithful recording.
+    pub malformed: usize,
 }
 
 /// The replay line for an acquire result.
@@ -91,13 +96,17 @@ fn str_field<'a>(o: &'a Value, k: &str) -> Result<&'a str, String> {
 /// Applies one log line to `ledger` (creating it on `config`) and returns
 /// the output line.
 pub fn replay_line(ledger: &mut Option<FairShare>, line: &str) -> Value {
-    match replay_line_inner(ledger, line) {
+    match replay_line_checked(ledger, line) {
         Ok(v) => v,
         Err(m) => json!({"ok": false, "error": m}),
     }
 }
 
-fn replay_line_inner(ledger: &mut Option<FairShare>, line: &str) -> Result<Value, String> {
+/// Like [`replay_line`], but a line that is not a valid call (malformed
+/// JSON, unknown op, missing or mistyped field, no ledger yet, an invalid
+/// config) is `Err(message)`; a call the ledger answers with a misuse error
+/// is an `Ok` answer.
+pub fn replay_line_checked(ledger: &mut Option<FairShare>, line: &str) -> Result<Value, String> {
     let mut o: Value =
         serde_json::from_str(line).map_err(|e| format!("malformed log line: {e}"))?;
     let op = str_field(&o, "op")?.to_string();
@@ -159,7 +168,13 @@ pub fn replay<R: BufRead, W: Write>(reader: R, mut writer: W) -> io::Result<Repl
             continue;
         }
         sum.lines += 1;
-        let out = replay_line(&mut ledger, &line);
+        let out = match replay_line_checked(&mut ledger, &line) {
+            Ok(v) => v,
+            Err(m) => {
+                sum.malformed += 1;
+                json!({"ok": false, "error": m})
+            }
+        };
         if out.get("error").is_some() {
             sum.errors += 1;
         }

@@ -81,7 +81,7 @@ impl Params {
         }
         if self.idle_after_ms <= self.reclaim_horizon_ms {
             return c(format!(
-                "idleAfterMs {} is not greater than reclaimHorizonMs {}",
+                "idle_after_ms {} is not greater than reclaim_horizon_ms {}",
                 self.idle_after_ms, self.reclaim_horizon_ms
             ));
         }

@@ -2,7 +2,7 @@
 //!
 //! All of them are plain owned data with `Serialize`; numbers that are whole
 //! serialize as JSON integers (`50`, not `50.0`) so call-log replays read
-//! like the traces in FAIR-SHARE.md.
+//! like the examples in `docs/fair-share.md`.
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};

@@ -70,6 +70,7 @@ mod future;
 mod node;
 mod shared;
 mod stats;
+mod view;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;

@@ -129,10 +129,9 @@ pub(super) fn check_against(
         }
         if h.params != s.params {
             return Err(Error::Mismatch(format!(
-                "the region's {} has parameters {:?} but {:?} were asked for",
+                "the region's {} has {}",
                 h.kind.name(),
-                h.params,
-                s.params
+                describe_params(kind, &h.params, &s.params)
             )));
         }
         if h.object_size != s.object_size as u64 {
@@ -145,6 +144,51 @@ pub(super) fn check_against(
         }
     }
     Ok(())
+}
+
+/// What each of an object kind's eight header parameters means, for
+/// messages.
+fn param_names(kind: ObjectKind) -> [&'static str; 8] {
+    const REST: &str = "reserved parameter";
+    match kind {
+        ObjectKind::Scheduler => ["max", "object revision", REST, REST, REST, REST, REST, REST],
+        ObjectKind::Limiter => [
+            "tokens per second",
+            "object revision",
+            REST,
+            REST,
+            REST,
+            REST,
+            REST,
+            REST,
+        ],
+        ObjectKind::FairShare => [
+            "object revision",
+            "configuration hash",
+            "tenants",
+            "lease slots",
+            "mutex layout tag",
+            "mutex size",
+            "libc flavour",
+            "configuration length",
+        ],
+    }
+}
+
+/// "max 8, asked for 9" for each parameter that differs.
+fn describe_params(kind: ObjectKind, have: &[u64; 8], want: &[u64; 8]) -> String {
+    let names = param_names(kind);
+    let diffs: Vec<String> = (0..8)
+        .filter(|&i| have[i] != want[i])
+        .map(|i| format!("{} {}, asked for {}", names[i], have[i], want[i]))
+        .collect();
+    let rev = names.iter().position(|n| *n == "object revision");
+    let hint = if rev.is_some_and(|r| have[r] != want[r]) {
+        "a region made by another version of shmsched: remove it, or use another name"
+    } else {
+        "join the region as it is with attach, or use another region name"
+    };
+    format!("{} ({hint})", diffs.join("; "))
 }
 
 fn map_ready(region: &Region, h: HeaderInfo) -> Result<Mapping> {

@@ -20,6 +20,7 @@ pub mod layout;
 pub mod mapping;
 pub mod proc_table;
 pub mod registry;
+mod view;
 pub mod waiters;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -32,6 +33,7 @@ pub use create::ObjectSpec;
 pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
 pub use mapping::Mapping;
 pub use proc_table::{ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJ_WORDS};
+pub use view::{Probe, RegionView};
 pub use waiters::{Waiters, SLEEPERS};
 
 use crate::error::{Error, Result};
@@ -146,7 +148,7 @@ pub fn resolve_path(name_or_path: &str) -> Result<PathBuf> {
 }
 
 impl Region {
-    fn from_fd(fd: OwnedFd, path: Option<PathBuf>, opts: RegionOptions) -> Region {
+    fn from_parts(fd: OwnedFd, path: Option<PathBuf>, opts: RegionOptions) -> Region {
         Region {
             inner: Arc::new(RegionInner {
                 fd,
@@ -171,7 +173,7 @@ impl Region {
             .map_err(|e| Error::io("create", Some(path.clone()), e))?;
         sys::file::fchmod(fd.as_fd(), opts.mode)
             .map_err(|e| Error::io("fchmod", Some(path.clone()), e))?;
-        Ok(Region::from_fd(fd, Some(path), opts))
+        Ok(Region::from_parts(fd, Some(path), opts))
     }
 
     /// Opens an existing region file.
@@ -179,7 +181,7 @@ impl Region {
         let path = resolve_path(name_or_path)?;
         let fd = sys::file::open_file(&path, OpenMode::Existing, 0)
             .map_err(|e| Error::io("open", Some(path.clone()), e))?;
-        Ok(Region::from_fd(fd, Some(path), RegionOptions::default()))
+        Ok(Region::from_parts(fd, Some(path), RegionOptions::default()))
     }
 
     /// Opens the region file, creating it (with default options) if missing.
@@ -200,13 +202,13 @@ impl Region {
                 Ok(fd) => {
                     sys::file::fchmod(fd.as_fd(), opts.mode)
                         .map_err(|e| Error::io("fchmod", Some(path.clone()), e))?;
-                    return Ok(Region::from_fd(fd, Some(path), opts));
+                    return Ok(Region::from_parts(fd, Some(path), opts));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(Error::io("create", Some(path), e)),
             }
             match sys::file::open_file(&path, OpenMode::Existing, 0) {
-                Ok(fd) => return Ok(Region::from_fd(fd, Some(path), opts)),
+                Ok(fd) => return Ok(Region::from_parts(fd, Some(path), opts)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
                 Err(e) => return Err(Error::io("open", Some(path), e)),
             }
@@ -229,7 +231,49 @@ impl Region {
         opts.validate()?;
         let fd =
             sys::file::memfd_create("shmsched").map_err(|e| Error::io("memfd_create", None, e))?;
-        Ok(Region::from_fd(fd, None, opts))
+        Ok(Region::from_parts(fd, None, opts))
+    }
+
+    /// Adopts a region descriptor handed over by another program, for
+    /// example a parent that `exec`ed this one with the region's fd left
+    /// open (see [`as_fd`](Region::as_fd)). The fd must be open for reading
+    /// and writing on a region file or memfd; the region is then used as if
+    /// opened by name (binding validates its header). Objects registered
+    /// through it are this process's own: liveness locks are taken on new
+    /// open file descriptions, never on the inherited one.
+    ///
+    /// ```no_run
+    /// use std::os::fd::{FromRawFd, OwnedFd};
+    /// # fn main() -> shmsched::Result<()> {
+    /// // The parent passed its region's fd number in SHMSCHED_FD.
+    /// let n: i32 = std::env::var("SHMSCHED_FD").unwrap().parse().unwrap();
+    /// // SAFETY (for this example): the fd was inherited and nothing else owns it.
+    /// let region = shmsched::region::Region::from_fd(unsafe { OwnedFd::from_raw_fd(n) })?;
+    /// # let _ = region; Ok(()) }
+    /// ```
+    pub fn from_fd(fd: OwnedFd) -> Result<Region> {
+        // An fd that is not open, or not open for reading and writing, is
+        // refused now rather than at the first bind.
+        let flags = sys::file::access_mode(fd.as_fd())
+            .map_err(|e| Error::io("fcntl(F_GETFL) on the region fd", None, e))?;
+        if flags != sys::file::AccessMode::ReadWrite {
+            return Err(Error::InvalidArgument(format!(
+                "the region fd is open {flags:?}; a region needs read and write access"
+            )));
+        }
+        sys::file::file_size(fd.as_fd())
+            .map_err(|e| Error::io("fstat on the region fd", None, e))?;
+        Ok(Region::from_parts(fd, None, RegionOptions::default()))
+    }
+
+    /// The region's file descriptor, to hand to a program this process
+    /// `exec`s (it is `O_CLOEXEC`: clear that flag in the child, between
+    /// `fork` and `exec`, for the fd number it passes on), which adopts it
+    /// with [`Region::from_fd`]. Never lock or close it yourself: the
+    /// region's liveness locks are on other descriptions, but its `flock`s
+    /// are taken on reopened copies of this one.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
     }
 
     /// Removes a named region's file. Processes that have it open keep

@@ -161,6 +161,63 @@ const _: () = assert!(std::mem::size_of::<DispatchLine>() == 128);
 const _: () = assert!(REGISTRY_SIZE == 1280);
 const _: () = assert!(std::mem::align_of::<RegistryArea>() == 128);
 
+impl RegistryArea {
+    /// The gate word.
+    pub fn gate(&self) -> u64 {
+        self.gate.gate.load(Ordering::SeqCst)
+    }
+
+    /// Total stall time (some tier backlogged), open interval included, ns.
+    pub fn stall_ns(&self) -> u64 {
+        let total = self.dispatch.stall_total_ns.load(Ordering::Relaxed);
+        let g = self.gate();
+        if g & GATE_TIERS == 0 {
+            return total;
+        }
+        let since_us = g >> SINCE_SHIFT;
+        total.saturating_add(
+            (monotonic_ns() / 1000)
+                .saturating_sub(since_us)
+                .saturating_mul(1000),
+        )
+    }
+
+    /// Counters: (futex wakes that found a sleeper, dead processes reaped,
+    /// fairness hand-offs).
+    pub fn counters(&self) -> (u64, u64, u64) {
+        let d = &self.dispatch;
+        (
+            d.wakes.load(Ordering::Relaxed),
+            d.reaped.load(Ordering::Relaxed),
+            d.strict.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Waiters published per tier by the processes `entries` yields (a
+    /// process's words are read only if its waiting bit is set).
+    pub fn waiter_counts<'a>(
+        &self,
+        entries: impl Fn(u32) -> Option<&'a ProcEntry>,
+        process_slots: u32,
+    ) -> [u64; LEVELS] {
+        let words = (process_slots as usize).div_ceil(64).clamp(1, MAP_WORDS);
+        let mut out = [0u64; LEVELS];
+        for (w, word) in self.waiting[..words].iter().enumerate() {
+            let mut v = word.load(Ordering::SeqCst);
+            while v != 0 {
+                let idx = w as u32 * 64 + v.trailing_zeros();
+                v &= v - 1;
+                if let Some(e) = entries(idx) {
+                    for (t, o) in out.iter_mut().enumerate() {
+                        *o += e.obj[t].load(Ordering::Relaxed) >> 32;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// One waiter of the region, named by where it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Designee {
@@ -473,17 +530,7 @@ impl Registry {
 
     /// Total stall time (some tier backlogged), open interval included, ns.
     pub fn stall_ns(&self) -> u64 {
-        let total = self.d().stall_total_ns.load(Ordering::Relaxed);
-        let g = self.gate();
-        if g & GATE_TIERS == 0 {
-            return total;
-        }
-        let since_us = g >> SINCE_SHIFT;
-        total.saturating_add(
-            (monotonic_ns() / 1000)
-                .saturating_sub(since_us)
-                .saturating_mul(1000),
-        )
+        self.area().stall_ns()
     }
 
     // ---- publication ---------------------------------------------------
@@ -590,17 +637,10 @@ impl Registry {
         best.map(|(_, f)| f)
     }
 
-    /// Waiters published per tier, summed over live-looking processes.
+    /// Waiters published per tier, summed over the processes that publish.
     pub fn waiter_counts(&self) -> [u64; LEVELS] {
-        let mut out = [0u64; LEVELS];
-        for idx in self.waiting_processes() {
-            if let Some(e) = self.entry(idx) {
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o += e.obj[t].load(Ordering::Relaxed) >> 32;
-                }
-            }
-        }
-        out
+        self.area()
+            .waiter_counts(|idx| self.entry(idx), self.map.process_slots())
     }
 
     // ---- designation ---------------------------------------------------

@@ -1,6 +1,6 @@
 //! Concurrency configuration and per-priority cap resolution.
 //!
-//! The seed's rule, applied literally (DESIGN.md, rulings):
+//! The rule, applied literally:
 //!
 //! 1. every cap is clamped to `max`;
 //! 2. priorities above the topmost explicit cap get `max`;

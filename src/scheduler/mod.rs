@@ -32,6 +32,7 @@ mod node;
 mod root;
 mod shared;
 mod stats;
+mod view;
 mod waiter;
 
 use std::sync::Arc;

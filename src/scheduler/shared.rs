@@ -56,7 +56,7 @@ use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 3;
+pub(crate) const OBJECT_REV: u64 = 3;
 
 /// Process-entry word holding the cells this process holds (`held`).
 const HELD: usize = OBJ_FREE;
@@ -70,14 +70,14 @@ pub(crate) const COUNTED: u32 = 1 << 31;
 
 /// The scheduler's own header, after the registry.
 #[repr(C, align(128))]
-struct SchedHeader {
+pub(crate) struct SchedHeader {
     /// Global max; written once at initialisation.
-    max: AtomicU32,
+    pub(crate) max: AtomicU32,
     /// The cap lock: 0, or the owner id of the process admitting a capped
     /// task (see [`SharedSlots::take_capped`]).
     cap_lock: AtomicU32,
     /// Counter: cells freed on behalf of dead processes.
-    reclaimed: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
     /// 1 once a scan after counting started found no uncounted cell.
     all_counted: AtomicU32,
     _pad0: AtomicU32,
@@ -86,8 +86,8 @@ struct SchedHeader {
 
 const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
 
-const HEADER_OFF: usize = REGISTRY_SIZE;
-const CELLS_OFF: usize = HEADER_OFF + 128;
+pub(crate) const HEADER_OFF: usize = REGISTRY_SIZE;
+pub(crate) const CELLS_OFF: usize = HEADER_OFF + 128;
 
 fn object_size(max: u32) -> usize {
     CELLS_OFF + (max as usize * 4).div_ceil(128).max(1) * 128

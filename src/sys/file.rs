@@ -33,6 +33,38 @@ pub fn open_file(path: &Path, how: OpenMode, mode: u32) -> io::Result<OwnedFd> {
     o.open(path).map(OwnedFd::from)
 }
 
+/// Opens an existing `path` read-only with `O_CLOEXEC`, for inspectors that
+/// may read a region but not write it.
+pub fn open_read_only(path: &Path) -> io::Result<OwnedFd> {
+    OpenOptions::new().read(true).open(path).map(OwnedFd::from)
+}
+
+/// How a descriptor was opened (its `O_ACCMODE` bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    /// `O_RDONLY`.
+    ReadOnly,
+    /// `O_WRONLY`.
+    WriteOnly,
+    /// `O_RDWR`.
+    ReadWrite,
+}
+
+/// The access mode of `fd` (`fcntl(F_GETFL) & O_ACCMODE`); fails with
+/// `EBADF` for a descriptor that is not open.
+pub fn access_mode(fd: BorrowedFd<'_>) -> io::Result<AccessMode> {
+    // SAFETY: `fd` is live for the borrow; F_GETFL has no memory effects.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(match r & libc::O_ACCMODE {
+        libc::O_RDONLY => AccessMode::ReadOnly,
+        libc::O_WRONLY => AccessMode::WriteOnly,
+        _ => AccessMode::ReadWrite,
+    })
+}
+
 /// Creates an anonymous memory file (`memfd_create`, `MFD_CLOEXEC`).
 ///
 /// It is inherited across `fork` and closed on `exec`.
@@ -115,6 +147,20 @@ pub fn write_all_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<(
 /// touching a mapped page past end-of-file raises `SIGBUS`.
 pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<memmap2::MmapRaw> {
     memmap2::MmapOptions::new().len(len).map_raw(&fd)
+}
+
+/// Maps `len` bytes of the file `MAP_SHARED`, read-only (`PROT_READ`): the
+/// pages other processes write are seen, and nothing can be written through
+/// this mapping (a write faults). The fd may be read-only.
+///
+/// As for [`map_shared`], the caller must have checked the file's size.
+pub fn map_shared_read_only(fd: BorrowedFd<'_>, len: usize) -> io::Result<memmap2::Mmap> {
+    // SAFETY: memmap2 marks `map` unsafe because the file may change under
+    // the mapping; a region is shared memory that other processes write by
+    // design, and this mapping is only ever read through atomic loads (the
+    // caller, `region::view`, never forms a plain reference to bytes that
+    // others mutate).
+    unsafe { memmap2::MmapOptions::new().len(len).map(&fd) }
 }
 
 /// Removes a file name (`unlink`).

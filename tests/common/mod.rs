@@ -1,7 +1,8 @@
-//! Conformance traces of FAIR-SHARE.md, written once against the
-//! `FairLedger` trait so that every home of the ledger runs them.
+//! Conformance traces of the fair-share rules (`docs/fair-share.md`),
+//! written once against the `FairLedger` trait so that every home of the
+//! ledger runs them.
 //!
-//! Cfg2 has `startedAt -10_000`; our times are unsigned, so every time in a
+//! Cfg2 starts at -10_000; our times are unsigned, so every time in a
 //! trace is shifted by +10_000 (`at(t)`), and `started_at_ms` is 0.
 
 #![allow(dead_code)]
@@ -458,7 +459,7 @@ pub fn misuse<L: FairLedger>(mk: Make<L>) {
         ),
         (
             f.acquire("a", 1.0, 0, at(5)).unwrap_err(),
-            "holdMs 0".into(),
+            "hold_ms 0".into(),
         ),
         (f.release("b9", at(5)).unwrap_err(), "b9".into()),
         (f.release("zz1", at(5)).unwrap_err(), "zz1".into()),

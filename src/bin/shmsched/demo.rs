@@ -33,8 +33,7 @@ use shmsched::scheduler::{Scheduler, MAX_SHARED_SLOTS};
 
 use crate::rng::{clock_seed, Rng};
 use crate::worker::{unix_ms, MIX};
-use crate::{CliError, CliResult};
-use shmsched::sys::signal as signals;
+use crate::{outln, signals, CliError, CliResult};
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]
@@ -57,7 +56,7 @@ pub struct DemoArgs {
     seed: Option<u64>,
     /// Print the final table as one JSON object on stdout.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -166,7 +165,7 @@ fn spawn_worker(
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| {
-            CliError(format!(
+            CliError::from(format!(
                 "cannot spawn demo worker {id} ({}): {e}",
                 exe.display()
             ))
@@ -229,9 +228,9 @@ fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
 
 /// Runs the demo.
 pub fn run(a: DemoArgs) -> CliResult {
-    signals::install_interrupt_flag();
+    signals::install();
     let exe = std::env::current_exe().map_err(|e| {
-        CliError(format!(
+        CliError::from(format!(
             "cannot find the shmsched executable to spawn workers: {e}"
         ))
     })?;
@@ -307,12 +306,12 @@ pub fn run(a: DemoArgs) -> CliResult {
     kills.reverse();
     let (mut killed, mut respawned) = (0u32, 0u32);
     let mut last_progress = Instant::now() - Duration::from_secs(10);
-    let mut interrupted = false;
+    let mut interrupted = None;
 
     while spawn_err.is_none() {
         let now = Instant::now();
-        if signals::interrupted() {
-            interrupted = true;
+        if let Some(sig) = signals::caught() {
+            interrupted = Some(sig);
             break;
         }
         if now >= deadline {
@@ -429,7 +428,7 @@ pub fn run(a: DemoArgs) -> CliResult {
         cap: a.cap,
         seconds: a.seconds,
         elapsed_s: (elapsed * 100.0).round() / 100.0,
-        interrupted,
+        interrupted: interrupted.is_some(),
         completed: t.completed(),
         priorities: rows,
         max_running_observed: max_sampled
@@ -454,8 +453,8 @@ pub fn run(a: DemoArgs) -> CliResult {
     let ok = summary.leaked == 0
         && summary.max_running_observed <= summary.cap
         && summary.leftover_processes == 0;
-    Ok(if interrupted {
-        ExitCode::from(130)
+    Ok(if let Some(sig) = interrupted {
+        ExitCode::from(signals::exit_status(sig))
     } else if ok {
         ExitCode::SUCCESS
     } else {
@@ -465,52 +464,59 @@ pub fn run(a: DemoArgs) -> CliResult {
 
 fn print_summary(s: &Summary, json: bool) -> Result<(), CliError> {
     if json {
-        let text =
-            serde_json::to_string(s).map_err(|e| CliError(format!("encoding the summary: {e}")))?;
-        println!("{text}");
+        let text = serde_json::to_string(s)
+            .map_err(|e| CliError::from(format!("encoding the summary: {e}")))?;
+        outln!("{text}")?;
         return Ok(());
     }
-    println!();
+    outln!()?;
     if s.interrupted {
-        println!("interrupted after {:.1} s", s.elapsed_s);
+        outln!("interrupted after {:.1} s", s.elapsed_s)?;
     }
-    println!(
+    outln!(
         "{:<10} {:>10} {:>11} {:>11}",
-        "priority", "completed", "wait p50", "wait p99"
-    );
+        "priority",
+        "completed",
+        "wait p50",
+        "wait p99"
+    )?;
     for r in &s.priorities {
-        println!(
+        outln!(
             "{:<10} {:>10} {:>8.1} ms {:>8.1} ms",
-            r.priority, r.completed, r.wait_p50_ms, r.wait_p99_ms
-        );
+            r.priority,
+            r.completed,
+            r.wait_p50_ms,
+            r.wait_p99_ms
+        )?;
     }
-    println!("{:<10} {:>10}", "total", s.completed);
-    println!();
+    outln!("{:<10} {:>10}", "total", s.completed)?;
+    outln!()?;
     let verdict = if s.max_running_observed <= s.cap {
         "never above the cap"
     } else {
         "ABOVE THE CAP"
     };
-    println!(
+    outln!(
         "max running observed: {} (cap {}): {verdict}",
-        s.max_running_observed, s.cap
-    );
+        s.max_running_observed,
+        s.cap
+    )?;
     if s.killed > 0 {
-        println!(
+        outln!(
             "workers SIGKILLed: {} (respawned {}); their finished tasks are counted above (streamed per task)",
             s.killed, s.respawned
-        );
+        )?;
     }
-    println!(
+    outln!(
         "dead processes reaped: {}, slots reclaimed: {} ({} by waiting workers as they ran, {} by the final reap)",
         s.reaped_processes,
         s.slots_reclaimed,
         s.slots_reclaimed - s.slots_reclaimed_by_final_reap.min(s.slots_reclaimed),
         s.slots_reclaimed_by_final_reap
-    );
-    println!(
+    )?;
+    outln!(
         "leaked: {} (slots held after every worker exited and a final reap; process entries left: {})",
         s.leaked, s.leftover_processes
-    );
+    )?;
     Ok(())
 }

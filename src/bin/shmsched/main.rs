@@ -3,13 +3,27 @@
 //! - `demo`: a master and N worker processes sharing one concurrency budget
 //!   through a region, with a progress line and a summary table; `--kill N`
 //!   SIGKILLs workers mid-run and shows that nothing leaks.
-//! - `stat REGION`, `watch REGION`: a live region's header and figures.
-//! - `reap REGION`: returns dead processes' slots now.
-//! - `fair replay LOG`: replays a fair-share call log (FAIR-SHARE.md).
+//! - `ls [DIR]`, `rm NAME…`: the regions on this host, and their removal.
+//! - `stat REGION`, `watch REGION`: a live region's header and figures,
+//!   read-only (no process-table entry, read permission is enough);
+//!   `stat --prometheus` and `serve` expose them as Prometheus metrics.
+//! - `reap REGION`: returns dead processes' slots now (needs write access).
+//! - `fair replay LOG`: replays a fair-share call log (`docs/fair-share.md`).
+//!
+//! Exit codes: 0 success, 1 an error (printed as `shmsched: error: …`, or
+//! as a JSON object with `--json`), 2 a usage error, 128 + N when stopped
+//! by signal N where that cuts a run short (`demo`: 130 for SIGINT, 143 for
+//! SIGTERM), 141 when standard output is a closed pipe (as a program killed
+//! by SIGPIPE, but quietly).
 
 mod demo;
 mod fair;
+mod ls;
+mod metrics;
+mod out;
 mod rng;
+mod serve;
+mod signals;
 mod stat;
 mod worker;
 
@@ -30,12 +44,23 @@ enum Command {
     /// Run a self-contained demo: a master and N worker processes share a
     /// cap through a fresh region.
     Demo(demo::DemoArgs),
-    /// Print a live region: header, and for a scheduler its figures and
-    /// processes.
+    /// List the regions in /dev/shm (or in DIR): kind, live processes,
+    /// usage, mode and owner.
+    Ls(ls::LsArgs),
+    /// Remove regions; refuses while live processes are attached unless
+    /// --force.
+    Rm(ls::RmArgs),
+    /// Print a region: header, and its object's figures and processes.
+    /// Read-only: needs read permission only and takes no process entry.
     Stat(stat::StatArgs),
-    /// Like `stat`, refreshed every second until Ctrl-C or `--count N`.
+    /// Like `stat`, refreshed every second until Ctrl-C or `--count N`;
+    /// redraws in place on a terminal, prints plain lines when piped.
     Watch(stat::WatchArgs),
-    /// Return the slots of dead processes in a scheduler region now.
+    /// Serve the figures of regions as Prometheus metrics over HTTP
+    /// (`/metrics`).
+    Serve(serve::ServeArgs),
+    /// Return the slots (or leases) of dead processes now. Needs write
+    /// access to the region.
     Reap(stat::ReapArgs),
     /// Fair-share tools.
     #[command(subcommand)]
@@ -45,10 +70,27 @@ enum Command {
     DemoWorker(worker::WorkerArgs),
 }
 
+impl Command {
+    /// Whether errors should be printed as JSON.
+    fn json(&self) -> bool {
+        match self {
+            Command::Stat(a) => a.json,
+            Command::Watch(a) => a.json,
+            Command::Reap(a) => a.json,
+            Command::Ls(a) => a.json,
+            Command::Demo(a) => a.json,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum FairCommand {
-    /// Replay a JSON-lines call log (FAIR-SHARE.md, "Call logs"); prints one
-    /// JSON line per call.
+    /// Replay a JSON-lines call log (format: docs/fair-share.md, "Call
+    /// logs"); prints one JSON line per call. Exits 1 if a line is not a
+    /// valid call (malformed JSON, unknown op, missing field, no config
+    /// line) or the log is empty; a call the ledger refuses as misuse is an
+    /// answer, printed on its line.
     Replay(ReplayArgs),
 }
 
@@ -59,19 +101,84 @@ struct ReplayArgs {
     log: String,
 }
 
+/// What kind of failure an error is (the `kind` of a JSON error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The region (or file) does not exist.
+    NotFound,
+    /// The OS refused access.
+    PermissionDenied,
+    /// The file is not a valid region, or not of the kind asked for.
+    BadRegion,
+    /// Live processes are attached (`rm` without `--force`).
+    InUse,
+    /// An input (log, argument) is invalid.
+    InvalidInput,
+    /// Anything else.
+    Other,
+    /// Standard output is a closed pipe: exit quietly.
+    BrokenPipe,
+}
+
+impl ErrorKind {
+    fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::BadRegion => "bad_region",
+            ErrorKind::InUse => "in_use",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Other => "other",
+            ErrorKind::BrokenPipe => "broken_pipe",
+        }
+    }
+}
+
 /// An error for the user: a message, printed as `shmsched: error: …`.
 #[derive(Debug)]
-pub struct CliError(pub String);
+pub struct CliError {
+    /// The message, naming the value at fault.
+    pub msg: String,
+    /// Its kind.
+    pub kind: ErrorKind,
+}
+
+impl CliError {
+    /// An error of kind `kind`.
+    pub fn new(kind: ErrorKind, msg: impl Into<String>) -> CliError {
+        CliError {
+            msg: msg.into(),
+            kind,
+        }
+    }
+
+    /// A library error about `what` (a region name), classified.
+    pub fn lib(what: &str, e: &shmsched::Error) -> CliError {
+        let kind = match e {
+            shmsched::Error::Io { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+                std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+                _ => ErrorKind::Other,
+            },
+            shmsched::Error::BadRegion(_) | shmsched::Error::Mismatch(_) => ErrorKind::BadRegion,
+            shmsched::Error::InvalidArgument(_) => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        };
+        CliError::new(kind, format!("{what}: {e}"))
+    }
+}
 
 impl From<shmsched::Error> for CliError {
     fn from(e: shmsched::Error) -> Self {
-        CliError(e.to_string())
+        let mut c = CliError::lib("", &e);
+        c.msg = e.to_string();
+        c
     }
 }
 
 impl From<String> for CliError {
     fn from(s: String) -> Self {
-        CliError(s)
+        CliError::new(ErrorKind::Other, s)
     }
 }
 
@@ -80,18 +187,31 @@ pub type CliResult = Result<ExitCode, CliError>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.command.json();
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
+        Command::Ls(a) => ls::ls(a),
+        Command::Rm(a) => ls::rm(a),
         Command::Stat(a) => stat::stat(a),
         Command::Watch(a) => stat::watch(a),
+        Command::Serve(a) => serve::serve(a),
         Command::Reap(a) => stat::reap(a),
         Command::Fair(FairCommand::Replay(a)) => fair::replay(&a.log),
         Command::DemoWorker(a) => worker::run(a),
     };
     match r {
         Ok(code) => code,
-        Err(CliError(msg)) => {
-            eprintln!("shmsched: error: {msg}");
+        Err(e) if e.kind == ErrorKind::BrokenPipe => out::broken_pipe_exit(),
+        Err(e) => {
+            if json {
+                let v = serde_json::json!({"error": {"kind": e.kind.name(), "message": e.msg}});
+                // Printed on stdout, where a JSON consumer reads; if that
+                // fails too, stderr still gets the plain message.
+                if out::line(&v.to_string()).is_ok() {
+                    return ExitCode::FAILURE;
+                }
+            }
+            eprintln!("shmsched: error: {}", e.msg);
             ExitCode::FAILURE
         }
     }

@@ -1,10 +1,20 @@
 //! `stat`, `watch` and `reap`: a live region from the outside.
 //!
-//! Reading a scheduler's figures means attaching to it, which registers
-//! this process in the region's process table; every path here leaves
-//! through [`Scheduler::detach`], so the inspector leaves no entry behind
-//! and holds nothing. Its own entry is left out of the process list.
+//! `stat` and `watch` read a region through a [`RegionView`]: the file is
+//! opened read-only and mapped `PROT_READ`, the process table and the
+//! object's words are read with atomic loads, liveness comes from
+//! `F_OFD_GETLK`. The inspector takes no process entry and writes nothing,
+//! so it works with read permission alone and on a full process table.
+//!
+//! The one exception is a fair-share region's ledger, which is read under
+//! its lock by attaching (a process entry, freed again at once): without
+//! write access, or on a full process table, `stat` shows its header and
+//! says why the ledger is missing.
+//!
+//! `reap` frees dead processes' holdings and needs write access.
 
+use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -12,21 +22,23 @@ use clap::Args;
 use serde::Serialize;
 use shmsched::fair::{FairConfig, FairShare, Stats};
 use shmsched::limiter::{Limiter, LimiterStats};
-use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region};
+use shmsched::region::{HeaderInfo, ObjectKind, ProcState, Region, RegionView};
 use shmsched::scheduler::{Scheduler, SharedStats};
 use shmsched::Priority;
 
-use crate::{CliError, CliResult};
-use shmsched::sys::signal as signals;
+use crate::{metrics, out, outln, signals, CliError, CliResult, ErrorKind};
 
 /// Arguments of `stat`.
 #[derive(Debug, Args)]
 pub struct StatArgs {
     /// Region name (maps to /dev/shm/shmsched.NAME) or path.
     region: String,
-    /// Print one JSON object.
+    /// Print one JSON object (errors too, as `{"error": {...}}`).
     #[arg(long)]
-    json: bool,
+    pub json: bool,
+    /// Print Prometheus metrics (text exposition format 0.0.4).
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
 }
 
 /// Arguments of `watch`.
@@ -39,7 +51,7 @@ pub struct WatchArgs {
     count: Option<u64>,
     /// Print one JSON object per refresh, one per line.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// Arguments of `reap`.
@@ -49,23 +61,28 @@ pub struct ReapArgs {
     region: String,
     /// Print one JSON object.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// The region header, as `stat` shows it.
 #[derive(Debug, Serialize)]
-struct Header {
-    path: String,
-    kind: &'static str,
+pub struct Header {
+    /// The region file.
+    pub path: String,
+    /// The object kind.
+    pub kind: &'static str,
     layout_version: u32,
     params: [u64; 8],
     total_size: u64,
-    process_slots: u32,
+    /// Size of the process table.
+    pub process_slots: u32,
     created_at_unix_ms: u64,
     created_pid: i32,
+    /// Permission bits, in octal (`"0600"`).
+    mode: String,
 }
 
-/// One registered process of a scheduler region.
+/// One registered process.
 #[derive(Debug, Serialize)]
 struct Proc {
     pid: i32,
@@ -73,14 +90,17 @@ struct Proc {
     owner: u32,
     alive: bool,
     state: &'static str,
+    /// Slots held (scheduler regions; 0 for a limiter).
     slots_held: u32,
 }
 
 /// A scheduler region's figures.
 #[derive(Debug, Serialize)]
-struct SchedView {
-    running: u32,
-    max: u32,
+pub struct SchedView {
+    /// Slots held across all processes.
+    pub running: u32,
+    /// The global max.
+    pub max: u32,
     waiters: std::collections::BTreeMap<&'static str, u32>,
     waiting_total: u32,
     processes_alive: u32,
@@ -89,102 +109,214 @@ struct SchedView {
     reaped_processes: u64,
     /// Time during which at least one task waited, in any process.
     stall_ms: f64,
+    /// The raw region-wide figures (for the metrics).
+    #[serde(skip)]
+    pub shared: SharedStats,
+}
+
+/// A limiter region's figures and processes.
+#[derive(Debug, Serialize)]
+pub struct LimView {
+    /// The figures, as an attached process would see them.
+    #[serde(flatten)]
+    pub stats: LimiterStats,
+    processes: Vec<Proc>,
 }
 
 /// What `stat --json` prints.
 #[derive(Debug, Serialize)]
-struct StatView {
-    region: Header,
+pub struct StatView {
+    /// The header.
+    pub region: Header,
     /// Present for a scheduler region.
-    scheduler: Option<SchedView>,
-    /// Present for a fair-share region.
-    fair: Option<FairView>,
+    pub scheduler: Option<SchedView>,
+    /// Present for a fair-share region whose ledger could be read.
+    pub fair: Option<FairView>,
     /// Present for a limiter region.
-    limiter: Option<LimiterStats>,
-    /// Set when this kind has no detailed view yet.
-    note: Option<String>,
+    pub limiter: Option<LimView>,
+    /// Why a part is missing, when one is.
+    pub note: Option<String>,
 }
 
 /// A fair-share region: its configuration and `stats` read now.
 #[derive(Debug, Serialize)]
-struct FairView {
-    config: FairConfig,
-    stats: Stats,
-    /// Processes reaped and leases they held, since creation.
-    reaped_processes: u64,
-    reaped_leases: u64,
+pub struct FairView {
+    /// The configuration the region holds.
+    pub config: FairConfig,
+    /// The ledger's statistics now.
+    pub stats: Stats,
+    /// Processes reaped since creation.
+    pub reaped_processes: u64,
+    /// Leases those processes held.
+    pub reaped_leases: u64,
 }
 
-fn limiter_view(name: &str, region: &Region) -> Result<LimiterStats, CliError> {
-    let lim = Limiter::attach(region).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
-    // `stats` shows 0 tokens on a corrupt bucket word; `tokens` says why.
-    let tokens = lim
-        .tokens()
-        .map_err(|e| CliError(format!("region {name:?}: {e}")));
-    let stats = lim.stats();
-    lim.detach()
-        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
-    tokens?;
-    Ok(stats)
+/// `n` and the noun, singular or plural.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn print_limiter(l: &LimiterStats) {
-    println!(
-        "tokens      {} of {} (tokens per second = capacity){}",
-        l.tokens,
-        l.tokens_per_second,
-        if l.tokens < 0 { ", in debt" } else { "" }
+/// Opens `name` read-only, with messages that say what to do.
+pub fn open_view(name: &str) -> Result<RegionView, CliError> {
+    RegionView::open(name).map_err(|e| {
+        let path = shmsched::region::resolve_path(name)
+            .map_or_else(|_| name.to_string(), |p| p.display().to_string());
+        let c = CliError::lib(&format!("region {name:?}"), &e);
+        match c.kind {
+            ErrorKind::NotFound => CliError::new(
+                ErrorKind::NotFound,
+                format!("region {name:?}: no such region ({path} does not exist); `shmsched ls` lists the regions"),
+            ),
+            ErrorKind::PermissionDenied => CliError::new(
+                ErrorKind::PermissionDenied,
+                format!("region {name:?}: permission denied reading {path}: inspecting a region needs read permission on its file"),
+            ),
+            _ => c,
+        }
+    })
+}
+
+fn proc_rows(list: Vec<(shmsched::region::ProcSummary, u32)>) -> Vec<Proc> {
+    list.into_iter()
+        .map(|(p, held)| Proc {
+            pid: p.pid,
+            entry: p.idx,
+            owner: p.owner,
+            alive: p.alive,
+            state: match p.state {
+                ProcState::Free => "free",
+                ProcState::Live => "live",
+                ProcState::Reaping => "reaping",
+            },
+            slots_held: held,
+        })
+        .collect()
+}
+
+fn sched_view(name: &str, v: &RegionView) -> Result<SchedView, CliError> {
+    let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
+    let shared = v.scheduler_stats().map_err(bad)?;
+    let processes = proc_rows(v.scheduler_processes().map_err(bad)?);
+    let waiters = Priority::ALL
+        .iter()
+        .rev()
+        .map(|p| (p.name(), shared.waiters[p.index()]))
+        .collect();
+    Ok(SchedView {
+        running: shared.running,
+        max: shared.max,
+        waiters,
+        waiting_total: shared.waiters.iter().sum(),
+        processes_alive: shared.processes,
+        processes,
+        slots_reclaimed: shared.reclaimed,
+        reaped_processes: shared.reaped_processes,
+        stall_ms: shared.stall_ns as f64 / 1e6,
+        shared,
+    })
+}
+
+fn limiter_view(name: &str, v: &RegionView) -> Result<LimView, CliError> {
+    let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
+    let stats = v.limiter_stats().map_err(bad)?;
+    let processes = proc_rows(
+        v.processes()
+            .map_err(bad)?
+            .into_iter()
+            .map(|p| (p, 0))
+            .collect(),
     );
-    println!("pending     {} here; forced {} here", l.pending, l.forced);
-    if let Some(sh) = &l.shared {
-        let waiting: Vec<String> = Priority::ALL
-            .iter()
-            .rev()
-            .filter(|p| sh.waiters[p.index()] > 0)
-            .map(|p| format!("{} {}", p.name(), sh.waiters[p.index()]))
-            .collect();
-        println!(
-            "waiting     {}",
-            if waiting.is_empty() {
-                "0".to_string()
-            } else {
-                waiting.join(", ")
-            }
-        );
-        println!("forced      {} across all processes", sh.forced);
-        println!(
-            "stalled     {:.1} ms in all (some consume waiting)",
-            sh.stall_ns as f64 / 1e6
-        );
-        println!("processes   {} alive", sh.processes.saturating_sub(1));
-    }
+    Ok(LimView { stats, processes })
 }
 
-fn fair_view(name: &str, region: &Region) -> Result<FairView, CliError> {
-    let bad = |e: &dyn std::fmt::Display| CliError(format!("region {name:?}: {e}"));
-    let mut fair = FairShare::attach(region).map_err(|e| bad(&e))?;
+/// Reads a fair-share region's ledger, attaching for the time of one
+/// `stats` call. `Ok(Err(note))` when it cannot (no write access, full
+/// process table): the header is still shown.
+fn fair_view(name: &str, v: &RegionView) -> Result<Result<FairView, String>, CliError> {
+    let path = v.path().display().to_string();
+    let region = match Region::open(&path) {
+        Ok(r) => r,
+        Err(shmsched::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            return Ok(Err(
+                "the fair-share ledger is read under its lock, which needs write access to the region; \
+                 only the header is shown"
+                    .into(),
+            ))
+        }
+        Err(e) => return Err(CliError::lib(&format!("region {name:?}"), &e)),
+    };
+    let bad = |e: &dyn std::fmt::Display| CliError::from(format!("region {name:?}: {e}"));
+    let mut fair = match FairShare::attach(&region) {
+        Ok(f) => f,
+        Err(shmsched::Error::ProcessTableFull { slots }) => {
+            return Ok(Err(format!(
+                "the fair-share ledger is read under its lock by attaching, and the process table is full ({slots} entries); only the header is shown"
+            )))
+        }
+        Err(e) => return Err(bad(&e)),
+    };
     let stats = fair.stats_now().map_err(|e| bad(&e));
     let (reaped_processes, reaped_leases) = fair.reaped();
     let config = fair.config().clone();
     // The inspector holds no lease: leave no entry behind.
     fair.mapping()
         .deregister()
-        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
-    Ok(FairView {
+        .map_err(|e| CliError::from(format!("leaving region {name:?}: {e}")))?;
+    Ok(Ok(FairView {
         config,
         stats: stats?,
         reaped_processes,
         reaped_leases,
-    })
+    }))
 }
 
-fn print_fair(f: &FairView) {
+fn header(v: &RegionView, h: &HeaderInfo) -> Header {
+    Header {
+        path: v.path().display().to_string(),
+        kind: h.kind.name(),
+        layout_version: h.layout_version,
+        params: h.params,
+        total_size: h.total_size,
+        process_slots: h.process_slots,
+        created_at_unix_ms: h.created_at_unix_ms,
+        created_pid: h.created_pid,
+        mode: v.mode().map_or_else(|_| "?".into(), |m| format!("{m:04o}")),
+    }
+}
+
+/// Builds the view of the region `name` opened as `v`.
+pub fn build(name: &str, v: &RegionView) -> Result<StatView, CliError> {
+    let info = v.header();
+    let mut sv = StatView {
+        region: header(v, &info),
+        scheduler: None,
+        fair: None,
+        limiter: None,
+        note: None,
+    };
+    match info.kind {
+        ObjectKind::Scheduler => sv.scheduler = Some(sched_view(name, v)?),
+        ObjectKind::Limiter => sv.limiter = Some(limiter_view(name, v)?),
+        ObjectKind::FairShare => match fair_view(name, v)? {
+            Ok(f) => sv.fair = Some(f),
+            Err(note) => sv.note = Some(note),
+        },
+    }
+    Ok(sv)
+}
+
+fn print_fair(o: &mut String, f: &FairView) {
     let c = &f.config;
-    println!(
+    let _ = writeln!(
+        o,
         "ceiling     {} ({:?}), reclaim horizon {} ms, idle after {} ms",
         c.ceiling, c.fairness_unit, c.reclaim_horizon_ms, c.idle_after_ms
     );
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14} {:>8} {:>7}",
         "tenant",
         "guarantee",
@@ -200,7 +332,8 @@ fn print_fair(f: &FairView) {
         let worst = t
             .worst_reclaim_ms
             .map_or("-".to_string(), |w| w.to_string());
-        println!(
+        let _ = writeln!(
+            o,
             "  {:<16} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>14.1} {:>8} {:>7}",
             t.id,
             t.guarantee,
@@ -214,158 +347,109 @@ fn print_fair(f: &FairView) {
         );
     }
     if f.stats.overrun_leases.is_empty() {
-        println!("overrun     none");
+        let _ = writeln!(o, "overrun     none");
     } else {
-        println!("overrun     {}", f.stats.overrun_leases.join(", "));
+        let _ = writeln!(o, "overrun     {}", f.stats.overrun_leases.join(", "));
     }
-    println!(
-        "reaped      {} leases from {} dead processes",
-        f.reaped_leases, f.reaped_processes
+    let _ = writeln!(
+        o,
+        "reaped      {} from {}",
+        count(f.reaped_leases, "lease", "leases"),
+        count(f.reaped_processes, "dead process", "dead processes")
     );
 }
 
-fn header(region: &Region, name: &str, h: &HeaderInfo) -> Header {
-    Header {
-        path: region
-            .path()
-            .map_or_else(|| name.to_string(), |p| p.display().to_string()),
-        kind: h.kind.name(),
-        layout_version: h.layout_version,
-        params: h.params,
-        total_size: h.total_size,
-        process_slots: h.process_slots,
-        created_at_unix_ms: h.created_at_unix_ms,
-        created_pid: h.created_pid,
+fn print_limiter(o: &mut String, l: &LimiterStats) {
+    let _ = writeln!(
+        o,
+        "tokens      {} of {} (tokens per second = capacity){}",
+        l.tokens,
+        l.tokens_per_second,
+        if l.tokens < 0 { ", in debt" } else { "" }
+    );
+    if let Some(sh) = &l.shared {
+        let waiting: Vec<String> = Priority::ALL
+            .iter()
+            .rev()
+            .filter(|p| sh.waiters[p.index()] > 0)
+            .map(|p| format!("{} {}", p.name(), sh.waiters[p.index()]))
+            .collect();
+        let _ = writeln!(
+            o,
+            "waiting     {}",
+            if waiting.is_empty() {
+                "0".to_string()
+            } else {
+                waiting.join(", ")
+            }
+        );
+        let _ = writeln!(o, "forced      {} across all processes", sh.forced);
+        let _ = writeln!(
+            o,
+            "stalled     {:.1} ms in all (some consume waiting)",
+            sh.stall_ns as f64 / 1e6
+        );
+        let _ = writeln!(o, "processes   {} alive", sh.processes);
     }
 }
 
-fn open(name: &str) -> Result<(Region, HeaderInfo), CliError> {
-    let region = Region::open(name).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
-    let info = region
-        .info()
-        .map_err(|e| CliError(format!("region {name:?}: {e}")))?
-        .ok_or_else(|| {
-            CliError(format!(
-                "region {name:?} is not initialised (no object was created in it yet)"
-            ))
-        })?;
-    Ok((region, info))
+fn print_procs(o: &mut String, procs: &[Proc], slots: bool) {
+    if procs.is_empty() {
+        return;
+    }
+    if slots {
+        let _ = writeln!(
+            o,
+            "  {:>8} {:>6} {:>6} {:>11}",
+            "pid", "entry", "alive", "slots held"
+        );
+    } else {
+        let _ = writeln!(o, "  {:>8} {:>6} {:>6}", "pid", "entry", "alive");
+    }
+    for p in procs {
+        let alive = if p.alive { "yes" } else { "DEAD" };
+        if slots {
+            let _ = writeln!(
+                o,
+                "  {:>8} {:>6} {:>6} {:>11}",
+                p.pid, p.entry, alive, p.slots_held
+            );
+        } else {
+            let _ = writeln!(o, "  {:>8} {:>6} {:>6}", p.pid, p.entry, alive);
+        }
+    }
 }
 
-fn sched_view(sched: &Scheduler) -> Result<SchedView, CliError> {
-    let shared: SharedStats = sched
-        .stats()
-        .shared
-        .ok_or_else(|| CliError("internal: an attached scheduler has no shared stats".into()))?;
-    let me = sched.owner_id();
-    let processes: Vec<Proc> = sched
-        .processes()?
-        .into_iter()
-        .filter(|(p, _)| Some(p.owner) != me)
-        .map(|(p, held)| Proc {
-            pid: p.pid,
-            entry: p.idx,
-            owner: p.owner,
-            alive: p.alive,
-            state: match p.state {
-                ProcState::Free => "free",
-                ProcState::Live => "live",
-                ProcState::Reaping => "reaping",
-            },
-            slots_held: held,
-        })
-        .collect();
-    let waiters = Priority::ALL
-        .iter()
-        .rev()
-        .map(|p| (p.name(), shared.waiters[p.index()]))
-        .collect();
-    Ok(SchedView {
-        running: shared.running,
-        max: shared.max,
-        waiters,
-        waiting_total: shared.waiters.iter().sum(),
-        // Without this inspector, which counts itself while attached.
-        processes_alive: shared.processes.saturating_sub(1),
-        processes,
-        slots_reclaimed: shared.reclaimed,
-        reaped_processes: shared.reaped_processes,
-        stall_ms: shared.stall_ns as f64 / 1e6,
-    })
-}
-
-/// Builds the view of `name`, attaching to (and detaching from) a scheduler.
-fn view(name: &str, region: &Region, info: &HeaderInfo) -> Result<StatView, CliError> {
-    let head = header(region, name, info);
-    if info.kind == ObjectKind::FairShare {
-        return Ok(StatView {
-            region: head,
-            scheduler: None,
-            fair: Some(fair_view(name, region)?),
-            limiter: None,
-            note: None,
-        });
-    }
-    if info.kind == ObjectKind::Limiter {
-        return Ok(StatView {
-            region: head,
-            scheduler: None,
-            fair: None,
-            limiter: Some(limiter_view(name, region)?),
-            note: None,
-        });
-    }
-    if info.kind != ObjectKind::Scheduler {
-        return Ok(StatView {
-            region: head,
-            scheduler: None,
-            fair: None,
-            limiter: None,
-            note: Some(format!(
-                "the detailed view of a {} region is not supported yet",
-                info.kind.name()
-            )),
-        });
-    }
-    let sched = Scheduler::attach(region).map_err(|e| CliError(format!("region {name:?}: {e}")))?;
-    let v = sched_view(&sched);
-    sched
-        .detach()
-        .map_err(|e| CliError(format!("leaving region {name:?}: {e}")))?;
-    Ok(StatView {
-        region: head,
-        scheduler: Some(v?),
-        fair: None,
-        limiter: None,
-        note: None,
-    })
-}
-
-fn print_human(v: &StatView) {
+/// The human-readable form of `v`.
+fn human(v: &StatView) -> String {
+    let mut o = String::new();
     let h = &v.region;
-    println!("region      {}", h.path);
-    println!("kind        {} (layout v{})", h.kind, h.layout_version);
+    let _ = writeln!(o, "region      {}", h.path);
+    let _ = writeln!(o, "kind        {} (layout v{})", h.kind, h.layout_version);
     let params: Vec<String> = h.params.iter().map(u64::to_string).collect();
-    println!("params      [{}]", params.join(", "));
-    println!(
-        "size        {} bytes, {} process slots",
-        h.total_size, h.process_slots
+    let _ = writeln!(o, "params      [{}]", params.join(", "));
+    let _ = writeln!(
+        o,
+        "size        {} bytes, {} process slots, mode {}",
+        h.total_size, h.process_slots, h.mode
     );
-    println!(
+    let _ = writeln!(
+        o,
         "created     by pid {} at {} ms since the Unix epoch",
         h.created_pid, h.created_at_unix_ms
     );
     if let Some(note) = &v.note {
-        println!("{note}");
+        let _ = writeln!(o, "note        {note}");
     }
     if let Some(f) = &v.fair {
-        print_fair(f);
+        print_fair(&mut o, f);
     }
     if let Some(l) = &v.limiter {
-        print_limiter(l);
+        print_limiter(&mut o, &l.stats);
+        print_procs(&mut o, &l.processes, false);
     }
-    let Some(s) = &v.scheduler else { return };
-    println!("running     {} / {} max", s.running, s.max);
+    let Some(s) = &v.scheduler else { return o };
+    let _ = writeln!(o, "running     {} / {} max", s.running, s.max);
     let waiting: Vec<String> = s
         .waiters
         .iter()
@@ -373,72 +457,86 @@ fn print_human(v: &StatView) {
         .map(|(p, n)| format!("{p} {n}"))
         .collect();
     if waiting.is_empty() {
-        println!("waiting     0");
+        let _ = writeln!(o, "waiting     0");
     } else {
-        println!("waiting     {} ({})", s.waiting_total, waiting.join(", "));
+        let _ = writeln!(
+            o,
+            "waiting     {} ({})",
+            s.waiting_total,
+            waiting.join(", ")
+        );
     }
-    println!(
-        "reclaimed   {} slots from {} dead processes reaped",
-        s.slots_reclaimed, s.reaped_processes
+    let _ = writeln!(
+        o,
+        "reclaimed   {} from {} reaped",
+        count(s.slots_reclaimed, "slot", "slots"),
+        count(s.reaped_processes, "dead process", "dead processes")
     );
-    println!(
+    let _ = writeln!(
+        o,
         "stalled     {:.1} ms in all (some task waiting)",
         s.stall_ms
     );
-    println!("processes   {} alive", s.processes_alive);
-    if !s.processes.is_empty() {
-        println!(
-            "  {:>8} {:>6} {:>6} {:>11}",
-            "pid", "entry", "alive", "slots held"
-        );
-        for p in &s.processes {
-            println!(
-                "  {:>8} {:>6} {:>6} {:>11}",
-                p.pid,
-                p.entry,
-                if p.alive { "yes" } else { "DEAD" },
-                p.slots_held
-            );
-        }
-    }
+    let _ = writeln!(o, "processes   {} alive", s.processes_alive);
+    print_procs(&mut o, &s.processes, true);
+    o
 }
 
-fn emit(v: &StatView, json: bool) -> Result<(), CliError> {
-    if json {
-        let text = serde_json::to_string(v).map_err(|e| CliError(format!("encoding: {e}")))?;
-        println!("{text}");
-    } else {
-        print_human(v);
-    }
-    Ok(())
+fn json_line(v: &impl Serialize) -> Result<String, CliError> {
+    serde_json::to_string(v).map_err(|e| CliError::from(format!("encoding: {e}")))
 }
 
 /// `stat REGION`.
 pub fn stat(a: StatArgs) -> CliResult {
-    let (region, info) = open(&a.region)?;
-    emit(&view(&a.region, &region, &info)?, a.json)?;
+    let view = open_view(&a.region)?;
+    let v = build(&a.region, &view)?;
+    if a.prometheus {
+        out::raw(&metrics::encode(&[metrics::Scraped::Ok(
+            a.region.clone(),
+            Box::new(v),
+        )])?)?;
+    } else if a.json {
+        outln!("{}", json_line(&v)?)?;
+    } else {
+        out::raw(&human(&v))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `watch REGION`: `stat` every second until Ctrl-C or `--count`.
+/// `watch REGION`: `stat` every second until Ctrl-C, SIGTERM or `--count`.
+/// On a terminal each refresh replaces the last; piped, each is printed
+/// after a `--- N s` line (or as one JSON line with `--json`).
 pub fn watch(a: WatchArgs) -> CliResult {
-    signals::install_interrupt_flag();
-    let (region, info) = open(&a.region)?;
+    signals::install();
+    let view = open_view(&a.region)?;
+    let redraw = !a.json && std::io::stdout().is_terminal();
     let mut n = 0u64;
     let start = Instant::now();
     loop {
-        let v = view(&a.region, &region, &info)?;
-        if !a.json {
-            println!("--- {:.0} s", start.elapsed().as_secs_f64());
+        let v = build(&a.region, &view)?;
+        if a.json {
+            outln!("{}", json_line(&v)?)?;
+        } else if redraw {
+            // Home, clear the screen, then the figures.
+            out::raw(&format!(
+                "\x1b[H\x1b[2J{}(every 1 s; Ctrl-C to stop)\n",
+                human(&v)
+            ))?;
+        } else {
+            out::raw(&format!(
+                "--- {:.0} s\n{}",
+                start.elapsed().as_secs_f64(),
+                human(&v)
+            ))?;
         }
-        emit(&v, a.json)?;
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
             return Ok(ExitCode::SUCCESS);
         }
         let next = start + Duration::from_secs(n);
         while Instant::now() < next {
-            if signals::interrupted() {
+            if signals::caught().is_some() {
+                // Ctrl-C is how a watch normally ends.
                 return Ok(ExitCode::SUCCESS);
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -446,78 +544,106 @@ pub fn watch(a: WatchArgs) -> CliResult {
     }
 }
 
+/// Opens `name` for writing, for `reap`, with a message that says why
+/// write access is needed.
+fn open_for_reap(name: &str) -> Result<(Region, HeaderInfo), CliError> {
+    let region = Region::open(name).map_err(|e| {
+        let c = CliError::lib(&format!("region {name:?}"), &e);
+        if c.kind == ErrorKind::PermissionDenied {
+            CliError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "region {name:?}: permission denied: reap frees what dead processes held, which needs \
+                     write access to the region file (`shmsched stat {name}` needs only read access)"
+                ),
+            )
+        } else if c.kind == ErrorKind::NotFound {
+            CliError::new(ErrorKind::NotFound, format!("region {name:?}: no such region"))
+        } else {
+            c
+        }
+    })?;
+    let info = region
+        .info()
+        .map_err(|e| CliError::lib(&format!("region {name:?}"), &e))?
+        .ok_or_else(|| {
+            CliError::new(
+                ErrorKind::BadRegion,
+                format!("region {name:?} is not initialised (no object was created in it yet)"),
+            )
+        })?;
+    Ok((region, info))
+}
+
 /// `reap` on a fair-share region: releases dead processes' leases now.
 fn reap_fair(a: &ReapArgs, region: &Region) -> CliResult {
-    let bad = |e: &dyn std::fmt::Display| CliError(format!("region {:?}: {e}", a.region));
+    let bad = |e: &dyn std::fmt::Display| CliError::from(format!("region {:?}: {e}", a.region));
     let mut fair = FairShare::attach(region).map_err(|e| bad(&e))?;
     let r = fair.reap().map_err(|e| bad(&e));
     fair.mapping()
         .deregister()
-        .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
+        .map_err(|e| CliError::from(format!("leaving region {:?}: {e}", a.region)))?;
     let r = r?;
     if a.json {
-        let text =
-            serde_json::json!({ "reaped_processes": r.processes, "leases_released": r.leases });
-        println!("{text}");
+        outln!(
+            "{}",
+            serde_json::json!({ "reaped_processes": r.processes, "leases_released": r.leases })
+        )?;
     } else {
-        println!(
-            "reaped {} processes, released {} leases",
-            r.processes, r.leases
-        );
+        outln!(
+            "reaped {}, released {}",
+            count(r.processes, "process", "processes"),
+            count(r.leases, "lease", "leases")
+        )?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What `reap --json` prints.
-#[derive(Debug, Serialize)]
-struct Reaped {
-    reaped_processes: u32,
-    slots_reclaimed: u64,
 }
 
 /// `reap REGION`: returns dead processes' slots now.
 pub fn reap(a: ReapArgs) -> CliResult {
-    let (region, info) = open(&a.region)?;
-    if info.kind == ObjectKind::FairShare {
-        return reap_fair(&a, &region);
-    }
-    if info.kind == ObjectKind::Limiter {
-        let lim = Limiter::attach(&region)
-            .map_err(|e| CliError(format!("region {:?}: {e}", a.region)))?;
-        let r = lim.reap();
-        lim.detach()
-            .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
-        let procs = r.map_err(|e| CliError(format!("reaping region {:?}: {e}", a.region)))?;
-        if a.json {
-            println!("{}", serde_json::json!({ "reaped_processes": procs }));
-        } else {
-            println!("reaped {procs} processes (a limiter holds no tokens for them)");
+    let (region, info) = open_for_reap(&a.region)?;
+    match info.kind {
+        ObjectKind::FairShare => reap_fair(&a, &region),
+        ObjectKind::Limiter => {
+            let lim = Limiter::attach(&region)
+                .map_err(|e| CliError::lib(&format!("region {:?}", a.region), &e))?;
+            let r = lim.reap();
+            lim.detach()
+                .map_err(|e| CliError::from(format!("leaving region {:?}: {e}", a.region)))?;
+            let procs =
+                r.map_err(|e| CliError::lib(&format!("reaping region {:?}", a.region), &e))?;
+            if a.json {
+                outln!("{}", serde_json::json!({ "reaped_processes": procs }))?;
+            } else {
+                outln!(
+                    "reaped {} (a limiter holds no tokens for them)",
+                    count(procs, "process", "processes")
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
-        return Ok(ExitCode::SUCCESS);
+        ObjectKind::Scheduler => {
+            let sched = Scheduler::attach(&region)
+                .map_err(|e| CliError::lib(&format!("region {:?}", a.region), &e))?;
+            let r = sched.reap();
+            sched
+                .detach()
+                .map_err(|e| CliError::from(format!("leaving region {:?}: {e}", a.region)))?;
+            let (procs, slots) =
+                r.map_err(|e| CliError::lib(&format!("reaping region {:?}", a.region), &e))?;
+            if a.json {
+                outln!(
+                    "{}",
+                    serde_json::json!({ "reaped_processes": procs, "slots_reclaimed": slots })
+                )?;
+            } else {
+                outln!(
+                    "reaped {}, reclaimed {}",
+                    count(procs, "process", "processes"),
+                    count(slots, "slot", "slots")
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    if info.kind != ObjectKind::Scheduler {
-        return Err(CliError(format!(
-            "region {:?} holds a {}, which reap does not know",
-            a.region,
-            info.kind.name()
-        )));
-    }
-    let sched =
-        Scheduler::attach(&region).map_err(|e| CliError(format!("region {:?}: {e}", a.region)))?;
-    let r = sched.reap();
-    sched
-        .detach()
-        .map_err(|e| CliError(format!("leaving region {:?}: {e}", a.region)))?;
-    let (procs, slots) = r.map_err(|e| CliError(format!("reaping region {:?}: {e}", a.region)))?;
-    if a.json {
-        let text = serde_json::to_string(&Reaped {
-            reaped_processes: procs,
-            slots_reclaimed: slots,
-        })
-        .map_err(|e| CliError(format!("encoding: {e}")))?;
-        println!("{text}");
-    } else {
-        println!("reaped {procs} processes, reclaimed {slots} slots");
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -26,8 +26,7 @@ use shmsched::scheduler::Scheduler;
 use shmsched::{Error, Priority};
 
 use crate::rng::Rng;
-use crate::{CliError, CliResult};
-use shmsched::sys::signal as signals;
+use crate::{signals, CliError, CliResult};
 
 /// The demo's priority mix, in percent: highest 5, high 20, normal 40,
 /// low 25, lowest 10.
@@ -78,7 +77,7 @@ pub fn unix_ms() -> u64 {
 /// Runs one worker.
 pub fn run(a: WorkerArgs) -> CliResult {
     signals::ignore_interrupt();
-    let fail = |e: Error| CliError(format!("demo worker {}: {e}", a.id));
+    let fail = |e: Error| CliError::from(format!("demo worker {}: {e}", a.id));
     let region = Region::open(&a.region).map_err(fail)?;
     let sched = Scheduler::attach(&region).map_err(fail)?;
 
