@@ -55,9 +55,10 @@ fn child_entry() {
             }
             .expect("consume");
             say(&format!(
-                "done {} {}",
+                "done {} {}{}",
                 start.elapsed().as_millis(),
-                g.immediate
+                g.immediate,
+                if g.forced { " forced" } else { "" }
             ));
             let s = lim.stats();
             check_invariants(&s);
@@ -281,16 +282,16 @@ fn async_waiter_in_one_process_admitted_while_another_consumes() {
     assert_eq!(lim.stats().shared.unwrap().waiters, [0; 7]);
 }
 
-/// Low waiter queued in A, high waiter queued in B, bucket drained: the
-/// high one goes first although the low one's (smaller) charge would fit
-/// sooner.
+/// Low waiter queued in A, then a high waiter of the same size in B, bucket
+/// drained: when the refill covers one of them, the high one goes first,
+/// although the low one queued earlier (priority across processes).
 fn high_elsewhere_goes_first(a_how: &str, b_how: &str) {
     let name = procs::unique_name(&format!("lim-xprio-{a_how}-{b_how}"));
     let _c = Cleanup(name.clone());
     let region = Region::create(&name).unwrap();
     let lim = Limiter::shared(&region, 1_000).unwrap();
-    let mut a = spawn_one(&name, 300, Priority::Low, a_how);
-    let mut b = spawn_one(&name, 600, Priority::High, b_how);
+    let mut a = spawn_one(&name, 500, Priority::Low, a_how);
+    let mut b = spawn_one(&name, 500, Priority::High, b_how);
     lim.consume(1_000, Priority::Normal).unwrap(); // drained
     let waiters = || lim.stats().shared.unwrap().waiters;
     a.send("go");
@@ -320,6 +321,34 @@ fn high_elsewhere_goes_first(a_how: &str, b_how: &str) {
     assert!(b.finish().success());
     let s = lim.stats();
     assert_eq!(s.shared.unwrap().waiters, [0; 7]);
+}
+
+/// The same rule as inside one process: a higher front elsewhere that the
+/// bucket cannot serve yet holds back nobody; a lower front that fits goes
+/// (and the big one goes when its tokens are there, not by force).
+#[test]
+fn a_blocked_high_front_elsewhere_does_not_hold_back_a_low_one_that_fits() {
+    let name = procs::unique_name("lim-xblocked");
+    let _c = Cleanup(name.clone());
+    let region = Region::create(&name).unwrap();
+    let lim = Limiter::shared(&region, 1_000).unwrap();
+    let mut a = spawn_one(&name, 300, Priority::Low, "sync");
+    let mut b = spawn_one(&name, 600, Priority::High, "sync");
+    lim.consume(1_000, Priority::Normal).unwrap(); // drained
+    let waiters = || lim.stats().shared.unwrap().waiters;
+    b.send("go");
+    until("B queued", 5, || waiters()[tier(Priority::High)] == 1);
+    a.send("go");
+    let da = a.expect_line("done");
+    let db = b.expect_line("done");
+    let ms = |d: &str| d.split(' ').next().unwrap().parse::<u64>().unwrap();
+    let forced = |d: &str| d.contains("forced");
+    // A's 300 fit long before B's 600: A did not wait for B.
+    assert!(ms(&da) < 700, "A {da}, B {db}");
+    assert!(!forced(&da) && !forced(&db), "A {da}, B {db}");
+    assert!(a.finish().success());
+    assert!(b.finish().success());
+    assert_eq!(lim.stats().shared.unwrap().waiters, [0; 7]);
 }
 
 #[test]

@@ -15,7 +15,12 @@ use shmsched::{Error, Priority};
 const ENTRY: &str = "child_entry";
 
 /// Byte offset of the stored clock words in the limiter's object area.
-const CLOCK_OFF: u64 = 40;
+/// Byte offset, in the object area, of the stored clock (the "TSC in use"
+/// flag, then tsc0, ns0, mult, shift) in the first parameter slot: the wait
+/// registry (1,280 bytes), the state and counter lines (128 each), the
+/// parameter block's head line (128), then the slot's gen, rate, capacity
+/// and clock base (40 bytes).
+const CLOCK_OFF: u64 = 1280 + 128 + 128 + 128 + 40;
 
 fn path_of(name: &str) -> String {
     format!("/dev/shm/shmsched.{name}")
@@ -99,9 +104,8 @@ fn a_corrupted_stored_calibration_is_a_bad_region() {
     let e = attach().unwrap_err();
     assert!(matches!(e, Error::BadRegion(_)), "{e:?}");
     assert!(e.to_string().contains("flag 7"), "{e}");
-    // A TSC calibration in use with a zero multiplier, a huge shift, or an
-    // origin far from CLOCK_MONOTONIC's now.
-    for (i, v) in [(3, 0), (4, 64), (4, u64::MAX), (2, 1), (1, u64::MAX)] {
+    // A TSC calibration in use with a zero multiplier or a huge shift.
+    for (i, v) in [(3, 0), (4, 64), (4, u64::MAX)] {
         f.write_all_at(&orig, off).unwrap();
         word(0, 1);
         word(i, v);
@@ -113,4 +117,49 @@ fn a_corrupted_stored_calibration_is_a_bad_region() {
     f.write_all_at(&orig, off).unwrap();
     attach().unwrap();
     lim.consume(1, Priority::Normal).unwrap();
+}
+
+/// A TSC calibration that no longer agrees with CLOCK_MONOTONIC (the TSC
+/// stopped or jumped: a VM restore, a resume) must not freeze the bucket:
+/// the region moves to CLOCK_MONOTONIC, for every process, and keeps its
+/// tokens (no jump in the virtual clock).
+#[test]
+fn a_tsc_that_no_longer_agrees_moves_the_region_to_monotonic() {
+    if !shmsched::sys::clock::tsc_reliable() {
+        eprintln!("skipped: this machine does not use a reliable TSC");
+        return;
+    }
+    for (i, v) in [(2u64, 1u64), (1, u64::MAX)] {
+        let name = procs::unique_name("limclk-demote");
+        let _c = Cleanup(name.clone());
+        let region = Region::create(&name).unwrap();
+        let lim = Limiter::shared(&region, 1000).unwrap();
+        assert!(lim.stats().shared.unwrap().tsc.is_some());
+        lim.consume(600, Priority::Normal).unwrap();
+        let off = region.info().unwrap().unwrap().object_offset + CLOCK_OFF;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path_of(&name))
+            .unwrap();
+        // ns0 far in the past (a TSC that stopped), or tsc0 in the future
+        // (a TSC that went backwards).
+        f.write_all_at(&v.to_ne_bytes(), off + 8 * i).unwrap();
+        let r = Region::open(&name).unwrap();
+        let other = Limiter::attach(&r).unwrap();
+        assert_eq!(other.stats().shared.unwrap().tsc, None, "word {i} = {v}");
+        assert_eq!(
+            lim.stats().shared.unwrap().tsc,
+            None,
+            "seen by the first handle"
+        );
+        // The balance went on from where it was (400 left, refilling).
+        let t = lim.tokens().unwrap();
+        assert!((400..=1000).contains(&t), "word {i} = {v}: {t}");
+        // And it still refills on the new clock.
+        other.consume(1000, Priority::Normal).unwrap();
+        let t0 = std::time::Instant::now();
+        other.consume(100, Priority::Normal).unwrap();
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(60));
+    }
 }

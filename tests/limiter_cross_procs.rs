@@ -1,8 +1,10 @@
-//! Priorities across real processes sharing one limiter region: a
-//! low-priority consume in one process must not take tokens on the fast
-//! path while a higher-priority consume waits in another, and a process
-//! deferring to another's waiter is woken (futex) when that waiter is
-//! served, instead of polling.
+//! Order across real processes sharing one limiter region: a consume in
+//! one process never takes the fast path while a consume of its priority or
+//! above waits in another; it queues, and the region's queues follow the
+//! same rule as one process's (a front that cannot be charged yet holds
+//! back no lower front that can); FIFO within a priority holds across
+//! processes, and the next front is woken (futex) when the one ahead of it
+//! is served, instead of polling.
 
 mod procs;
 
@@ -76,14 +78,14 @@ fn setup(tag: &str, n: u64) -> (Cleanup, Region, Limiter, Kid) {
 }
 
 #[test]
-fn fast_path_leaves_tokens_to_a_higher_waiter_in_another_process() {
+fn a_low_consume_queues_behind_a_blocked_higher_one_and_goes_when_it_fits() {
     let (_c, _region, lim, mut b) = setup("limx-fast", 500);
     // Let some tokens refill: far fewer than the child's 500, enough for
     // this process's 10.
     until("tokens to refill", 10, || lim.tokens().unwrap() >= 50);
     assert_eq!(waiting(&lim), 1, "the child's waiter is still queued");
     let have = lim.tokens().unwrap();
-    // The fast path is closed while the child waits.
+    // The fast path is closed while the child waits: try_consume refuses.
     assert!(!lim.try_consume(10).unwrap());
     let t = Instant::now();
     let g = lim.consume(10, Priority::Lowest).unwrap();
@@ -93,41 +95,47 @@ fn fast_path_leaves_tokens_to_a_higher_waiter_in_another_process() {
         "went on the fast path past the child's waiter"
     );
     assert!(!g.forced, "{g:?}");
-    // The child's waiter left the queue before this grant...
-    assert_eq!(waiting(&lim), 0, "granted while the child still waited");
+    // The child's front could not be charged (it needs 500, the bucket held
+    // `have`): this consume did not wait for it...
+    assert!(
+        took < Duration::from_millis((500 - have.min(500) as u64) / 2),
+        "waited {took:?} for a front that could not go"
+    );
+    // ...and the child still waits, for its own tokens.
+    assert_eq!(waiting(&lim), 1);
     let line = b.expect_line("granted");
     assert_eq!(line, "false", "the child's consume had to wait");
-    // ...and got its tokens first: this consume waited at least for the
-    // child's missing tokens to refill (500 - have, at 1 token/ms).
-    let need = Duration::from_millis((500 - have.min(500) as u64).saturating_sub(20));
-    assert!(
-        took >= need,
-        "took {took:?}, the child needed {need:?} more"
-    );
+    assert_eq!(waiting(&lim), 0);
     b.send("bye");
     assert!(b.finish().success());
 }
 
 #[test]
-fn a_deferring_process_is_woken_when_the_waiter_elsewhere_is_served() {
+fn fifo_within_a_priority_holds_across_processes_and_the_next_front_is_woken() {
     let (_c, _region, lim, mut b) = setup("limx-wake", 300);
     let wakes0 = lim.stats().shared.unwrap().wakes;
     let t = Instant::now();
-    // Queues (the child waits), defers to the child's higher waiter and
-    // sleeps on this process's futex word until the child's grant wakes it.
-    let g = lim.consume(1, Priority::Lowest).unwrap();
+    // Same priority as the child's older waiter: this one queues behind it
+    // (its 1 token would fit long before the child's 300) and sleeps until
+    // the child's process, having been served, wakes it as the new front.
+    let g = lim.consume(1, Priority::Highest).unwrap();
     let took = t.elapsed();
     assert!(!g.immediate && !g.forced, "{g:?}");
-    b.expect_line("granted");
+    assert_eq!(b.expect_line("granted"), "false");
+    // FIFO: the child's 300 tokens came first.
+    assert!(
+        took >= Duration::from_millis(150),
+        "took {took:?}: overtook the older waiter"
+    );
     let wakes = lim.stats().shared.unwrap().wakes - wakes0;
     assert!(
         wakes >= 1,
-        "no futex wake reached the deferring process (took {took:?})"
+        "no futex wake reached this process (took {took:?})"
     );
     // Loosely bounded: the child's ~300 ms of refill, then at once (well
     // below the 1 s force-through).
     assert!(took < Duration::from_millis(900), "took {took:?}");
-    eprintln!("deferring consume took {took:?}, {wakes} process wake(s)");
+    eprintln!("the second front took {took:?}, {wakes} process wake(s)");
     b.send("bye");
     assert!(b.finish().success());
 }

@@ -2,15 +2,19 @@
 //!
 //! # How it works
 //!
-//! A bucket of capacity `cap` refilled at `rate` tokens per second
-//! (`cap == rate`, see the seed) is kept as a single number, `tat` (the
-//! "theoretical arrival time" of the generic cell-rate algorithm), measured
-//! in *token units* of a virtual clock
+//! A bucket of capacity `cap` (its burst; one second of rate unless set)
+//! refilled at `rate` tokens per second is kept as a single number, `tat`
+//! (the "theoretical arrival time" of the generic cell-rate algorithm),
+//! measured in *token units* of a virtual clock
 //!
 //! ```text
-//! v(now) = ⌊(now_ns − epoch_ns) · rate / 10⁹⌋      (tokens ever refilled)
-//! tokens(now) = cap − max(0, tat − v(now))         (≤ cap; < 0 means debt)
+//! v(now) = base_v + ⌊(now_ns − base_ns) · rate / 10⁹⌋  (tokens ever refilled)
+//! tokens(now) = cap − max(0, tat − v(now))             (≤ cap; < 0 means debt)
 //! ```
+//!
+//! `(base_ns, base_v)` is where the current rate took effect: a bucket
+//! starts at `(epoch, 0)`, and a rate change at time `t` re-bases it at
+//! `(t, v_old(t))`, so the virtual clock never jumps (see `params.rs`).
 //!
 //! `tat ≤ v` means the bucket is full; every charge of `n` tokens sets
 //! `tat ← max(tat, v) + n` with one compare-and-swap. A normal charge is
@@ -33,13 +37,14 @@
 //!
 //! # Bounds (overflow)
 //!
-//! `rate ≤ 2³¹ − 1` and `n ≤ 2³¹ − 1` (the seed's Int32 rule). `v` is
+//! `rate, cap ≤ 2³¹ − 1` and `n ≤ 2³¹ − 1` (the seed's Int32 rule). `v` is
 //! saturated at [`V_MAX`] = 2⁶² tokens, which the clock reaches after
 //! 2⁶²/rate seconds: at least 2³¹ s ≈ 68 years after the bucket's epoch at
 //! the highest rate. `tat` may run ahead of `v` by at most `cap` plus
-//! [`MAX_LEAD`] (2⁵⁰ tokens of debt, far beyond any real force-through
-//! backlog); a word beyond that was scribbled on and is reported as an
-//! error, never used. All sums stay below 2⁶³.
+//! [`MAX_LEAD`] (2⁵⁰ tokens of debt); a word beyond that was scribbled on
+//! and is reported as an error, never used. Legitimate use never gets near
+//! it: a force-through is allowed only while the bucket is not in debt, so
+//! debt stays below one request (2³¹). All sums stay below 2⁶³.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -83,53 +88,78 @@ pub(crate) enum Refused {
 /// A successful charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Charged {
-    /// The `tat` this charge stored (for an exact undo).
+    /// The `tat` this charge stored.
     pub tat: u64,
     /// The charge left the bucket in debt (tokens < 0).
     pub debt: bool,
 }
 
-/// The arithmetic of one bucket: its rate (= capacity) and its epoch on the
-/// shared monotonic clock. The state word lives elsewhere (process memory or
-/// a region).
+/// The arithmetic of one bucket: its rate, its capacity and the point its
+/// virtual clock is based on. The state word lives elsewhere (process
+/// memory or a region).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gcra {
     rate: u64,
-    epoch_ns: u64,
+    cap: u64,
+    base_ns: u64,
+    base_v: u64,
 }
 
 impl Gcra {
-    /// `rate` is validated by the caller (1..=2³¹−1).
-    pub fn new(rate: u32, epoch_ns: u64) -> Gcra {
+    /// `rate` and `cap` are validated by the caller (1..=2³¹−1); the clock
+    /// starts at `epoch_ns` with 0 tokens ever refilled.
+    pub fn new(rate: u32, cap: u32, epoch_ns: u64) -> Gcra {
+        Gcra::based(rate, cap, epoch_ns, 0)
+    }
+
+    /// A bucket whose clock reads `base_v` at `base_ns`.
+    pub fn based(rate: u32, cap: u32, base_ns: u64, base_v: u64) -> Gcra {
         Gcra {
             rate: u64::from(rate),
-            epoch_ns,
+            cap: u64::from(cap),
+            base_ns,
+            base_v: base_v.min(V_MAX),
         }
     }
 
-    /// Capacity = rate.
+    /// The refill rate, tokens per second.
     #[inline]
-    pub fn cap(&self) -> u64 {
+    pub fn rate(&self) -> u64 {
         self.rate
     }
 
-    /// Tokens ever refilled at `now_ns`: `⌊elapsed · rate / 10⁹⌋`, saturated
-    /// at [`V_MAX`]. No 128-bit division: `secs · rate + ⌊nanos · rate / 10⁹⌋`
-    /// with `nanos · rate < 2⁶¹`.
+    /// The capacity (burst).
+    #[inline]
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// The base of the virtual clock: `(base_ns, base_v)`.
+    pub fn base(&self) -> (u64, u64) {
+        (self.base_ns, self.base_v)
+    }
+
+    /// Tokens ever refilled at `now_ns`: `base_v + ⌊elapsed · rate / 10⁹⌋`,
+    /// saturated at [`V_MAX`]. No 128-bit division: `secs · rate + ⌊nanos ·
+    /// rate / 10⁹⌋` with `nanos · rate < 2⁶¹`.
     #[inline]
     pub fn v(&self, now_ns: u64) -> u64 {
-        let e = now_ns.saturating_sub(self.epoch_ns);
+        let e = now_ns.saturating_sub(self.base_ns);
         let (s, ns) = (e / NS, e % NS);
         s.saturating_mul(self.rate)
             .saturating_add(ns * self.rate / NS)
+            .saturating_add(self.base_v)
             .min(V_MAX)
     }
 
     /// The earliest instant (ns) at which `v` reaches `target`.
     pub fn instant_of(&self, target: u64) -> u64 {
-        // Smallest e with ⌊e·rate/10⁹⌋ ≥ target is ⌈target·10⁹/rate⌉.
-        let e = (u128::from(target) * u128::from(NS)).div_ceil(u128::from(self.rate));
-        self.epoch_ns
+        let Some(d) = target.checked_sub(self.base_v) else {
+            return self.base_ns;
+        };
+        // Smallest e with ⌊e·rate/10⁹⌋ ≥ d is ⌈d·10⁹/rate⌉.
+        let e = (u128::from(d) * u128::from(NS)).div_ceil(u128::from(self.rate));
+        self.base_ns
             .saturating_add(u64::try_from(e).unwrap_or(u64::MAX))
     }
 
@@ -138,12 +168,12 @@ impl Gcra {
     pub fn tokens(&self, tat: u64, v: u64) -> i64 {
         // Both below 2^63 once validated; saturate anyway.
         let lead = tat.saturating_sub(v).min(i64::MAX as u64) as i64;
-        self.rate as i64 - lead
+        self.cap as i64 - lead
     }
 
     #[inline]
     fn corrupt(&self, tat: u64, v: u64) -> bool {
-        tat > v + self.rate + MAX_LEAD
+        tat > v + self.cap + MAX_LEAD
     }
 
     /// Charges `n` (≤ 2³¹−1) tokens at `now_ns` on the word `word`.
@@ -156,9 +186,9 @@ impl Gcra {
         mode: Mode,
     ) -> Result<Charged, Refused> {
         let v = self.v(now_ns);
-        let limit = v + self.rate; // tat may reach this without debt
+        let limit = v + self.cap; // tat may reach this without debt
         let need = match mode {
-            Mode::Normal => n.min(self.rate),
+            Mode::Normal => n.min(self.cap),
             Mode::Exact | Mode::Force => n,
         };
         let mut t = word.load(Ordering::Acquire);
@@ -167,8 +197,14 @@ impl Gcra {
                 return Err(Refused::Corrupt { tat: t, v });
             }
             let base = t.max(v);
-            if mode != Mode::Force && base + need > limit {
-                return Err(Refused::Until(base + need - self.rate));
+            if mode == Mode::Force {
+                // Never into debt on top of debt: the balance must be
+                // non-negative first (this bounds debt below one request).
+                if t > limit {
+                    return Err(Refused::Until(t - self.cap));
+                }
+            } else if base + need > limit {
+                return Err(Refused::Until(base + need - self.cap));
             }
             let new = base + n;
             match word.compare_exchange_weak(t, new, Ordering::AcqRel, Ordering::Acquire) {
@@ -183,17 +219,19 @@ impl Gcra {
         }
     }
 
-    /// Undoes a charge of `n` that stored `charged.tat`, if nothing touched
-    /// the word since. Returns false (and leaves the charge in place: tokens
-    /// are lost, never created) otherwise.
-    pub fn undo(&self, word: &AtomicU64, n: u64, charged: Charged) -> bool {
-        word.compare_exchange(
-            charged.tat,
-            charged.tat - n,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        )
-        .is_ok()
+    /// Gives back `n` tokens charged earlier and not used (a wait cancelled
+    /// after some levels of a chain were charged, a grant nobody took).
+    /// Never creates tokens: the balance rises by at most `n` and never
+    /// above the capacity.
+    pub fn refund(&self, word: &AtomicU64, n: u64) {
+        let mut t = word.load(Ordering::Acquire);
+        loop {
+            let new = t.saturating_sub(n);
+            match word.compare_exchange_weak(t, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(cur) => t = cur,
+            }
+        }
     }
 
     /// `(tokens, v)` read from `word` at `now_ns`, or the corrupt word.
@@ -213,7 +251,7 @@ mod tests {
 
     #[test]
     fn starts_full_refills_continuously_and_caps() {
-        let g = Gcra::new(1000, 5 * NS);
+        let g = Gcra::new(1000, 1000, 5 * NS);
         let w = AtomicU64::new(0);
         assert_eq!(g.read(&w, 5 * NS).unwrap().0, 1000);
         g.charge(&w, 1000, 5 * NS, Mode::Normal).unwrap();
@@ -230,7 +268,7 @@ mod tests {
 
     #[test]
     fn refusal_says_when() {
-        let g = Gcra::new(1000, 0);
+        let g = Gcra::new(1000, 1000, 0);
         let w = AtomicU64::new(0);
         g.charge(&w, 1000, 0, Mode::Normal).unwrap();
         let Err(Refused::Until(v)) = g.charge(&w, 10, 0, Mode::Normal) else {
@@ -245,7 +283,7 @@ mod tests {
 
     #[test]
     fn oversize_only_on_full_bucket_into_debt() {
-        let g = Gcra::new(100, 0);
+        let g = Gcra::new(100, 100, 0);
         let w = AtomicU64::new(0);
         assert!(g.charge(&w, 150, 0, Mode::Exact).is_err());
         let c = g.charge(&w, 150, 0, Mode::Normal).unwrap();
@@ -256,27 +294,46 @@ mod tests {
             panic!()
         };
         assert_eq!(v, 51);
-        let f = g.charge(&w, 1, 0, Mode::Force).unwrap();
+        // No force on top of debt: it waits until the debt is repaid.
+        assert_eq!(g.charge(&w, 1, 0, Mode::Force), Err(Refused::Until(50)));
+        let at = g.instant_of(50);
+        let f = g.charge(&w, 1, at, Mode::Force).unwrap();
         assert!(f.debt);
-        assert_eq!(g.read(&w, 0).unwrap().0, -51);
+        assert_eq!(g.read(&w, at).unwrap().0, -1);
     }
 
     #[test]
-    fn undo_only_when_untouched() {
-        let g = Gcra::new(100, 0);
+    fn rebased_clock_continues_and_burst_caps() {
+        // 1000/s with a burst of 50; after 10 s the rate becomes 10/s.
+        let g = Gcra::new(1000, 50, 0);
+        let t = 10 * NS;
+        let v = g.v(t);
+        assert_eq!(v, 10_000);
+        let h = Gcra::based(10, 50, t, v);
+        assert_eq!(h.v(t), v, "no jump at the change");
+        assert_eq!(h.v(t + NS), v + 10);
+        assert_eq!(h.instant_of(v + 10), t + NS);
+        assert_eq!(h.instant_of(v - 5), t, "a target already reached is now");
         let w = AtomicU64::new(0);
-        let c = g.charge(&w, 10, 0, Mode::Normal).unwrap();
-        assert!(g.undo(&w, 10, c));
+        assert_eq!(h.read(&w, t).unwrap().0, 50, "full is the burst");
+        h.charge(&w, 50, t, Mode::Normal).unwrap();
+        assert!(h.charge(&w, 1, t, Mode::Normal).is_err());
+    }
+
+    #[test]
+    fn refund_never_overfills() {
+        let g = Gcra::new(100, 100, 0);
+        let w = AtomicU64::new(0);
+        g.charge(&w, 30, 0, Mode::Normal).unwrap();
+        g.refund(&w, 30);
         assert_eq!(g.read(&w, 0).unwrap().0, 100);
-        let c = g.charge(&w, 10, 0, Mode::Normal).unwrap();
-        g.charge(&w, 5, 0, Mode::Normal).unwrap();
-        assert!(!g.undo(&w, 10, c));
-        assert_eq!(g.read(&w, 0).unwrap().0, 85);
+        g.refund(&w, 1_000);
+        assert_eq!(g.read(&w, 0).unwrap().0, 100);
     }
 
     #[test]
     fn bounds_do_not_overflow() {
-        let g = Gcra::new(i32::MAX as u32, 0);
+        let g = Gcra::new(i32::MAX as u32, i32::MAX as u32, 0);
         assert_eq!(g.v(u64::MAX), V_MAX);
         let w = AtomicU64::new(0);
         g.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force)
@@ -292,7 +349,7 @@ mod tests {
 
     #[test]
     fn scribbled_word_is_an_error() {
-        let g = Gcra::new(100, 0);
+        let g = Gcra::new(100, 100, 0);
         let w = AtomicU64::new(u64::MAX);
         assert!(matches!(g.read(&w, 0), Err(Refused::Corrupt { .. })));
         assert!(matches!(
@@ -303,7 +360,7 @@ mod tests {
 
     #[test]
     fn racing_threads_never_create_tokens() {
-        let g = Gcra::new(1_000_000, crate::sys::monotonic_ns());
+        let g = Gcra::new(1_000_000, 1_000_000, crate::sys::monotonic_ns());
         let w = std::sync::Arc::new(AtomicU64::new(0));
         let total: u64 = std::thread::scope(|s| {
             let hs: Vec<_> = (0..4)

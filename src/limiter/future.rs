@@ -1,25 +1,23 @@
 //! `consume_async`: a runtime-agnostic future for a charge.
 //!
-//! The first poll tries the fast path; otherwise it queues an *async*
-//! waiter, whose result wakes the task instead of a thread. Nobody sleeps
-//! for an async waiter: the limiter node's pump thread (one per node and
-//! process, alive only while async waiters are queued there) sleeps until
-//! the next refill or force-through instant, on the process's futex word in
-//! a region, and runs the drain, which wakes the tasks it served.
+//! The future walks the chain leaf → root like the blocking consume: at
+//! each level the fast path, else an *async* waiter at that level, whose
+//! result wakes the task. Nobody sleeps for an async waiter: an in-process
+//! level registers its next refill instant with the process's limiter timer
+//! (`timer.rs`); a shared root has the process's helper thread.
 //!
 //! **Cancellation.** Dropping the future before it completes removes its
-//! queued place and every count it added (queue gauges, the process's
-//! published waiter count), unless the charge raced the drop. Levels of a
-//! chain it was already charged on stay charged: tokens can be lost to a
-//! cancellation, never created. There are no timers in here: wrap the
-//! future in your runtime's timeout.
+//! queued place, and every level it was charged on is refunded, exactly
+//! (also when a charge raced the drop): tokens are never lost to a
+//! cancellation, and never created.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::node::{AsyncWaiter, Node};
+use super::node::{Home, Node};
+use super::waiter::Waiter;
 use super::Grant;
 use crate::error::{Error, Result};
 use crate::priority::Priority;
@@ -31,23 +29,30 @@ use crate::priority::Priority;
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub struct Consume {
-    node: Arc<Node>,
+    leaf: Arc<Node>,
     n: u64,
     priority: Priority,
     /// An argument error to report on the first poll.
     error: Option<Error>,
-    waiter: Option<AsyncWaiter>,
+    /// The level being charged (0 = the limiter itself, then parents).
+    level: usize,
+    waiter: Option<Arc<Waiter>>,
+    immediate: bool,
+    forced: bool,
     done: bool,
 }
 
 impl Consume {
-    pub(super) fn new(node: Arc<Node>, n: u64, priority: Priority, error: Option<Error>) -> Self {
+    pub(super) fn new(leaf: Arc<Node>, n: u64, priority: Priority, error: Option<Error>) -> Self {
         Consume {
-            node,
+            leaf,
             n,
             priority,
             error,
+            level: 0,
             waiter: None,
+            immediate: true,
+            forced: false,
             done: false,
         }
     }
@@ -55,6 +60,42 @@ impl Consume {
     /// The number of tokens this future charges.
     pub fn tokens(&self) -> u64 {
         self.n
+    }
+
+    fn node_at(&self, level: usize) -> Arc<Node> {
+        let mut n = &self.leaf;
+        for _ in 0..level {
+            n = n.parent().expect("level within the chain");
+        }
+        n.clone()
+    }
+
+    /// Refunds the levels below the current one (all charged).
+    fn refund_charged(&mut self) {
+        for i in 0..self.level {
+            self.node_at(i).refund(self.n);
+        }
+        self.level = 0;
+    }
+
+    fn fail(&mut self, e: Error) -> Poll<Result<Grant>> {
+        self.refund_charged();
+        self.done = true;
+        Poll::Ready(Err(e))
+    }
+
+    /// Records a charge at the current level; the grant if that was the root.
+    fn advance(&mut self, node: &Node, debt: bool) -> Option<Grant> {
+        self.forced |= debt;
+        if node.parent().is_none() {
+            self.done = true;
+            return Some(Grant {
+                immediate: self.immediate,
+                forced: self.forced,
+            });
+        }
+        self.level += 1;
+        None
     }
 }
 
@@ -73,20 +114,70 @@ impl Future for Consume {
             this.done = true;
             return Poll::Ready(Err(e));
         }
-        let r = this
-            .node
-            .poll_async(this.n, this.priority, &mut this.waiter, cx.waker());
-        if r.is_ready() {
-            this.done = true;
+        loop {
+            let node = this.node_at(this.level);
+            if let Some(w) = this.waiter.clone() {
+                match node.outcome(&w) {
+                    Some(Ok(debt)) => {
+                        this.waiter = None;
+                        node.waited(w.tier, false);
+                        if debt && matches!(node.home(), Home::Shared(_)) {
+                            node.note_forced();
+                        }
+                        if let Some(g) = this.advance(&node, debt) {
+                            return Poll::Ready(Ok(g));
+                        }
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        this.waiter = None;
+                        node.waited(w.tier, matches!(e, Error::Timeout));
+                        return this.fail(e);
+                    }
+                    None => {
+                        w.set_waker(cx.waker());
+                        // A result between the check and the registration
+                        // took the old waker (or none): look again.
+                        if node.outcome(&w).is_none() {
+                            return Poll::Pending;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if let Err(e) = node.check_usable() {
+                return this.fail(e);
+            }
+            match node.fast(this.n, this.priority) {
+                Ok(Some(debt)) => {
+                    if let Some(g) = this.advance(&node, debt) {
+                        return Poll::Ready(Ok(g));
+                    }
+                }
+                Ok(None) => {
+                    this.immediate = false;
+                    let w = node.enqueue(this.n, this.priority, true);
+                    node.ensure_helper();
+                    this.waiter = Some(w);
+                }
+                Err(e) => return this.fail(e),
+            }
         }
-        r
     }
 }
 
 impl Drop for Consume {
     fn drop(&mut self) {
-        if let Some(w) = self.waiter.take() {
-            self.node.cancel_async(w);
+        if self.done || self.leaf.check_usable().is_err() {
+            return;
         }
+        if let Some(w) = self.waiter.take() {
+            let node = self.node_at(self.level);
+            // Charged just before the drop: that level is refunded too.
+            if node.cancel(&w).is_ok() {
+                self.level += 1;
+            }
+        }
+        self.refund_charged();
     }
 }

@@ -35,44 +35,47 @@
 //! # Rules (from the seed)
 //!
 //! - `tokens_per_second` is a positive integer up to 2,147,483,647; every
-//!   consume is a non-negative integer up to the same bound.
+//!   consume is a non-negative integer up to the same bound. The capacity
+//!   (burst) is one second of rate unless set
+//!   ([`Limiter::with_capacity`]); rate and capacity can change at run
+//!   time ([`Limiter::set_rate`]), for every process sharing the bucket.
 //! - A consume goes at once (without queueing) when the bucket holds the
-//!   tokens and nothing is queued at its priority or above; otherwise it
+//!   tokens and nothing waits at its priority or above; otherwise it
 //!   queues at its priority (FIFO). Higher priorities drain first; a front
 //!   blocked on tokens blocks only its own queue.
 //! - `n == 0` consumes nothing and never waits on tokens: it goes at once
-//!   when nothing is queued at all, otherwise it drains when it reaches the
+//!   when nothing waits at all, otherwise it drains when it reaches the
 //!   front of its queue, whatever the balance.
 //! - `n` larger than the capacity is admitted once the bucket is full (into
 //!   debt), or by the stall guard, whichever comes first, and counts in
 //!   `forced`.
 //! - Stall guard: a queue whose front makes no progress for
-//!   [`STALL_TICKS`] × 100 ms (about 1 s) is forced through into debt on
-//!   every level of the chain, counted once in `forced`; debt is repaid by
-//!   the refill before anything else drains.
-//! - In a region the bucket is exact across processes (see
-//!   `bucket.rs`); queues and the stall guard are per process, as in the
-//!   seed. Priorities hold across processes in the drain: a process does
-//!   not charge refilled tokens to a queued waiter while another live
-//!   process has a waiter queued at a higher priority (it wakes that
-//!   process and sleeps on its own process's futex word, which the other
-//!   process bumps when a waiter of its leaves the queue; it looks again
-//!   at least every 50 ms, until its own stall guard forces its front
-//!   through). The fast path (and `try_consume`) is closed while a consume
-//!   waits in any process (a region-wide waiting-process bitmap), so the
-//!   drain decides.
+//!   [`STALL_TICKS`] × 100 ms (about 1 s) is forced through into debt,
+//!   counted in `forced`; debt is repaid by the refill before anything else
+//!   drains, and nothing is forced on top of debt (so debt stays below one
+//!   request).
+//! - A chain (child → … → root) is charged level by level; a consume waits
+//!   at the level that cannot charge it yet; if it gives up, the levels
+//!   already charged are refunded.
+//! - In a region the bucket is exact across processes (see `bucket.rs`),
+//!   and so are the queues: priorities, FIFO order within a priority and
+//!   the stall guard hold region-wide (see `root.rs`). A process charges
+//!   its own waiter only when no higher waiter anywhere can go now; it
+//!   never waits for a waiter that cannot.
 //! - [`Limiter::consume_async`] is the same consume as a future (no async
-//!   runtime needed); a per-node pump thread, alive only while async
-//!   waiters are queued, stands in for the sleeping thread.
+//!   runtime needed).
 
 mod bucket;
 mod future;
 mod node;
+mod params;
+mod root;
 mod shared;
 mod stats;
+mod timer;
 mod view;
+mod waiter;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,11 +85,10 @@ pub use stats::{LimiterQueueStats, LimiterStats, SharedLimiterStats};
 use crate::error::{Error, Result};
 use crate::priority::Priority;
 use crate::region::Region;
-use bucket::Gcra;
 use node::{Home, Node};
-use shared::SharedBucket;
+use root::LimRoot;
 
-/// The largest rate and the largest single consume: 2,147,483,647 (the
+/// The largest rate, capacity and single consume: 2,147,483,647 (the
 /// seed's signed 32-bit bound).
 pub const MAX_TOKENS_PER_SECOND: u64 = i32::MAX as u64;
 
@@ -108,6 +110,25 @@ pub(crate) fn check_rate(rate: u64) -> Result<u32> {
         )));
     }
     Ok(rate as u32)
+}
+
+/// Validates a capacity (burst): a positive integer up to
+/// [`MAX_TOKENS_PER_SECOND`].
+pub(crate) fn check_capacity(cap: u64) -> Result<u32> {
+    if cap == 0 || cap > MAX_TOKENS_PER_SECOND {
+        return Err(Error::InvalidArgument(format!(
+            "capacity {cap} is out of range: must be a positive integer 1..={MAX_TOKENS_PER_SECOND}"
+        )));
+    }
+    Ok(cap as u32)
+}
+
+#[cold]
+pub(crate) fn corrupt_error(tat: u64, v: u64) -> Error {
+    Error::BadRegion(format!(
+        "limiter bucket word {tat} is more than {} tokens ahead of the clock {v}: it was overwritten",
+        bucket::MAX_LEAD
+    ))
 }
 
 #[inline]
@@ -173,23 +194,41 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// An in-process limiter of `tokens_per_second` (= capacity), full now.
+    /// An in-process limiter of `tokens_per_second`, with a capacity of one
+    /// second of rate, full now.
     ///
     /// The first in-process limiter of a process calibrates the TSC (about
     /// 20 ms, once per process; see [`Clock::process`](crate::sys::clock::Clock::process)).
     pub fn new(tokens_per_second: u64) -> Result<Limiter> {
+        Limiter::with_capacity(tokens_per_second, tokens_per_second)
+    }
+
+    /// An in-process limiter of `tokens_per_second` whose bucket holds at
+    /// most `capacity` tokens (its burst), full now.
+    ///
+    /// ```
+    /// use shmsched::limiter::Limiter;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let lim = Limiter::with_capacity(1_000, 100)?; // 1000/s, bursts of 100
+    /// assert!(lim.try_consume(100)?);
+    /// assert!(!lim.try_consume(1)?); // the burst is spent
+    /// # Ok(()) }
+    /// ```
+    pub fn with_capacity(tokens_per_second: u64, capacity: u64) -> Result<Limiter> {
         let rate = check_rate(tokens_per_second)?;
-        let gcra = Gcra::new(rate, crate::sys::clock::Clock::process().now_ns());
+        let cap = check_capacity(capacity)?;
         Ok(Limiter {
-            node: Arc::new(Node::new(gcra, Home::Local(AtomicU64::new(0)), None)),
+            node: Node::local(rate, cap, None),
         })
     }
 
     /// A limiter shared through `region`: one bucket for every process that
-    /// binds it. A new region is initialised with `tokens_per_second` (and
-    /// starts full); an existing one must have the same rate, else
-    /// [`Error::Mismatch`]. Use [`attach`](Self::attach) to join whatever
-    /// rate a region has.
+    /// binds it, with a capacity of one second of rate. A new region is
+    /// initialised with `tokens_per_second` (and starts full); an existing
+    /// one must have been created with the same rate, else
+    /// [`Error::Mismatch`] (its rate in force may have changed since, see
+    /// [`set_rate`](Self::set_rate)). Use [`attach`](Self::attach) to join
+    /// whatever rate a region has.
     ///
     /// ```no_run
     /// use shmsched::limiter::Limiter;
@@ -202,71 +241,145 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn shared(region: &Region, tokens_per_second: u64) -> Result<Limiter> {
-        Limiter::from_shared(SharedBucket::bind(region, Some(tokens_per_second))?)
+        Limiter::shared_with_capacity(region, tokens_per_second, tokens_per_second)
+    }
+
+    /// Like [`shared`](Self::shared), with a capacity (burst) of `capacity`
+    /// tokens.
+    pub fn shared_with_capacity(
+        region: &Region,
+        tokens_per_second: u64,
+        capacity: u64,
+    ) -> Result<Limiter> {
+        Limiter::from_root(LimRoot::bind(region, Some((tokens_per_second, capacity)))?)
     }
 
     /// Joins the limiter already initialised in `region`, whatever its rate.
     pub fn attach(region: &Region) -> Result<Limiter> {
-        Limiter::from_shared(SharedBucket::bind(region, None)?)
+        Limiter::from_root(LimRoot::bind(region, None)?)
     }
 
-    fn from_shared(s: SharedBucket) -> Result<Limiter> {
-        let gcra = s.gcra();
+    fn from_root(root: Arc<LimRoot>) -> Result<Limiter> {
         Ok(Limiter {
-            node: Arc::new(Node::new(gcra, Home::Shared(Box::new(s)), None)),
+            node: Node::shared(root),
         })
     }
 
-    /// A child limiter: its own bucket of `tokens_per_second` on top of this
-    /// one. A consume through the child is charged on every level of the
-    /// chain and goes only when every level has the tokens (a forced one is
-    /// charged into debt on every level). The child is in-process, starts
-    /// full, and has its own queues and stall guard. Children nest.
+    /// A child limiter: its own bucket of `tokens_per_second` (capacity one
+    /// second of rate) on top of this one. A consume through the child is
+    /// charged on every level of the chain; it waits at any level that
+    /// cannot charge it yet. The child is in-process, starts full, and has
+    /// its own queues and stall guard. Children nest.
     pub fn child(&self, tokens_per_second: u64) -> Result<Limiter> {
+        self.child_with_capacity(tokens_per_second, tokens_per_second)
+    }
+
+    /// Like [`child`](Self::child), with a capacity of `capacity` tokens.
+    pub fn child_with_capacity(&self, tokens_per_second: u64, capacity: u64) -> Result<Limiter> {
         self.node.check_usable()?;
         let rate = check_rate(tokens_per_second)?;
-        let gcra = Gcra::new(rate, self.node.now());
+        let cap = check_capacity(capacity)?;
         Ok(Limiter {
-            node: Arc::new(Node::new(
-                gcra,
-                Home::Local(AtomicU64::new(0)),
-                Some(self.node.clone()),
-            )),
+            node: Node::local(rate, cap, Some(self.node.clone())),
         })
     }
 
-    /// Consumes `n` tokens at `priority`, blocking until they are charged.
+    /// Consumes `n` tokens at `priority`, blocking until they are charged
+    /// on every level of the chain.
     ///
     /// Errors: [`Error::InvalidArgument`] if `n` exceeds [`MAX_CONSUME`];
     /// [`Error::Forked`] in a forked child; [`Error::BadRegion`] if the
-    /// shared bucket word was overwritten.
+    /// shared bucket was overwritten.
     #[inline]
     pub fn consume(&self, n: u64, priority: Priority) -> Result<Grant> {
         check_consume(n)?;
-        self.node.consume(n, priority, None)
+        if self.node.parent().is_none() {
+            self.node.check_usable()?;
+            if let Some(debt) = self.node.fast(n, priority)? {
+                return Ok(Grant {
+                    immediate: true,
+                    forced: debt,
+                });
+            }
+        }
+        self.consume_chain(n, priority, None)
     }
 
     /// Like [`consume`](Self::consume), giving up with [`Error::Timeout`]
-    /// after `timeout`. A timed-out wait leaves the queue; through a chain,
-    /// levels it was already charged on stay charged (tokens can be lost to
-    /// a timeout, never created).
+    /// after `timeout` (any `Duration`; one too long to represent waits
+    /// forever). A timed-out consume leaves its queue, and the levels of a
+    /// chain it was already charged on are refunded.
     pub fn consume_timeout(&self, n: u64, priority: Priority, timeout: Duration) -> Result<Grant> {
         check_consume(n)?;
-        let deadline = self
-            .node
-            .now()
-            .saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
-        self.node.consume(n, priority, Some(deadline))
+        self.consume_chain(n, priority, std::time::Instant::now().checked_add(timeout))
+    }
+
+    #[inline(never)]
+    fn consume_chain(
+        &self,
+        n: u64,
+        priority: Priority,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Grant> {
+        let mut grant = Grant {
+            immediate: true,
+            forced: false,
+        };
+        let mut charged: Vec<&Node> = Vec::new();
+        let mut node = &*self.node;
+        loop {
+            let r = node
+                .check_usable()
+                .and_then(|()| match node.fast(n, priority)? {
+                    Some(debt) => Ok(debt),
+                    None => {
+                        grant.immediate = false;
+                        let arc = self.level_arc(node);
+                        let w = arc.enqueue(n, priority, false);
+                        let debt = arc.wait(&w, deadline)?;
+                        if debt && matches!(node.home(), Home::Shared(_)) {
+                            node.note_forced();
+                        }
+                        Ok(debt)
+                    }
+                });
+            match r {
+                Ok(debt) => {
+                    grant.forced |= debt;
+                    match node.parent() {
+                        None => return Ok(grant),
+                        Some(p) => {
+                            charged.push(node);
+                            node = p;
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Nothing charged and unused is lost.
+                    for c in charged {
+                        c.refund(n);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The `Arc` of a level of this handle's chain.
+    fn level_arc(&self, level: &Node) -> Arc<Node> {
+        let mut n = &self.node;
+        while !std::ptr::eq(&**n, level) {
+            n = n.parent().expect("the level is in this chain");
+        }
+        n.clone()
     }
 
     /// Consumes `n` tokens at `priority` without blocking a thread: the
     /// returned future completes when they are charged (same rules as
     /// [`consume`](Self::consume)). It needs no particular async runtime.
     ///
-    /// Dropping the future while it waits removes its queued place; levels
-    /// of a chain it was already charged on stay charged (tokens are lost to
-    /// a cancellation, never created). Wrap it in your runtime's timeout for
-    /// a deadline.
+    /// Dropping the future while it waits removes its queued place and
+    /// refunds the levels it was already charged on.
     ///
     /// ```
     /// use shmsched::limiter::Limiter;
@@ -285,17 +398,62 @@ impl Limiter {
     }
 
     /// Consumes `n` only if every level of the chain holds `n` tokens now and
-    /// nothing is queued in this limiter; never queues, never goes into debt
-    /// (so `n` above the capacity is always `false`).
+    /// nothing waits at any level (in any process, for a shared root);
+    /// never queues, never goes into debt (so `n` above the capacity is
+    /// always `false`).
     #[inline]
     pub fn try_consume(&self, n: u64) -> Result<bool> {
         check_consume(n)?;
-        self.node.try_consume(n)
+        let mut charged: Vec<&Node> = Vec::new();
+        let mut node = &*self.node;
+        loop {
+            node.check_usable()?;
+            let ok = match node.try_level(n) {
+                Ok(ok) => ok,
+                Err(e) => {
+                    charged.into_iter().for_each(|c| c.refund(n));
+                    return Err(e);
+                }
+            };
+            if !ok {
+                charged.into_iter().for_each(|c| c.refund(n));
+                return Ok(false);
+            }
+            match node.parent() {
+                None => return Ok(true),
+                Some(p) => {
+                    charged.push(node);
+                    node = p;
+                }
+            }
+        }
     }
 
-    /// The configured rate, which is also the capacity.
+    /// The rate in force (tokens per second).
     pub fn tokens_per_second(&self) -> u32 {
-        self.node.gcra().cap() as u32
+        self.node.params().map_or(0, |p| p.gcra.rate() as u32)
+    }
+
+    /// The capacity (burst) in force, in tokens.
+    pub fn capacity(&self) -> u32 {
+        self.node.params().map_or(0, |p| p.gcra.cap() as u32)
+    }
+
+    /// Changes this level's rate from now on. For a shared limiter every
+    /// process sees the new rate at once; tokens already refilled are kept
+    /// (the bucket's clock is re-based, it does not jump).
+    pub fn set_rate(&self, tokens_per_second: u64) -> Result<()> {
+        self.node.check_usable()?;
+        let rate = check_rate(tokens_per_second)?;
+        self.node.set_params(Some(rate), None).map(|_| ())
+    }
+
+    /// Changes this level's capacity (burst) from now on; for a shared
+    /// limiter, for every process.
+    pub fn set_capacity(&self, capacity: u64) -> Result<()> {
+        self.node.check_usable()?;
+        let cap = check_capacity(capacity)?;
+        self.node.set_params(None, Some(cap)).map(|_| ())
     }
 
     /// The balance now (negative while in debt).
@@ -309,16 +467,20 @@ impl Limiter {
     }
 
     /// Frees the process-table entries of dead processes sharing this
-    /// limiter's region (a dead process holds no tokens; this only makes
-    /// room and corrects the waiter gauges). Returns how many were reaped;
-    /// 0 for an in-process limiter.
+    /// limiter's region (a dead process holds no tokens; this clears its
+    /// waiting state and makes room). Returns how many were reaped; 0 for
+    /// an in-process limiter.
     pub fn reap(&self) -> Result<u32> {
         let mut n = &self.node;
         while let Some(p) = n.parent() {
             n = p;
         }
         match n.home() {
-            Home::Shared(s) => s.reap(),
+            Home::Shared(r) => {
+                let k = r.bucket().reap()?;
+                r.drain_now();
+                Ok(k)
+            }
             Home::Local(_) => Ok(0),
         }
     }
@@ -326,24 +488,31 @@ impl Limiter {
     /// Leaves the region now: frees this process's entry in its process
     /// table (a dead or exited process's entry is otherwise reaped later).
     /// Refused while clones or children of this handle are alive, or while
-    /// another object of this process is bound through the same `Region`.
-    /// An in-process limiter has nothing to leave.
+    /// another object or handle of this process is bound through the same
+    /// `Region`. An in-process limiter has nothing to leave.
     pub fn detach(self) -> Result<()> {
-        if std::sync::Arc::strong_count(&self.node) > 1 {
+        if Arc::strong_count(&self.node) > 1 {
             return Err(Error::InvalidArgument(
                 "cannot detach: other handles (clones or children) of this limiter are alive"
                     .into(),
             ));
         }
-        let Home::Shared(s) = self.node.home() else {
+        let Home::Shared(root) = self.node.home() else {
             return Ok(());
         };
-        if std::sync::Arc::strong_count(s.mapping()) > 1 {
+        if Arc::strong_count(root) > 1 {
+            return Err(Error::InvalidArgument(
+                "cannot detach: another limiter handle of this process shares the region".into(),
+            ));
+        }
+        let map = root.bucket().mapping();
+        if Arc::strong_count(map) > 1 {
             return Err(Error::InvalidArgument(
                 "cannot detach: another object of this process is bound to the same region".into(),
             ));
         }
-        s.mapping().deregister()
+        root.bucket().reg().leave();
+        map.deregister()
     }
 
     /// A snapshot of this level's gauges and counters.

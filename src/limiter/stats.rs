@@ -32,8 +32,10 @@ pub struct LimiterQueueStats {
 pub struct LimiterStats {
     /// Gauge: the token balance now, negative while in debt.
     pub tokens: i64,
-    /// The configured rate, which is also the bucket's capacity.
+    /// The rate in force, tokens per second.
     pub tokens_per_second: u32,
+    /// The bucket's capacity (burst) in force.
+    pub capacity: u32,
     /// Gauge: consumes queued in this limiter.
     pub pending: u64,
     /// Counter: anti-starvation force-throughs into debt by this handle
@@ -60,9 +62,12 @@ pub struct LimiterStats {
 pub struct SharedLimiterStats {
     /// Counter: force-throughs into debt by all processes.
     pub forced: u64,
-    /// Gauge: consumes waiting in live processes, per priority
-    /// (index = priority + 3).
+    /// Gauge: consumes waiting at the root, per priority (index = priority
+    /// + 3), in every process that publishes waiters.
     pub waiters: [u64; LEVELS],
+    /// Counter: consumes charged after waiting at the root, per priority,
+    /// by all processes.
+    pub completed: [u64; LEVELS],
     /// Gauge: processes attached to the region and alive.
     pub processes: u32,
     /// Counter: nanoseconds during which at least one consume waited, in any

@@ -15,13 +15,12 @@
 //! refused.
 
 pub mod create;
-mod fork_lock;
+pub(crate) mod fork_lock;
 pub mod layout;
 pub mod mapping;
 pub mod proc_table;
 pub mod registry;
 mod view;
-pub mod waiters;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -33,8 +32,8 @@ pub use create::ObjectSpec;
 pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
 pub use mapping::Mapping;
 pub use proc_table::{ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJ_WORDS};
+pub use registry::SLEEPERS;
 pub use view::{Probe, RegionView};
-pub use waiters::{Waiters, SLEEPERS};
 
 use crate::error::{Error, Result};
 use crate::sys;

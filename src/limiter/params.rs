@@ -1,0 +1,308 @@
+//! A limiter's parameters: rate, capacity, the base of its virtual clock
+//! and the clock itself, changeable at run time and seen the same way by
+//! every thread and process.
+//!
+//! # How it works
+//!
+//! The parameters live in two slots of a [`ParamBlock`] (in process memory
+//! or in a region) and an `active` word names the current slot and its
+//! generation. A writer (one at a time: a small lock records its owner id)
+//! fills the *inactive* slot completely, marking it invalid first and
+//! stamping the next generation last, then flips `active` with one store.
+//! A reader loads `active`, the slot's fields, and then checks that the
+//! slot still carries `active`'s generation and that `active` did not
+//! move: a seqlock, so a reader never mixes two writes, and a writer
+//! killed half-way leaves the active slot untouched (its lock is taken
+//! over by the next writer once its owner is found dead).
+//!
+//! Changing the rate re-bases the virtual clock at the moment of the
+//! change (`base = (now, v_old(now))`), so tokens neither appear nor vanish;
+//! moving to `CLOCK_MONOTONIC` (a TSC that stopped or jumped) re-bases it
+//! the same way.
+
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use super::bucket::Gcra;
+use crate::error::{Error, Result};
+use crate::sys::clock::{Clock, TscClock};
+
+const INVALID: u64 = u64::MAX;
+
+/// One set of parameters.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct ParamSlot {
+    gen: AtomicU64,
+    rate: AtomicU64,
+    cap: AtomicU64,
+    base_ns: AtomicU64,
+    base_v: AtomicU64,
+    /// 0: `CLOCK_MONOTONIC`; 1: the TSC with the calibration that follows.
+    tsc_on: AtomicU64,
+    tsc: [AtomicU64; 4],
+    _pad: [u64; 6],
+}
+
+/// Two slots and the word naming the active one. Zeroed memory is not a
+/// valid block: [`ParamBlock::init`] writes the first parameters.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct ParamBlock {
+    /// `generation << 1 | slot`.
+    active: AtomicU64,
+    /// 0, or the id of the writer (an owner id in a region, 1 in-process).
+    writer: AtomicU32,
+    _pad0: u32,
+    _pad: [u64; 14],
+    slots: [ParamSlot; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<ParamSlot>() == 128);
+const _: () = assert!(std::mem::size_of::<ParamBlock>() == 384);
+
+/// A consistent snapshot of the parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The bucket's arithmetic.
+    pub gcra: Gcra,
+    /// The clock `now` is read from.
+    pub clock: Clock,
+}
+
+impl ParamSlot {
+    fn write(&self, gen: u64, p: &Params) {
+        self.gen.store(INVALID, Ordering::Relaxed);
+        fence(Ordering::Release);
+        let (base_ns, base_v) = p.gcra.base();
+        self.rate.store(p.gcra.rate(), Ordering::Relaxed);
+        self.cap.store(p.gcra.cap(), Ordering::Relaxed);
+        self.base_ns.store(base_ns, Ordering::Relaxed);
+        self.base_v.store(base_v, Ordering::Relaxed);
+        match p.clock {
+            Clock::Tsc(c) => {
+                self.tsc_on.store(1, Ordering::Relaxed);
+                for (w, x) in self
+                    .tsc
+                    .iter()
+                    .zip([c.tsc0, c.ns0, c.mult, u64::from(c.shift)])
+                {
+                    w.store(x, Ordering::Relaxed);
+                }
+            }
+            Clock::Monotonic => self.tsc_on.store(0, Ordering::Relaxed),
+        }
+        self.gen.store(gen, Ordering::Release);
+    }
+}
+
+impl ParamBlock {
+    /// Writes the first parameters (before anyone else can see the block).
+    pub fn init(&self, p: &Params) {
+        self.slots[0].write(0, p);
+        self.active.store(0, Ordering::Release);
+    }
+
+    /// The current parameters, validated: a scribbled block is `BadRegion`.
+    #[inline]
+    pub fn load(&self) -> Result<Params> {
+        for _ in 0..64 {
+            let a = self.active.load(Ordering::Acquire);
+            let slot = &self.slots[(a & 1) as usize];
+            let rate = slot.rate.load(Ordering::Relaxed);
+            let cap = slot.cap.load(Ordering::Relaxed);
+            let base_ns = slot.base_ns.load(Ordering::Relaxed);
+            let base_v = slot.base_v.load(Ordering::Relaxed);
+            let tsc_on = slot.tsc_on.load(Ordering::Relaxed);
+            let tsc = [
+                slot.tsc[0].load(Ordering::Relaxed),
+                slot.tsc[1].load(Ordering::Relaxed),
+                slot.tsc[2].load(Ordering::Relaxed),
+                slot.tsc[3].load(Ordering::Relaxed),
+            ];
+            fence(Ordering::Acquire);
+            if slot.gen.load(Ordering::Relaxed) != a >> 1
+                || self.active.load(Ordering::Relaxed) != a
+            {
+                std::hint::spin_loop();
+                continue;
+            }
+            return validate(rate, cap, base_ns, base_v, tsc_on, tsc);
+        }
+        Err(Error::BadRegion(
+            "limiter parameters kept changing or never matched their generation: overwritten"
+                .into(),
+        ))
+    }
+
+    /// Replaces the parameters by `f(current)` (one writer at a time; `me` is
+    /// the writer's id, `alive` tells whether a recorded writer still lives).
+    pub fn update(
+        &self,
+        me: u32,
+        alive: &dyn Fn(u32) -> bool,
+        f: impl FnOnce(Params) -> Params,
+    ) -> Result<Params> {
+        let mut spins = 0u32;
+        loop {
+            match self
+                .writer
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        if !alive(holder)
+                            && self
+                                .writer
+                                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                                .is_ok()
+                        {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        let r = self.load().map(|cur| {
+            let next = f(cur);
+            let a = self.active.load(Ordering::Relaxed);
+            let (gen, idx) = ((a >> 1).wrapping_add(1) & (INVALID >> 2), (a & 1) ^ 1);
+            self.slots[idx as usize].write(gen, &next);
+            self.active.store((gen << 1) | idx, Ordering::Release);
+            next
+        });
+        self.writer.store(0, Ordering::Release);
+        r
+    }
+}
+
+/// True at most once per 100 ms in this process: when a slow path may
+/// check that a TSC clock still agrees with `CLOCK_MONOTONIC`.
+pub(crate) fn clock_check_due() -> bool {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = crate::sys::clock::monotonic_ns();
+    let last = LAST.load(Ordering::Relaxed);
+    now.saturating_sub(last) >= 100_000_000
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// The same parameters on `CLOCK_MONOTONIC`, the virtual clock re-based
+/// so that it goes on from the value the old clock gives now.
+pub(crate) fn demoted(p: Params) -> Params {
+    let Clock::Tsc(_) = p.clock else { return p };
+    let v = p.gcra.v(p.clock.now_ns());
+    let now = crate::sys::clock::monotonic_ns();
+    Params {
+        gcra: Gcra::based(p.gcra.rate() as u32, p.gcra.cap() as u32, now, v),
+        clock: Clock::Monotonic,
+    }
+}
+
+fn validate(
+    rate: u64,
+    cap: u64,
+    base_ns: u64,
+    base_v: u64,
+    tsc_on: u64,
+    tsc: [u64; 4],
+) -> Result<Params> {
+    let max = super::MAX_TOKENS_PER_SECOND;
+    if rate == 0 || rate > max || cap == 0 || cap > max {
+        return Err(Error::BadRegion(format!(
+            "limiter rate {rate} or capacity {cap} is out of range 1..={max}"
+        )));
+    }
+    if base_v > super::bucket::V_MAX {
+        return Err(Error::BadRegion(format!(
+            "limiter clock base {base_v} tokens is beyond the virtual clock's limit"
+        )));
+    }
+    let clock = match tsc_on {
+        0 => Clock::Monotonic,
+        1 => {
+            let c = TscClock {
+                tsc0: tsc[0],
+                ns0: tsc[1],
+                mult: tsc[2],
+                shift: u32::try_from(tsc[3]).unwrap_or(u32::MAX),
+            };
+            c.check_form()
+                .map_err(|e| Error::BadRegion(format!("limiter clock: {e}")))?;
+            Clock::Tsc(c)
+        }
+        f => {
+            return Err(Error::BadRegion(format!(
+                "limiter clock flag {f} is neither 0 (CLOCK_MONOTONIC) nor 1 (TSC)"
+            )))
+        }
+    };
+    Ok(Params {
+        gcra: Gcra::based(rate as u32, cap as u32, base_ns, base_v),
+        clock,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(rate: u32) -> Params {
+        Params {
+            gcra: Gcra::new(rate, rate, 5),
+            clock: Clock::Monotonic,
+        }
+    }
+
+    #[test]
+    fn load_update_and_scribbles() {
+        let b = Box::<ParamBlock>::default();
+        b.init(&params(100));
+        assert_eq!(b.load().unwrap(), params(100));
+        let next = b
+            .update(1, &|_| true, |p| Params {
+                gcra: Gcra::based(7, p.gcra.cap() as u32, 9, 11),
+                ..p
+            })
+            .unwrap();
+        assert_eq!(b.load().unwrap(), next);
+        assert_eq!(next.gcra.rate(), 7);
+        // A dead writer's lock is taken over.
+        b.writer.store(42, Ordering::Relaxed);
+        b.update(1, &|id| id != 42, |p| p).unwrap();
+        // Garbage is an error, never a panic or a hang.
+        b.slots[1].rate.store(0, Ordering::Relaxed);
+        b.slots[0].rate.store(0, Ordering::Relaxed);
+        assert!(b.load().is_err());
+        b.active.store(12345, Ordering::Relaxed);
+        assert!(b.load().is_err());
+    }
+
+    #[test]
+    fn readers_never_mix_two_writes() {
+        let b = std::sync::Arc::new(ParamBlock::default());
+        b.init(&Params {
+            gcra: Gcra::based(1, 1, 1, 1),
+            clock: Clock::Monotonic,
+        });
+        let w = b.clone();
+        let writer = std::thread::spawn(move || {
+            for r in 1..20_000u32 {
+                w.update(1, &|_| true, |_| Params {
+                    gcra: Gcra::based(r, r, u64::from(r), u64::from(r)),
+                    clock: Clock::Monotonic,
+                })
+                .unwrap();
+            }
+        });
+        while !writer.is_finished() {
+            let p = b.load().unwrap();
+            let (ns, v) = p.gcra.base();
+            assert!(p.gcra.rate() == p.gcra.cap() && ns == v && ns == p.gcra.rate());
+        }
+        writer.join().unwrap();
+    }
+}

@@ -1,0 +1,502 @@
+//! A limiter root shared through a region: the process side.
+//!
+//! Every process keeps its consumes waiting at the shared root in its own
+//! per-tier FIFO queues ([`LimRoot`], one per process and region, shared by
+//! its handles) and publishes each tier's count, oldest ticket, the oldest
+//! one's size and arrival in the region's [wait
+//! registry](crate::region::registry). Only consumes waiting *at the root*
+//! are published: a consume still waiting at a child limiter of its own
+//! process defers nobody.
+//!
+//! # One order for everyone
+//!
+//! The region's front of tier `t` is the oldest published waiter of `t` in
+//! any process. Tiers are visited from the highest down, as the seed's
+//! drain does, and the rule is the same in every process
+//! ([`step`]/[`could_go`]): a front that can go now (the bucket holds its
+//! tokens, or it has stalled for a second and the bucket is not in debt)
+//! goes before anything below it; a front that cannot blocks only its own
+//! tier. So a process charges its own front only when every higher front,
+//! wherever it waits, is blocked; if a higher front elsewhere can go, the
+//! process wakes that front's process and waits for it. Two processes
+//! never wait for each other: each waits only for a front that can go.
+//!
+//! # Waking
+//!
+//! A front is woken once when it becomes the region's front of its tier
+//! (`notified[t]` holds the ticket last woken), so that it computes the
+//! instant its tokens will be there and sleeps until then; the process that
+//! charges a front moves on to the next one and wakes it in turn. A front
+//! whose process is dead is reaped before it is woken; after that a front
+//! is probed at most once per reap interval region-wide (at once for a
+//! caller that cannot wait, such as `try_consume`), so a dead front never
+//! holds its tier back for longer than that.
+//!
+//! # Force-through, region-wide
+//!
+//! A front stalls from its arrival or from the last progress of its tier
+//! (`progress_ms[t]`, region-wide), whichever is later. Because a tier has
+//! one front in the whole region and the stall restarts with each
+//! progress, at most one consume per tier per second goes through into
+//! debt, however many processes and child limiters there are; and none goes
+//! into debt on top of debt.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::shared::SharedBucket;
+use super::waiter::{
+    could_go, step, Step, Waiter, Wakeups, CANCELLED, CORRUPT, GRANTED, GRANTED_FORCED, WAITING,
+};
+use crate::error::{Error, Result};
+use crate::priority::LEVELS;
+use crate::region::registry::{wake_bit, Registry, GATE_TIERS, REAP_INTERVAL_MS};
+use crate::region::Region;
+use crate::sys::clock::{monotonic_ms, Clock};
+use crate::sys::fork::fork_generation;
+use crate::sys::futex::BITSET_ALL;
+
+/// A waiter wakes at least this often to look for dead processes.
+const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
+
+/// A front that waits for a higher front elsewhere looks again this often
+/// (that front has been woken and can go: this is a short wait).
+const DEFER_POLL: Duration = Duration::from_millis(5);
+
+/// What one drain found for this process's fronts.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Drained {
+    /// Per tier: the instant (ns, region clock) this process's region front
+    /// of that tier may go, if it is the region's front and blocked.
+    pub until: [Option<u64>; LEVELS],
+    /// A higher front in another process goes first: this process's fronts
+    /// below it wait for it.
+    pub deferring: bool,
+}
+
+#[derive(Debug, Default)]
+struct Queues {
+    tiers: [VecDeque<Arc<Waiter>>; LEVELS],
+    /// Arrival (ms, mod 2³²) of each queued waiter's front-time, by ticket
+    /// order: the front's is published.
+    arrivals: [VecDeque<u32>; LEVELS],
+}
+
+/// This process's side of a shared limiter root.
+#[derive(Debug)]
+pub(crate) struct LimRoot {
+    bucket: SharedBucket,
+    queues: Mutex<Queues>,
+    async_waiting: AtomicU32,
+    helper_running: AtomicBool,
+    fork_gen: u64,
+}
+
+impl LimRoot {
+    /// The process's root for `region`, binding it first if needed
+    /// (`rate`: see [`SharedBucket::bind`]).
+    pub fn bind(region: &Region, rate: Option<(u64, u64)>) -> Result<Arc<LimRoot>> {
+        let bucket = SharedBucket::bind(region, rate)?;
+        let map = bucket.mapping().clone();
+        let mut cache = map.object_state();
+        if let Some(root) = cache
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .and_then(|a| a.downcast::<LimRoot>().ok())
+        {
+            if root.fork_gen == fork_generation() {
+                return Ok(root);
+            }
+        }
+        let root = Arc::new(LimRoot {
+            bucket,
+            queues: Mutex::new(Queues::default()),
+            async_waiting: AtomicU32::new(0),
+            helper_running: AtomicBool::new(false),
+            fork_gen: {
+                let _ = crate::sys::fork::install_atfork_handler();
+                fork_generation()
+            },
+        });
+        let any: Arc<dyn std::any::Any + Send + Sync> = root.clone();
+        *cache = Some(Arc::downgrade(&any));
+        Ok(root)
+    }
+
+    /// The region side.
+    #[inline(always)]
+    pub fn bucket(&self) -> &SharedBucket {
+        &self.bucket
+    }
+
+    #[inline]
+    fn reg(&self) -> &Registry {
+        self.bucket.reg()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True when this root was bound before a fork (it belongs to the parent).
+    pub fn forked(&self) -> bool {
+        self.fork_gen != fork_generation()
+    }
+
+    /// True if nobody waits at tier `tier` or above, anywhere.
+    #[inline(always)]
+    pub fn open_at(&self, tier: usize) -> bool {
+        self.reg().gate() & GATE_TIERS & !((1u64 << tier) - 1) == 0
+    }
+
+    /// True if nobody waits at all, anywhere.
+    #[inline(always)]
+    pub fn nobody_waits(&self) -> bool {
+        self.reg().gate() & GATE_TIERS == 0
+    }
+
+    // ---- queueing ------------------------------------------------------------
+
+    /// Queues a consume of `n` at `tier` and drains (it may be charged at
+    /// once).
+    pub fn enqueue(&self, n: u64, tier: usize, is_async: bool) -> Arc<Waiter> {
+        let mut out = Wakeups::default();
+        let w = {
+            let mut q = self.lock();
+            let ticket = self.reg().take_ticket(tier);
+            let w = Arc::new(Waiter::new(n, tier, ticket, is_async));
+            if is_async {
+                self.async_waiting.fetch_add(1, Ordering::SeqCst);
+            }
+            q.tiers[tier].push_back(w.clone());
+            q.arrivals[tier].push_back(monotonic_ms() as u32);
+            self.republish(&q, tier);
+            self.drain(&mut q, &mut out, false);
+            w
+        };
+        self.wake(out);
+        w
+    }
+
+    fn republish(&self, q: &Queues, tier: usize) {
+        match (q.tiers[tier].front(), q.arrivals[tier].front()) {
+            (Some(w), Some(&at)) => self.reg().publish(
+                tier,
+                q.tiers[tier].len() as u32,
+                w.ticket,
+                at,
+                w.n.min(u64::from(u32::MAX)) as u32,
+            ),
+            _ => self.reg().publish(tier, 0, 0, 0, 0),
+        }
+    }
+
+    fn pop_front(&self, q: &mut Queues, tier: usize) -> Option<Arc<Waiter>> {
+        let w = q.tiers[tier].pop_front()?;
+        q.arrivals[tier].pop_front();
+        if w.is_async {
+            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.republish(q, tier);
+        Some(w)
+    }
+
+    /// Blocks until `w` is charged (`Ok(forced)`), the bucket is found
+    /// corrupt, or the deadline passes (its place is removed).
+    pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<bool> {
+        let reg = self.reg();
+        loop {
+            let seq = reg.my_seq();
+            if let Some(r) = self.outcome(w) {
+                return r;
+            }
+            let mut nap = BACKSTOP;
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    return self.cancel(w);
+                }
+                nap = nap.min(d - now);
+            }
+            let (drained, clock) = self.drain_now();
+            if w.state() != WAITING {
+                continue;
+            }
+            if self.is_my_region_front(w) {
+                if let Some(until) = drained.until[w.tier] {
+                    let left = Duration::from_nanos(until.saturating_sub(clock.now_ns()));
+                    nap = nap.min(left);
+                } else if drained.deferring {
+                    nap = nap.min(DEFER_POLL);
+                }
+            }
+            if nap.is_zero() {
+                continue;
+            }
+            if let Clock::Tsc(c) = clock {
+                self.check_clock(&c);
+            }
+            let t0 = Instant::now();
+            reg.sleep(seq, nap, wake_bit(w.ticket));
+            if t0.elapsed() >= BACKSTOP {
+                let _ = reg.maybe_reap(&mut |_, _| {});
+            }
+        }
+    }
+
+    fn is_my_region_front(&self, w: &Waiter) -> bool {
+        self.reg()
+            .front(w.tier, |_| true)
+            .is_some_and(|f| f.idx == self.reg().me().idx && f.ticket == w.ticket)
+    }
+
+    /// The result of a finished waiter.
+    pub fn outcome(&self, w: &Waiter) -> Option<Result<bool>> {
+        match w.state() {
+            WAITING => None,
+            GRANTED => Some(Ok(false)),
+            GRANTED_FORCED => Some(Ok(true)),
+            CANCELLED => Some(Err(Error::Timeout)),
+            _ => Some(Err(super::corrupt_error(
+                w.corrupt[0].load(Ordering::Relaxed),
+                w.corrupt[1].load(Ordering::Relaxed),
+            ))),
+        }
+    }
+
+    /// Removes a waiter (timeout, dropped future) and passes its turn on,
+    /// unless it was charged first: then `Ok(forced)`.
+    pub fn cancel(&self, w: &Arc<Waiter>) -> Result<bool> {
+        let mut out = Wakeups::default();
+        let r = {
+            let mut q = self.lock();
+            if let Some(r) = self.outcome(w) {
+                return r;
+            }
+            let tier = w.tier;
+            if let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
+                q.tiers[tier].remove(pos);
+                q.arrivals[tier].remove(pos);
+                if w.is_async {
+                    self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+                }
+                self.republish(&q, tier);
+                if pos == 0 {
+                    // The tier's front left: the next one starts afresh.
+                    self.bucket.state().progress_ms[tier]
+                        .store(monotonic_ms() as u32, Ordering::SeqCst);
+                }
+            }
+            w.state.store(CANCELLED, Ordering::Release);
+            self.drain(&mut q, &mut out, false);
+            Err(Error::Timeout)
+        };
+        self.wake(out);
+        r
+    }
+
+    // ---- draining ------------------------------------------------------------
+
+    /// Drains under the lock and wakes what it served. Returns what it found
+    /// for this process's fronts and the clock it read.
+    pub fn drain_now(&self) -> (Drained, Clock) {
+        self.drain_with(false)
+    }
+
+    /// Like [`drain_now`](Self::drain_now), checking the liveness of every
+    /// other process's front it meets (for a caller that cannot wait).
+    pub fn drain_eager(&self) -> (Drained, Clock) {
+        self.drain_with(true)
+    }
+
+    fn drain_with(&self, eager: bool) -> (Drained, Clock) {
+        let mut out = Wakeups::default();
+        let r = {
+            let mut q = self.lock();
+            self.drain(&mut q, &mut out, eager)
+        };
+        self.wake(out);
+        r
+    }
+
+    fn wake(&self, mut out: Wakeups) {
+        if out.bits != 0 {
+            self.reg().wake(self.reg().me().idx, out.bits);
+        }
+        out.wake_local();
+    }
+
+    /// The region-wide drain (see the module docs).
+    fn drain(&self, q: &mut Queues, out: &mut Wakeups, eager: bool) -> (Drained, Clock) {
+        let mut found = Drained::default();
+        let params = match self.bucket.params().load() {
+            Ok(p) => p,
+            Err(_) => {
+                // A scribbled parameter block: fail this process's waiters
+                // rather than leave them waiting on garbage.
+                for tier in 0..LEVELS {
+                    while let Some(w) = self.pop_front(q, tier) {
+                        w.corrupt[0].store(u64::MAX, Ordering::Relaxed);
+                        w.finish(CORRUPT, out, true);
+                    }
+                }
+                return (found, Clock::Monotonic);
+            }
+        };
+        let (g, clock) = (params.gcra, params.clock);
+        let st = self.bucket.state();
+        let reg = self.reg();
+        let me = reg.me().idx;
+        'tiers: for tier in (0..LEVELS).rev() {
+            for _ in 0..1024 {
+                if reg.gate() & (1 << tier) == 0 {
+                    continue 'tiers;
+                }
+                let Some(f) = reg.front(tier, |_| true) else {
+                    continue 'tiers;
+                };
+                let now = clock.now_ns();
+                let now_ms = monotonic_ms() as u32;
+                let progress = st.progress_ms[tier].load(Ordering::SeqCst);
+                // `cap` carries the front's arrival (ms) for a limiter.
+                let since_ms = later_ms(f.cap, progress);
+                let stalled_ns = u64::from(now_ms.wrapping_sub(since_ms).min(1 << 30)) * 1_000_000;
+                let since = now.saturating_sub(stalled_ns);
+                if f.idx == me {
+                    let Some(w) = q.tiers[tier]
+                        .front()
+                        .filter(|w| w.ticket == f.ticket)
+                        .cloned()
+                    else {
+                        self.republish(q, tier); // our publication lagged
+                        continue;
+                    };
+                    match step(&g, &st.tat, w.n, now, since) {
+                        Step::Charged(forced) => {
+                            self.pop_front(q, tier);
+                            st.progress_ms[tier].store(now_ms, Ordering::SeqCst);
+                            self.bucket.counters().completed[tier].fetch_add(1, Ordering::Relaxed);
+                            if forced {
+                                st.forced.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let state = if forced { GRANTED_FORCED } else { GRANTED };
+                            w.finish(state, out, true);
+                        }
+                        Step::Wait(until) => {
+                            found.until[tier] = Some(until);
+                            // A new front of ours: wake its thread (once) so
+                            // that it sleeps until its own instant.
+                            let tag = f.ticket.wrapping_add(1);
+                            if st.notified[tier].swap(tag, Ordering::SeqCst) != tag {
+                                out.add(&w, true);
+                            }
+                            continue 'tiers; // blocked: blocks only its own tier
+                        }
+                        Step::Corrupt(tat, v) => {
+                            self.pop_front(q, tier);
+                            w.corrupt[0].store(tat, Ordering::Relaxed);
+                            w.corrupt[1].store(v, Ordering::Relaxed);
+                            w.finish(CORRUPT, out, true);
+                        }
+                    }
+                    continue;
+                }
+                // Another process's front: trusted only while its process
+                // lives (checked when it first becomes the front, when the
+                // caller cannot wait, and at most once per reap interval
+                // otherwise).
+                let goes = could_go(&g, &st.tat, u64::from(f.need), now, since);
+                let tag = f.ticket.wrapping_add(1);
+                let first = st.notified[tier].load(Ordering::SeqCst) != tag;
+                if (first || eager || reg.probe_due(REAP_INTERVAL_MS * 1_000_000))
+                    && !reg.alive(f.idx)
+                {
+                    let _ = reg.reap(&mut |_, _| {});
+                    continue;
+                }
+                if first {
+                    st.notified[tier].store(tag, Ordering::SeqCst);
+                    reg.wake(f.idx, wake_bit(f.ticket));
+                }
+                if goes {
+                    // It goes before everything below it.
+                    found.deferring = true;
+                    break 'tiers;
+                }
+                continue 'tiers;
+            }
+        }
+        (found, clock)
+    }
+
+    /// At most every 100 ms per process: if the region's TSC calibration no
+    /// longer agrees with `CLOCK_MONOTONIC`, move the region to it.
+    fn check_clock(&self, c: &crate::sys::clock::TscClock) {
+        if super::params::clock_check_due() && c.check_agrees().is_err() {
+            self.bucket.demote_clock();
+        }
+    }
+
+    // ---- async -------------------------------------------------------------
+
+    /// Makes sure the helper thread runs while async consumes wait here.
+    pub fn ensure_helper(self: &Arc<Self>) {
+        if self.helper_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("shmsched-lim-helper".into())
+            .spawn(move || helper(weak));
+        if spawned.is_err() {
+            self.helper_running.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// The later of two ms stamps taken mod 2³² (within 24 days of each other).
+fn later_ms(a: u32, b: u32) -> u32 {
+    if b.wrapping_sub(a) < (1 << 31) {
+        b
+    } else {
+        a
+    }
+}
+
+/// The helper loop: drains until no async consume waits here, sleeping on
+/// the process's futex word until the next instant one of them may go.
+fn helper(weak: Weak<LimRoot>) {
+    loop {
+        let Some(root) = weak.upgrade() else { return };
+        if root.forked() {
+            return;
+        }
+        if root.async_waiting.load(Ordering::SeqCst) == 0 {
+            root.helper_running.store(false, Ordering::SeqCst);
+            if root.async_waiting.load(Ordering::SeqCst) == 0
+                || root.helper_running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+        let reg = root.reg();
+        let seq = reg.my_seq();
+        let (d, clock) = root.drain_now();
+        let now = clock.now_ns();
+        let mut nap = BACKSTOP;
+        for u in d.until.iter().flatten() {
+            nap = nap.min(Duration::from_nanos(u.saturating_sub(now)));
+        }
+        if d.deferring {
+            nap = nap.min(DEFER_POLL);
+        }
+        if let Clock::Tsc(c) = clock {
+            root.check_clock(&c);
+        }
+        if !nap.is_zero() {
+            reg.sleep(seq, nap, BITSET_ALL);
+        }
+    }
+}
