@@ -140,6 +140,8 @@ impl SharedBucket {
         // Validates the parameters (and the stored clock) before joining.
         let p = s.params().load()?;
         if let Clock::Tsc(c) = p.clock {
+            c.check_form()
+                .map_err(|e| Error::BadRegion(format!("limiter clock: {e}")))?;
             if c.check_agrees().is_err() {
                 s.demote_clock();
             }
