@@ -59,7 +59,7 @@
 //! # Stall time
 //!
 //! The gate word also records when the current stall (some tier
-//! backlogged) began, in µs of `CLOCK_MONOTONIC` (55 bits: 1,142 years).
+//! backlogged) began, in µs of `CLOCK_MONOTONIC` (54 bits: 571 years).
 //! The change that sets the first tier bit writes it in the same CAS; the
 //! change that clears the last adds the interval to a total. An interval
 //! therefore opens and closes exactly with the backlog bits, whatever the
@@ -94,8 +94,11 @@ pub const GATE_STRICT: u64 = 1 << LEVELS;
 /// Gate bit: the object keeps an exact running count (its policy needed
 /// one); set once, never cleared. What it means is the object's.
 pub const GATE_COUNTING: u64 = 1 << (LEVELS + 1);
+/// Gate bit: the object is moving its capacity down and wants freed
+/// capacity back on the release path (the scheduler's run-time ceiling).
+pub const GATE_SHRINKING: u64 = 1 << (LEVELS + 2);
 /// The stall interval's start (µs) sits above this many gate bits.
-const SINCE_SHIFT: u32 = LEVELS as u32 + 2;
+const SINCE_SHIFT: u32 = LEVELS as u32 + 3;
 const SINCE_MAX: u64 = (1 << (64 - SINCE_SHIFT)) - 1;
 
 /// Bitmap words covering the largest process table.
@@ -516,6 +519,16 @@ impl Registry {
             .fetch_or(GATE_COUNTING, Ordering::SeqCst)
             & GATE_COUNTING
             == 0
+    }
+
+    /// Sets or clears [`GATE_SHRINKING`].
+    pub fn set_shrinking(&self, on: bool) {
+        let g = &self.area().gate.gate;
+        if on {
+            g.fetch_or(GATE_SHRINKING, Ordering::SeqCst);
+        } else if g.load(Ordering::SeqCst) & GATE_SHRINKING != 0 {
+            g.fetch_and(!GATE_SHRINKING, Ordering::SeqCst);
+        }
     }
 
     /// Reopens the fast paths closed by [`set_strict`](Self::set_strict).

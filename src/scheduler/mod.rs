@@ -278,6 +278,52 @@ impl Scheduler {
         }
     }
 
+    /// Moves the effective ceiling of a shared scheduler to `target` (at
+    /// most the region's max), for every process: at most `target` slots are
+    /// held at once from now on. Lowering it revokes nothing: holders keep
+    /// their slots, and releases go to the ceiling until it is reached
+    /// (returns whether it is reached now). Raising it serves waiters at
+    /// once. The fast path is unchanged (cells above the ceiling are taken
+    /// out of service). For an in-process scheduler this is an error
+    /// (create it with the max you want).
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let region = Region::anonymous()?;
+    /// let sched = Scheduler::shared(&region, 8)?;
+    /// assert!(sched.set_ceiling(2)?);
+    /// let _a = sched.acquire(Priority::Normal)?;
+    /// let _b = sched.acquire(Priority::Normal)?;
+    /// assert!(sched.try_acquire(Priority::Normal).is_none());
+    /// assert_eq!(sched.ceiling(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_ceiling(&self, target: u32) -> Result<bool> {
+        match self.root().level() {
+            Level::Shared(r) if !r.forked() => r.set_ceiling(target),
+            Level::Shared(_) => Err(Error::Forked(
+                "set_ceiling through a handle of the parent process; attach anew in the child"
+                    .into(),
+            )),
+            Level::Local(_) => Err(Error::InvalidArgument(
+                "set_ceiling needs a scheduler shared through a region".into(),
+            )),
+        }
+    }
+
+    /// The effective ceiling: the region's for a shared scheduler (see
+    /// [`set_ceiling`](Self::set_ceiling)), else this level's max (`u32::MAX`
+    /// when unlimited).
+    pub fn ceiling(&self) -> u32 {
+        match self.root().level() {
+            Level::Shared(r) => r.slots().ceiling(),
+            Level::Local(_) => self.root().max(),
+        }
+    }
+
     /// Reseeds the lottery so that a test can replay its decisions, or
     /// switches it off (`enabled: false`: strict priority within caps;
     /// starvation is then possible). For a shared root this is the region's

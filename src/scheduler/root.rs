@@ -62,7 +62,7 @@ use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
 use crate::region::registry::{
-    wake_bit, Designee, Registry, GATE_STRICT, GATE_TIERS, REAP_INTERVAL_MS,
+    wake_bit, Designee, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, REAP_INTERVAL_MS,
 };
 use crate::region::Region;
 use crate::sys::clock::monotonic_ns;
@@ -185,7 +185,7 @@ impl SharedRoot {
     #[inline]
     pub fn release(&self, slots: &Slots) {
         self.slots.give(slots);
-        if self.reg().gate() & (GATE_TIERS | GATE_STRICT) != 0 {
+        if self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0 {
             self.release_slow();
         }
     }
@@ -194,6 +194,10 @@ impl SharedRoot {
     #[inline(never)]
     fn release_slow(&self) {
         let reg = self.reg();
+        if reg.gate() & GATE_SHRINKING != 0 {
+            // The ceiling is coming down: the freed cell goes to it.
+            self.slots.rebalance();
+        }
         if let Some(d) = reg.designee() {
             // Someone is already at it, or a remote designee has been woken
             // and is not yet due for a fairness hand-off: nothing to do.
@@ -592,6 +596,14 @@ impl SharedRoot {
             // releases and by other processes' wakes of blocked threads.
             self.helper_running.store(false, Ordering::Release);
         }
+    }
+
+    /// Moves the region's effective ceiling (see
+    /// [`SharedSlots::set_ceiling`]); waiters are served if it went up.
+    pub fn set_ceiling(&self, target: u32) -> Result<bool> {
+        let done = self.slots.set_ceiling(target)?;
+        self.serve_now(false);
+        Ok(done)
     }
 
     /// Cells held by this process.

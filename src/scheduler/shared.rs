@@ -49,7 +49,7 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::region::registry::{Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::registry::{Registry, GATE_COUNTING, GATE_SHRINKING, OBJ_FREE, REGISTRY_SIZE};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
@@ -68,6 +68,10 @@ const NEAR_SCAN: usize = 8;
 /// counted in its owner's `held`.
 pub(crate) const COUNTED: u32 = 1 << 31;
 
+/// A cell taken out of service by the ceiling (not an owner id: its entry
+/// index, 0xfffe, is beyond any process table).
+pub(crate) const BLOCKED: u32 = 0x7fff_ffff;
+
 /// The scheduler's own header, after the registry.
 #[repr(C, align(128))]
 pub(crate) struct SchedHeader {
@@ -80,11 +84,27 @@ pub(crate) struct SchedHeader {
     pub(crate) reclaimed: AtomicU64,
     /// 1 once a scan after counting started found no uncounted cell.
     all_counted: AtomicU32,
+    /// The ceiling + 1 (0: none, the ceiling is the max): see
+    /// [`SharedSlots::set_ceiling`].
+    ceiling: AtomicU32,
+    /// Cells blocked by the ceiling, as last counted (a hint: every change
+    /// of the ceiling recounts).
+    blocked: AtomicU32,
     _pad0: AtomicU32,
-    _pad: [u64; 13],
+    _pad: [u64; 12],
 }
 
 const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
+
+impl SchedHeader {
+    /// The effective ceiling of a region of `max` cells.
+    pub(crate) fn ceiling(&self, max: u32) -> u32 {
+        match self.ceiling.load(Ordering::Acquire) {
+            0 => max,
+            c => (c - 1).min(max),
+        }
+    }
+}
 
 pub(crate) const HEADER_OFF: usize = REGISTRY_SIZE;
 pub(crate) const CELLS_OFF: usize = HEADER_OFF + 128;
@@ -401,7 +421,10 @@ impl SharedSlots {
             if c == n {
                 c = 0;
             }
-            if k == NEAR_SCAN && self.running() >= u64::from(self.max) {
+            if k == NEAR_SCAN
+                && self.running() + u64::from(self.header().blocked.load(Ordering::Relaxed))
+                    >= u64::from(self.max)
+            {
                 return None; // full (or about to be): no O(max) scan
             }
             if cells[c].load(Ordering::Relaxed) == 0
@@ -471,7 +494,7 @@ impl SharedSlots {
             .iter()
             .filter(|c| {
                 let v = c.load(Ordering::SeqCst);
-                v != 0 && v & COUNTED == 0
+                v != 0 && v & COUNTED == 0 && v != BLOCKED
             })
             .count() as u64;
         if uncounted == 0 {
@@ -484,17 +507,84 @@ impl SharedSlots {
     /// counts, else from a scan (so asking does not start counting).
     pub fn full(&self) -> bool {
         if self.counting() {
-            self.running() >= u64::from(self.max)
+            self.running() >= u64::from(self.ceiling())
         } else {
-            self.occupied() >= self.max
+            self.occupied() >= self.ceiling()
         }
     }
 
+    /// The effective ceiling: at most this many slots are held at once
+    /// (≤ max; the max unless [`set_ceiling`](Self::set_ceiling) lowered it).
+    pub fn ceiling(&self) -> u32 {
+        self.header().ceiling(self.max)
+    }
+
+    /// Moves the effective ceiling to `target` (≤ max), for every process.
+    ///
+    /// The cells above the ceiling are taken out of service by marking free
+    /// cells [`BLOCKED`] (one CAS each); the fast path needs no new check.
+    /// Going down, cells still held are not revoked: their holders keep them,
+    /// and each release while the region is short gives its cell to the
+    /// ceiling instead of back to the pool ([`GATE_SHRINKING`]) until the
+    /// target is reached. Going up unblocks cells. Returns whether the
+    /// target is reached now.
+    pub fn set_ceiling(&self, target: u32) -> Result<bool> {
+        if target > self.max {
+            return Err(Error::InvalidArgument(format!(
+                "ceiling {target} is above the region's max {}",
+                self.max
+            )));
+        }
+        self.header().ceiling.store(target + 1, Ordering::SeqCst);
+        Ok(self.rebalance())
+    }
+
+    /// Blocks or unblocks cells until `max − ceiling` are blocked (as far as
+    /// free cells allow); keeps [`GATE_SHRINKING`] set while short. O(max):
+    /// runs only when the ceiling moves and on releases while shrinking.
+    pub fn rebalance(&self) -> bool {
+        let want = self.max - self.ceiling();
+        let cells = self.cells();
+        let mut have = cells
+            .iter()
+            .filter(|c| c.load(Ordering::SeqCst) == BLOCKED)
+            .count() as u32;
+        for c in cells {
+            if have == want {
+                break;
+            }
+            if have < want {
+                if c.compare_exchange(0, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    have += 1;
+                }
+            } else if c
+                .compare_exchange(BLOCKED, 0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                have -= 1;
+            }
+        }
+        self.header().blocked.store(have, Ordering::Relaxed);
+        // Re-read the target: another process may have moved it meanwhile.
+        let done = have == self.max - self.ceiling();
+        self.reg.set_shrinking(have < self.max - self.ceiling());
+        if !done && have > self.max - self.ceiling() {
+            return self.rebalance();
+        }
+        done
+    }
+
     /// Occupied cells, counted one by one (O(max): stats and tools only).
+    /// Cells blocked by the ceiling do not count.
     pub fn occupied(&self) -> u32 {
         self.cells()
             .iter()
-            .filter(|c| c.load(Ordering::Relaxed) != 0)
+            .filter(|c| {
+                let v = c.load(Ordering::Relaxed);
+                v != 0 && v != BLOCKED
+            })
             .count() as u32
     }
 
@@ -559,6 +649,7 @@ impl SharedSlots {
         SharedStats {
             running: self.occupied(),
             max: self.max,
+            ceiling: self.ceiling(),
             waiters: w.map(|c| c.min(u64::from(u32::MAX)) as u32),
             processes,
             reclaimed: self.header().reclaimed.load(Ordering::Relaxed),

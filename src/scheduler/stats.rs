@@ -37,8 +37,11 @@ impl QueueStats {
 pub struct SharedStats {
     /// Gauge: slots held across all processes right now.
     pub running: u32,
-    /// The region's global max.
+    /// The region's global max (its number of slot cells).
     pub max: u32,
+    /// The effective ceiling (≤ max): the most slots held at once now (see
+    /// [`Scheduler::set_ceiling`](super::Scheduler::set_ceiling)).
+    pub ceiling: u32,
     /// Gauge: tasks waiting in live processes, per priority (index = priority + 3).
     pub waiters: [u32; LEVELS],
     /// Gauge: processes attached to the region and alive.

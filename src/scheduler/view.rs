@@ -8,7 +8,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::shared::{SchedHeader, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV};
+use super::shared::{
+    SchedHeader, BLOCKED, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV,
+};
 use super::stats::SharedStats;
 use crate::error::{Error, Result};
 use crate::region::registry::RegistryArea;
@@ -65,13 +67,18 @@ impl RegionView {
     /// to an attached process.
     pub fn scheduler_stats(&self) -> Result<SharedStats> {
         let max = self.scheduler_max()?;
-        let running = self.scheduler_cells()?.iter().filter(|&&c| c != 0).count() as u32;
+        let running = self
+            .scheduler_cells()?
+            .iter()
+            .filter(|&&c| c != 0 && c != BLOCKED)
+            .count() as u32;
         let reg = self.object_atomics::<RegistryArea>(0)?;
         let waiters = reg.waiter_counts(|idx| self.entry(idx).ok(), self.header().process_slots);
         let (wakes, reaped, strict) = reg.counters();
         Ok(SharedStats {
             running,
             max,
+            ceiling: self.sched_header()?.ceiling(max),
             waiters: waiters.map(|c| c.min(u64::from(u32::MAX)) as u32),
             processes: self.alive_processes()?,
             reclaimed: self.sched_header()?.reclaimed.load(Ordering::Relaxed),
