@@ -85,6 +85,11 @@
 #define SHMSCHED_CAP_UNSET UINT32_MAX
 
 /**
+ * `timeout_ns` meaning "no limit" in the `_async` calls.
+ */
+#define SHMSCHED_FOREVER UINT64_MAX
+
+/**
  * The result of every fallible call. `SHMSCHED_STATUS_OK` (0) is success;
  * every other value is a failure whose text is available from
  * `shmsched_last_error_message` on the same thread, and whose generic
@@ -442,6 +447,17 @@ typedef struct shmsched_grant {
 } shmsched_grant;
 
 /**
+ * The completion of `shmsched_limiter_consume_async`: called exactly once,
+ * from a thread of the library. On success `status` is
+ * `SHMSCHED_STATUS_OK` and `grant` says how it went; on failure `message`
+ * is the error's text (valid only during the call; NULL on success).
+ */
+typedef void (*shmsched_consume_callback)(void *ctx,
+                                          shmsched_status status,
+                                          struct shmsched_grant grant,
+                                          const char *message);
+
+/**
  * One priority's queue: a gauge and cumulative counters. While the
  * scheduler lives, `deferred - completed == count`.
  */
@@ -662,6 +678,18 @@ typedef struct shmsched_permit {
    */
   uint64_t serial;
 } shmsched_permit;
+
+/**
+ * The completion of `shmsched_scheduler_acquire_async`: called exactly
+ * once, from a thread of the library, with the outcome. On success
+ * `status` is `SHMSCHED_STATUS_OK` and `permit` the permit (now the
+ * caller's to release); on failure `permit` is zeroed and `message` is the
+ * error's text (valid only during the call; NULL on success).
+ */
+typedef void (*shmsched_acquire_callback)(void *ctx,
+                                          shmsched_status status,
+                                          struct shmsched_permit permit,
+                                          const char *message);
 
 /**
  * What the region knows about everyone sharing a scheduler.
@@ -1054,6 +1082,32 @@ shmsched_status shmsched_limiter_consume_timeout(const struct shmsched_limiter *
                                                  struct shmsched_grant *out_grant);
 
 /**
+ * Starts a consume of `n` tokens at `priority` that waits on a thread of
+ * its own and reports to `callback(ctx, …)` when charged, after
+ * `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. For
+ * bindings whose callers must not block (Node.js). Returns
+ * `SHMSCHED_STATUS_OK` once the wait started (the callback then runs
+ * exactly once); any other status means it did not start.
+ *
+ * Errors (immediate): `NULL_ARGUMENT`, `INVALID_PRIORITY`, `FORKED`,
+ * `IO`; through the callback: those of `shmsched_limiter_consume`. Threads: any; the callback
+ * runs on another thread. The handle must stay open until the callback
+ * has run. Fork: a pending wait does not exist in a forked child.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle that stays open until the
+ * callback ran; `callback` must be safe to call from any thread with
+ * `ctx`.
+ */
+shmsched_status shmsched_limiter_consume_async(const struct shmsched_limiter *lim,
+                                               uint64_t n,
+                                               int32_t priority,
+                                               uint64_t timeout_ns,
+                                               shmsched_consume_callback callback,
+                                               void *ctx);
+
+/**
  * Consumes `n` tokens only if every level holds them now and nothing is
  * queued; never waits, never goes into debt. `SHMSCHED_STATUS_WOULD_BLOCK`
  * when not.
@@ -1142,18 +1196,17 @@ shmsched_status shmsched_limiter_stats_json(const struct shmsched_limiter *lim,
 
 /**
  * Leaves the region now and closes the handle (frees this process's
- * process-table entry). If the library refuses (children or other objects
- * of this process bound to the same region are alive), the handle is
- * closed anyway and the error says why.
+ * process-table entry). The handle is closed whatever the status (except
+ * `NULL_ARGUMENT`); on failure the process stays in the table: when
+ * children or other objects of this process bound to the same region are
+ * alive (`INVALID_ARGUMENT`), or in a forked child (`FORKED`).
  *
  * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `IO`. Threads:
- * must be the last call on the handle. Fork: see the handle (a `FORKED`
- * handle stays open: close it).
+ * must be the last call on the handle. Fork: see above.
  *
  * # Safety
  *
- * `lim` must be NULL or an open limiter handle, not used again unless the
- * status is `FORKED` or `NULL_ARGUMENT`.
+ * `lim` must be NULL or an open limiter handle, not used again.
  */
 shmsched_status shmsched_limiter_detach(struct shmsched_limiter *lim);
 
@@ -1456,6 +1509,34 @@ shmsched_status shmsched_scheduler_acquire_timeout(const struct shmsched_schedul
                                                    struct shmsched_permit *out);
 
 /**
+ * Starts an acquire at `priority` that waits on a thread of its own and
+ * reports to `callback(ctx, …)` when it is granted, times out after
+ * `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or fails. For bindings
+ * whose callers must not block (Node.js): the waiting thread is a real
+ * waiter in the region, so priorities hold across processes exactly as
+ * for `shmsched_scheduler_acquire`. Returns `SHMSCHED_STATUS_OK` once the
+ * wait started (the callback then runs exactly once); any other status
+ * means it did not start and the callback will not run.
+ *
+ * Errors (immediate): `NULL_ARGUMENT` (also for a NULL callback),
+ * `INVALID_PRIORITY`, `FORKED`, `IO` (no thread could be started).
+ * Threads: any; the callback runs on another thread. The handle must stay
+ * open until the callback has run. Fork: a pending wait does not exist in
+ * a forked child (threads are not forked).
+ *
+ * # Safety
+ *
+ * `sched` must be NULL or an open scheduler handle that stays open until
+ * the callback ran; `callback` must be safe to call from any thread with
+ * `ctx`.
+ */
+shmsched_status shmsched_scheduler_acquire_async(const struct shmsched_scheduler *sched,
+                                                 int32_t priority,
+                                                 uint64_t timeout_ns,
+                                                 shmsched_acquire_callback callback,
+                                                 void *ctx);
+
+/**
  * Takes a slot only if one is free at `priority` now and nothing is queued
  * at that priority; never waits. `SHMSCHED_STATUS_WOULD_BLOCK` when not.
  *
@@ -1609,19 +1690,19 @@ shmsched_status shmsched_scheduler_stats_json(const struct shmsched_scheduler *s
 /**
  * Leaves the region now and closes the handle: frees this process's entry
  * in the region's process table (instead of leaving it to be reaped after
- * the process exits). Refused, with the handle left open, while this
- * process holds permits acquired through this handle. If the library
- * refuses to leave the table (another object of this process is bound to
- * the same region, or children of this handle are alive), the handle is
- * closed anyway and the error says why.
+ * the process exits). The handle is closed whatever the status (except
+ * `NULL_ARGUMENT`); on failure the process stays in the table: while this
+ * process holds permits acquired through the handle (`INVALID_ARGUMENT`;
+ * the permits stay valid), when another object of this process is bound
+ * to the same region or children of this handle are alive
+ * (`INVALID_ARGUMENT`), or in a forked child (`FORKED`).
  *
  * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `IO`. Threads:
- * must be the last call on the handle. Fork: see the handle.
+ * must be the last call on the handle. Fork: see above.
  *
  * # Safety
  *
- * `sched` must be NULL or an open scheduler handle, not used again after a
- * status other than `INVALID_ARGUMENT` for held permits.
+ * `sched` must be NULL or an open scheduler handle, not used again.
  */
 shmsched_status shmsched_scheduler_detach(struct shmsched_scheduler *sched);
 

@@ -40,6 +40,7 @@ pub mod process;
 pub mod region;
 pub mod scheduler;
 pub mod status;
+pub mod waiter;
 
 use status::{boundary, shmsched_status};
 

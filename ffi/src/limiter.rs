@@ -1,7 +1,7 @@
 //! `shmsched_limiter`: a byte-rate (token-bucket) budget, shared through a
 //! region.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
 use shmsched::limiter::{Grant, Limiter, LimiterStats};
@@ -212,6 +212,81 @@ pub unsafe extern "C" fn shmsched_limiter_consume_timeout(
             o.set(g.into());
         }
         Ok(())
+    })
+}
+
+/// The completion of `shmsched_limiter_consume_async`: called exactly once,
+/// from a thread of the library. On success `status` is
+/// `SHMSCHED_STATUS_OK` and `grant` says how it went; on failure `message`
+/// is the error's text (valid only during the call; NULL on success).
+pub type shmsched_consume_callback = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        status: shmsched_status,
+        grant: shmsched_grant,
+        message: *const c_char,
+    ),
+>;
+
+/// A raw pointer handed to the waiting thread.
+struct SendPtr<T>(*mut T);
+
+// SAFETY: the pointers are the caller's (a handle that stays open until the
+// callback ran, and an opaque context), passed to another thread as the C
+// contract of the `_async` calls allows.
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// Starts a consume of `n` tokens at `priority` that waits on a thread of
+/// its own and reports to `callback(ctx, …)` when charged, after
+/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. For
+/// bindings whose callers must not block (Node.js). Returns
+/// `SHMSCHED_STATUS_OK` once the wait started (the callback then runs
+/// exactly once); any other status means it did not start.
+///
+/// Errors (immediate): `NULL_ARGUMENT`, `INVALID_PRIORITY`, `FORKED`,
+/// `IO`; through the callback: those of `shmsched_limiter_consume`. Threads: any; the callback
+/// runs on another thread. The handle must stay open until the callback
+/// has run. Fork: a pending wait does not exist in a forked child.
+///
+/// # Safety
+///
+/// `lim` must be NULL or an open limiter handle that stays open until the
+/// callback ran; `callback` must be safe to call from any thread with
+/// `ctx`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_consume_async(
+    lim: *const shmsched_limiter,
+    n: u64,
+    priority: i32,
+    timeout_ns: u64,
+    callback: shmsched_consume_callback,
+    ctx: *mut c_void,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(lim, "lim") }?;
+        let p = args::priority(priority)?;
+        let cb = callback.ok_or_else(|| Fail::null("callback"))?;
+        h.usable()?;
+        let target = SendPtr(lim as *mut shmsched_limiter);
+        let ctx = SendPtr(ctx);
+        crate::waiter::spawn(move || {
+            let (target, ctx) = (target, ctx);
+            // SAFETY: the caller keeps the handle open until the callback ran.
+            let h = unsafe { &*target.0 };
+            let outcome = || {
+                match crate::waiter::timeout(timeout_ns) {
+                    None => h.lim.consume(n, p),
+                    Some(t) => h.lim.consume_timeout(n, p, t),
+                }
+                .map(shmsched_grant::from)
+                .map_err(Fail::from)
+            };
+            crate::waiter::report(outcome, shmsched_grant::default(), |status, grant, msg| {
+                // SAFETY: the caller's callback contract.
+                unsafe { cb(ctx.0, status, grant, msg) }
+            });
+        })
     })
 }
 
@@ -492,27 +567,27 @@ pub unsafe extern "C" fn shmsched_limiter_stats_json(
 }
 
 /// Leaves the region now and closes the handle (frees this process's
-/// process-table entry). If the library refuses (children or other objects
-/// of this process bound to the same region are alive), the handle is
-/// closed anyway and the error says why.
+/// process-table entry). The handle is closed whatever the status (except
+/// `NULL_ARGUMENT`); on failure the process stays in the table: when
+/// children or other objects of this process bound to the same region are
+/// alive (`INVALID_ARGUMENT`), or in a forked child (`FORKED`).
 ///
 /// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `IO`. Threads:
-/// must be the last call on the handle. Fork: see the handle (a `FORKED`
-/// handle stays open: close it).
+/// must be the last call on the handle. Fork: see above.
 ///
 /// # Safety
 ///
-/// `lim` must be NULL or an open limiter handle, not used again unless the
-/// status is `FORKED` or `NULL_ARGUMENT`.
+/// `lim` must be NULL or an open limiter handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_limiter_detach(lim: *mut shmsched_limiter) -> shmsched_status {
     boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        h.usable()?;
+        if lim.is_null() {
+            return Err(Fail::null("lim"));
+        }
         // SAFETY: `lim` came from Box::into_raw in `make` and the caller
         // does not use it again.
         let owned = unsafe { Box::from_raw(lim) };
+        owned.usable()?;
         owned.lim.detach()?;
         Ok(())
     })

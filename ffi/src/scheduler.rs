@@ -1,5 +1,6 @@
 //! `shmsched_scheduler`: a concurrency budget, shared through a region.
 
+use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -343,6 +344,86 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_timeout(
         let timeout = Duration::from_nanos(timeout_ns);
         out.set(permits::acquire_with(h, |s| s.acquire_timeout(p, timeout))?);
         Ok(())
+    })
+}
+
+/// The completion of `shmsched_scheduler_acquire_async`: called exactly
+/// once, from a thread of the library, with the outcome. On success
+/// `status` is `SHMSCHED_STATUS_OK` and `permit` the permit (now the
+/// caller's to release); on failure `permit` is zeroed and `message` is the
+/// error's text (valid only during the call; NULL on success).
+pub type shmsched_acquire_callback = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        status: shmsched_status,
+        permit: shmsched_permit,
+        message: *const c_char,
+    ),
+>;
+
+/// A raw pointer handed to the waiting thread.
+struct SendPtr<T>(*mut T);
+
+// SAFETY: the pointers are the caller's (a handle that stays open until the
+// callback ran, and an opaque context), passed to another thread as the C
+// contract of the `_async` calls allows.
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// Starts an acquire at `priority` that waits on a thread of its own and
+/// reports to `callback(ctx, …)` when it is granted, times out after
+/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or fails. For bindings
+/// whose callers must not block (Node.js): the waiting thread is a real
+/// waiter in the region, so priorities hold across processes exactly as
+/// for `shmsched_scheduler_acquire`. Returns `SHMSCHED_STATUS_OK` once the
+/// wait started (the callback then runs exactly once); any other status
+/// means it did not start and the callback will not run.
+///
+/// Errors (immediate): `NULL_ARGUMENT` (also for a NULL callback),
+/// `INVALID_PRIORITY`, `FORKED`, `IO` (no thread could be started).
+/// Threads: any; the callback runs on another thread. The handle must stay
+/// open until the callback has run. Fork: a pending wait does not exist in
+/// a forked child (threads are not forked).
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle that stays open until
+/// the callback ran; `callback` must be safe to call from any thread with
+/// `ctx`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    timeout_ns: u64,
+    callback: shmsched_acquire_callback,
+    ctx: *mut c_void,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let p = args::priority(priority)?;
+        let cb = callback.ok_or_else(|| Fail::null("callback"))?;
+        h.usable()?;
+        let target = SendPtr(sched as *mut shmsched_scheduler);
+        let ctx = SendPtr(ctx);
+        crate::waiter::spawn(move || {
+            let (target, ctx) = (target, ctx);
+            // SAFETY: the caller keeps the handle open until the callback ran.
+            let h = unsafe { &*target.0 };
+            let outcome = || {
+                permits::acquire_with(h, |s| match crate::waiter::timeout(timeout_ns) {
+                    None => s.acquire(p),
+                    Some(t) => s.acquire_timeout(p, t),
+                })
+            };
+            crate::waiter::report(
+                outcome,
+                shmsched_permit::default(),
+                |status, permit, msg| {
+                    // SAFETY: the caller's callback contract.
+                    unsafe { cb(ctx.0, status, permit, msg) }
+                },
+            );
+        })
     })
 }
 
@@ -715,7 +796,7 @@ pub unsafe extern "C" fn shmsched_scheduler_get_stats(
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_scheduler_stats_json(
     sched: *const shmsched_scheduler,
-    buf: *mut std::ffi::c_char,
+    buf: *mut c_char,
     len: usize,
     out_len: *mut usize,
 ) -> shmsched_status {
@@ -731,19 +812,19 @@ pub unsafe extern "C" fn shmsched_scheduler_stats_json(
 
 /// Leaves the region now and closes the handle: frees this process's entry
 /// in the region's process table (instead of leaving it to be reaped after
-/// the process exits). Refused, with the handle left open, while this
-/// process holds permits acquired through this handle. If the library
-/// refuses to leave the table (another object of this process is bound to
-/// the same region, or children of this handle are alive), the handle is
-/// closed anyway and the error says why.
+/// the process exits). The handle is closed whatever the status (except
+/// `NULL_ARGUMENT`); on failure the process stays in the table: while this
+/// process holds permits acquired through the handle (`INVALID_ARGUMENT`;
+/// the permits stay valid), when another object of this process is bound
+/// to the same region or children of this handle are alive
+/// (`INVALID_ARGUMENT`), or in a forked child (`FORKED`).
 ///
 /// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `IO`. Threads:
-/// must be the last call on the handle. Fork: see the handle.
+/// must be the last call on the handle. Fork: see above.
 ///
 /// # Safety
 ///
-/// `sched` must be NULL or an open scheduler handle, not used again after a
-/// status other than `INVALID_ARGUMENT` for held permits.
+/// `sched` must be NULL or an open scheduler handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_scheduler_detach(
     sched: *mut shmsched_scheduler,
@@ -751,12 +832,17 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
     boundary(|| {
         // SAFETY: the caller's contract.
         let h = unsafe { handle(sched, "sched") }?;
-        h.usable()?;
+        let usable = h.usable().map(|_| ());
         let held = permits::outstanding(sched);
-        if held > 0 {
+        if usable.is_err() || held > 0 {
+            // SAFETY: `sched` came from Box::into_raw in `make` and the
+            // caller does not use it again; permits still refer to it, so
+            // it is parked until they are released.
+            unsafe { permits::retire(sched) };
+            usable?;
             return Err(Fail::invalid(format!(
-                "cannot detach: this process holds {held} permit(s) acquired through this handle; \
-                 release them first"
+                "cannot detach: this process holds {held} permit(s) acquired through this \
+                 handle; the handle is closed and the process stays in the region's table"
             )));
         }
         // SAFETY: `sched` came from Box::into_raw in `make`, no permit
