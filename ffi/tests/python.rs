@@ -20,3 +20,20 @@ fn python_unittests_pass() {
         out.join("\n")
     );
 }
+
+/// `examples/python_pool.py`: a multiprocessing pool sharing one cap and
+/// one byte budget; it checks the cap from inside every holder.
+#[test]
+fn python_pool_example_runs() {
+    let mut cmd = python();
+    cmd.arg("examples/python_pool.py")
+        .args(["--workers", "4", "--cap", "2", "--tasks", "60"])
+        .current_dir(repo_root());
+    let mut kid = Kid::spawn("python_pool.py", cmd);
+    let out = kid.rest();
+    let status = kid.wait();
+    let report = out.join("\n");
+    assert!(status.success(), "python_pool.py failed:\n{report}");
+    assert!(report.contains("max running seen by a holder"), "{report}");
+    assert_eq!(out.last().map(String::as_str), Some("ok"), "{report}");
+}

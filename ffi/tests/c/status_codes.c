@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -392,6 +393,111 @@ static void schedulers(void) {
   unlink(path("outlive"));
 }
 
+
+/* The completion of an `_async` call, handed over to the waiting caller. */
+struct done {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  int fired;
+  shmsched_status status;
+  shmsched_permit permit;
+  shmsched_grant grant;
+  char message[512];
+};
+
+static void done_init(struct done *d) {
+  memset(d, 0, sizeof *d);
+  pthread_mutex_init(&d->m, NULL);
+  pthread_cond_init(&d->c, NULL);
+}
+
+static void finish(struct done *d, shmsched_status st, const char *message) {
+  pthread_mutex_lock(&d->m);
+  d->status = st;
+  snprintf(d->message, sizeof d->message, "%s", message ? message : "");
+  d->fired++;
+  pthread_cond_signal(&d->c);
+  pthread_mutex_unlock(&d->m);
+}
+
+static void on_acquired(void *ctx, shmsched_status st, shmsched_permit p, const char *message) {
+  struct done *d = ctx;
+  d->permit = p;
+  finish(d, st, message);
+}
+
+static void on_consumed(void *ctx, shmsched_status st, shmsched_grant g, const char *message) {
+  struct done *d = ctx;
+  d->grant = g;
+  finish(d, st, message);
+}
+
+static void wait_done(struct done *d) {
+  pthread_mutex_lock(&d->m);
+  while (!d->fired) pthread_cond_wait(&d->c, &d->m);
+  pthread_mutex_unlock(&d->m);
+}
+
+/* Async waits: the callback runs once, from a library thread. */
+static void async_waits(void) {
+  shmsched_region *r = create_region("async", 0);
+  shmsched_scheduler *s = NULL;
+  expect("scheduler_shared max 1", shmsched_scheduler_shared(r, 1, &s), SHMSCHED_STATUS_OK, NULL);
+  shmsched_permit held;
+  expect("acquire", shmsched_scheduler_acquire(s, 0, &held), SHMSCHED_STATUS_OK, NULL);
+  struct done d;
+  done_init(&d);
+  expect("acquire_async with a NULL callback",
+         shmsched_scheduler_acquire_async(s, 0, SHMSCHED_FOREVER, NULL, &d),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`callback` is NULL");
+  expect("acquire_async priority 4",
+         shmsched_scheduler_acquire_async(s, 4, SHMSCHED_FOREVER, on_acquired, &d),
+         SHMSCHED_STATUS_INVALID_PRIORITY, NULL);
+  expect("acquire_async 5 ms while full",
+         shmsched_scheduler_acquire_async(s, 0, 5000000, on_acquired, &d), SHMSCHED_STATUS_OK,
+         NULL);
+  wait_done(&d);
+  check(d.fired == 1 && d.status == SHMSCHED_STATUS_TIMEOUT && strstr(d.message, "timed out"),
+        "an async wait times out through its callback, with the message");
+  done_init(&d);
+  expect("acquire_async forever", shmsched_scheduler_acquire_async(s, SHMSCHED_PRIORITY_HIGH,
+                                                                   SHMSCHED_FOREVER, on_acquired, &d),
+         SHMSCHED_STATUS_OK, NULL);
+  expect("release (wakes the async waiter)", shmsched_permit_release(held), SHMSCHED_STATUS_OK,
+         NULL);
+  wait_done(&d);
+  check(d.fired == 1 && d.status == SHMSCHED_STATUS_OK && d.message[0] == 0,
+        "an async acquire is granted through its callback");
+  expect("release the async permit on another thread", shmsched_permit_release(d.permit),
+         SHMSCHED_STATUS_OK, NULL);
+  shmsched_scheduler_close(s);
+  shmsched_region_close(r);
+  unlink(path("async"));
+
+  shmsched_region *lr = create_region("async-lim", 0);
+  shmsched_limiter *l = NULL;
+  expect("limiter_shared", shmsched_limiter_shared(lr, 100000, &l), SHMSCHED_STATUS_OK, NULL);
+  expect("consume the bucket", shmsched_limiter_consume(l, 100000, 0, NULL), SHMSCHED_STATUS_OK,
+         NULL);
+  done_init(&d);
+  expect("consume_async", shmsched_limiter_consume_async(l, 1000, SHMSCHED_PRIORITY_LOW,
+                                                         SHMSCHED_FOREVER, on_consumed, &d),
+         SHMSCHED_STATUS_OK, NULL);
+  wait_done(&d);
+  check(d.fired == 1 && d.status == SHMSCHED_STATUS_OK && !d.grant.immediate,
+        "an async consume waits for the refill");
+  done_init(&d);
+  expect("consume_async too much", shmsched_limiter_consume_async(l, 3000000000ull, 0,
+                                                                  SHMSCHED_FOREVER, on_consumed, &d),
+         SHMSCHED_STATUS_OK, NULL);
+  wait_done(&d);
+  check(d.status == SHMSCHED_STATUS_INVALID_ARGUMENT && strstr(d.message, "3000000000"),
+        "a bad amount is reported through the callback");
+  shmsched_limiter_close(l);
+  shmsched_region_close(lr);
+  unlink(path("async-lim"));
+}
+
 static void limiters(void) {
   shmsched_region *r = create_region("lim", 0);
   shmsched_limiter *l = NULL;
@@ -492,6 +598,7 @@ int main(int argc, char **argv) {
   regions();
   schedulers();
   limiters();
+  async_waits();
   fair();
   misc();
   printf("failures %d\n", failures);
