@@ -26,8 +26,8 @@
 //!   the permit (the library gives the slot back) and only then stores
 //!   `FREE`, so nothing that waits for an entry to be free can see it free
 //!   while the drop still uses the handle.
-//! - **Entries** live in chunks of [`CHUNK`] that are allocated once and
-//!   never freed (a directory of [`MAX_CHUNKS`] pointers), so a token can
+//! - **Entries** live in chunks of `CHUNK` that are allocated once and
+//!   never freed (a directory of `MAX_CHUNKS` pointers), so a token can
 //!   always be looked up without a lock. Free indices sit in per-thread
 //!   caches (no atomic read-modify-write on the fast path), which exchange
 //!   batches with a process-wide pool under a small lock.

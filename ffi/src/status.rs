@@ -8,7 +8,7 @@
 //! pointers, permits, buffers).
 //!
 //! Inside the crate, functions compute a `Result<_, Fail>` and the exported
-//! wrapper turns it into a status through [`boundary`], which also catches
+//! wrapper turns it into a status through `boundary`, which also catches
 //! any panic: a panic never unwinds into C (that would be undefined
 //! behaviour); it becomes [`shmsched_status::Internal`].
 
