@@ -4,8 +4,10 @@
 //! Every row times the same thing the same way: one uncontended acquire and
 //! release of a scheduler shared through an anonymous region (max 8), in
 //! rounds of `SHMSCHED_BENCH_ITERS` pairs (default 1,000,000; Python a
-//! tenth of that), the median of 9 rounds in ns per pair, then the ratio to
-//! the Rust row. The C program (`benches/c/pair.c`) is built with `cc -O2`
+//! tenth of that), the median of 15 rounds in ns per pair, then the ratio
+//! to the Rust row. The rows' rounds are interleaved (one round of each row
+//! in turn), so that load from other work on the machine falls on every
+//! row alike. The C program (`benches/c/pair.c`) is built with `cc -O2`
 //! against the release `libshmsched.a` (static, as a C program or Go would
 //! link it) and `libshmsched.so`; the Python rows go through ctypes.
 //!
@@ -21,29 +23,22 @@ use shmsched::region::Region;
 use shmsched::scheduler::Scheduler;
 use shmsched::Priority;
 
-const ROUNDS: usize = 9;
+const ROUNDS: usize = 15;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
-fn rust_row(iters: u64) -> f64 {
-    let region = Region::anonymous().expect("region");
-    let s = Scheduler::shared(&region, 8).expect("scheduler");
-    median(
-        (0..ROUNDS)
-            .map(|_| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    drop(std::hint::black_box(
-                        s.acquire(Priority::Normal).expect("acquire"),
-                    ));
-                }
-                t.elapsed().as_nanos() as f64 / iters as f64
-            })
-            .collect(),
-    )
+/// One round of the Rust row.
+fn rust_round(s: &Scheduler, iters: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        drop(std::hint::black_box(
+            s.acquire(Priority::Normal).expect("acquire"),
+        ));
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
 }
 
 /// Builds the release library next to this bench binary's target dir and
@@ -67,7 +62,8 @@ fn release_lib_dir() -> PathBuf {
     target.join("release")
 }
 
-fn c_row(lib: &Path, statically: bool, iters: u64) -> f64 {
+/// Builds the C pair program against the static or the shared library.
+fn build_c(lib: &Path, statically: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = lib.join(if statically {
         "pair-static"
@@ -97,8 +93,13 @@ fn c_row(lib: &Path, statically: bool, iters: u64) -> f64 {
             .arg("-lshmsched");
     }
     assert!(cc.status().expect("run cc").success(), "cc failed");
-    let run = Command::new(&out)
-        .args([iters.to_string(), ROUNDS.to_string()])
+    out
+}
+
+/// One round of a C row.
+fn c_round(exe: &Path, iters: u64) -> f64 {
+    let run = Command::new(exe)
+        .args([iters.to_string(), "1".to_string()])
         .output()
         .expect("run the C pair bench");
     assert!(
@@ -113,11 +114,12 @@ fn c_row(lib: &Path, statically: bool, iters: u64) -> f64 {
         .expect("ns_per_pair line")
 }
 
-fn python_rows(lib: &Path, iters: u64) -> Vec<(String, f64)> {
+/// One round of the Python rows.
+fn python_round(lib: &Path, iters: u64) -> Vec<(String, f64)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let run = Command::new("python3")
         .arg(dir.join("benches/python/pair.py"))
-        .args([(iters / 10).max(1).to_string(), ROUNDS.to_string()])
+        .args([(iters / 10).max(1).to_string(), "1".to_string()])
         .env("PYTHONPATH", dir.parent().unwrap().join("python"))
         .env("SHMSCHED_LIB", lib.join("libshmsched.so"))
         .output()
@@ -146,30 +148,36 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     let lib = release_lib_dir();
-    let rust = rust_row(iters);
-    let rows = [
-        ("Rust `acquire` + drop (the library)".to_string(), rust),
-        (
-            "C, `libshmsched.a` (static)".to_string(),
-            c_row(&lib, true, iters),
-        ),
-        (
-            "C, `libshmsched.so` (dynamic)".to_string(),
-            c_row(&lib, false, iters),
-        ),
+    let c_static = build_c(&lib, true);
+    let c_dynamic = build_c(&lib, false);
+    let region = Region::anonymous().expect("region");
+    let s = Scheduler::shared(&region, 8).expect("scheduler");
+    let labels = [
+        "Rust `acquire` + drop (the library)",
+        "C, `libshmsched.a` (static)",
+        "C, `libshmsched.so` (dynamic)",
+        "Python, bare ctypes calls",
+        "Python, `with sched.acquire():`",
     ];
-    let py = python_rows(&lib, iters).into_iter().map(|(n, v)| {
-        let label = match n.as_str() {
-            "ctypes_raw" => "Python, bare ctypes calls".to_string(),
-            "binding_with" => "Python, `with sched.acquire():`".to_string(),
-            other => other.to_string(),
-        };
-        (label, v)
-    });
-    println!("acquire + release, one thread, shared scheduler (max 8); median of {ROUNDS} rounds");
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); labels.len()];
+    for _ in 0..ROUNDS {
+        samples[0].push(rust_round(&s, iters));
+        samples[1].push(c_round(&c_static, iters));
+        samples[2].push(c_round(&c_dynamic, iters));
+        for (name, v) in python_round(&lib, iters) {
+            match name.as_str() {
+                "ctypes_raw" => samples[3].push(v),
+                "binding_with" => samples[4].push(v),
+                other => panic!("unknown Python row {other}"),
+            }
+        }
+    }
+    let medians: Vec<f64> = samples.into_iter().map(median).collect();
+    let rust = medians[0];
+    println!("acquire + release, one thread, shared scheduler (max 8); median of {ROUNDS} interleaved rounds");
     println!("| row | ns / pair | vs Rust |");
     println!("|---|---:|---:|");
-    for (name, v) in rows.into_iter().chain(py) {
+    for (name, v) in labels.iter().zip(medians) {
         println!("| {name} | {v:.1} | {:.2} |", v / rust);
     }
 }

@@ -123,5 +123,7 @@ pub extern "C" fn shmsched_monotonic_ms() -> u64 {
 /// Threads: any. Fork: no state.
 #[no_mangle]
 pub extern "C" fn shmsched_debug_panic() -> shmsched_status {
-    boundary(|| panic!("shmsched_debug_panic was called"))
+    boundary(|| {
+        panic!("shmsched_debug_panic was called (a deliberate panic, to test the boundary)")
+    })
 }
