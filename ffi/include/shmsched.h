@@ -894,6 +894,9 @@ shmsched_status shmsched_fair_acquire(const struct shmsched_fair *fair,
  * the ledger's lock (so concurrent processes never go backwards). Do not
  * mix with explicit times on another scale in one region.
  *
+ * Errors: as `shmsched_fair_acquire`. Threads: any. Fork: works in a
+ * child (the lease is the child's).
+ *
  * # Safety
  *
  * As `shmsched_fair_acquire`.
@@ -925,6 +928,9 @@ shmsched_status shmsched_fair_release(const struct shmsched_fair *fair,
 /**
  * `shmsched_fair_release` at the clock, read under the ledger's lock.
  *
+ * Errors: as `shmsched_fair_release`. Threads: any. Fork: works in a
+ * child.
+ *
  * # Safety
  *
  * As `shmsched_fair_release`.
@@ -955,6 +961,9 @@ shmsched_status shmsched_fair_stats_json(const struct shmsched_fair *fair,
 
 /**
  * `shmsched_fair_stats_json` at the clock, read under the ledger's lock.
+ *
+ * Errors: as `shmsched_fair_stats_json`. Threads: any. Fork: works in a
+ * child.
  *
  * # Safety
  *
@@ -1070,6 +1079,9 @@ shmsched_status shmsched_limiter_consume(const struct shmsched_limiter *lim,
  * nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (through a child, levels
  * already charged stay charged: tokens can be lost to a timeout, never
  * created).
+ *
+ * Errors: as `shmsched_limiter_consume`, and `TIMEOUT`. Threads: any;
+ * waiting threads sleep. Fork: see the handle.
  *
  * # Safety
  *
@@ -1418,7 +1430,8 @@ shmsched_status shmsched_scheduler_shared(const struct shmsched_region *region,
  * max is `c->max` (required, not `SHMSCHED_UNLIMITED`); the caps apply to
  * this handle's tasks and compare against the global running count.
  *
- * Errors, threads, fork: as `shmsched_scheduler_shared`.
+ * Errors: as `shmsched_scheduler_shared`. Threads: any. Fork: works in a
+ * forked child (the child registers as a process of its own).
  *
  * # Safety
  *
@@ -1465,6 +1478,9 @@ shmsched_status shmsched_scheduler_child(const struct shmsched_scheduler *parent
 /**
  * Like `shmsched_scheduler_child`, with per-priority caps.
  *
+ * Errors: as `shmsched_scheduler_child`. Threads: any. Fork: the child
+ * handle belongs to this process, like its parent.
+ *
  * # Safety
  *
  * `parent` must be NULL or an open scheduler handle; `c` NULL or
@@ -1498,6 +1514,9 @@ shmsched_status shmsched_scheduler_acquire(const struct shmsched_scheduler *sche
  * Like `shmsched_scheduler_acquire`, giving up after `timeout_ns`
  * nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (a timed-out wait leaves no
  * count behind).
+ *
+ * Errors: as `shmsched_scheduler_acquire`, and `TIMEOUT`. Threads: any;
+ * waiting threads sleep. Fork: see the handle.
  *
  * # Safety
  *
@@ -1542,6 +1561,7 @@ shmsched_status shmsched_scheduler_acquire_async(const struct shmsched_scheduler
  *
  * Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_PRIORITY`,
  * `ZERO_CONCURRENCY`, `DISPOSED`, `FORKED`, `CAPACITY_EXHAUSTED`.
+ * Threads: any. Fork: see the handle.
  *
  * # Safety
  *

@@ -308,6 +308,9 @@ pub unsafe extern "C" fn shmsched_fair_acquire(
 /// the ledger's lock (so concurrent processes never go backwards). Do not
 /// mix with explicit times on another scale in one region.
 ///
+/// Errors: as `shmsched_fair_acquire`. Threads: any. Fork: works in a
+/// child (the lease is the child's).
+///
 /// # Safety
 ///
 /// As `shmsched_fair_acquire`.
@@ -364,6 +367,9 @@ pub unsafe extern "C" fn shmsched_fair_release(
 
 /// `shmsched_fair_release` at the clock, read under the ledger's lock.
 ///
+/// Errors: as `shmsched_fair_release`. Threads: any. Fork: works in a
+/// child.
+///
 /// # Safety
 ///
 /// As `shmsched_fair_release`.
@@ -414,6 +420,9 @@ pub unsafe extern "C" fn shmsched_fair_stats_json(
 }
 
 /// `shmsched_fair_stats_json` at the clock, read under the ledger's lock.
+///
+/// Errors: as `shmsched_fair_stats_json`. Threads: any. Fork: works in a
+/// child.
 ///
 /// # Safety
 ///

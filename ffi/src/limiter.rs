@@ -189,6 +189,9 @@ pub unsafe extern "C" fn shmsched_limiter_consume(
 /// already charged stay charged: tokens can be lost to a timeout, never
 /// created).
 ///
+/// Errors: as `shmsched_limiter_consume`, and `TIMEOUT`. Threads: any;
+/// waiting threads sleep. Fork: see the handle.
+///
 /// # Safety
 ///
 /// As `shmsched_limiter_consume`.

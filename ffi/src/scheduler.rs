@@ -193,7 +193,8 @@ pub unsafe extern "C" fn shmsched_scheduler_shared(
 /// max is `c->max` (required, not `SHMSCHED_UNLIMITED`); the caps apply to
 /// this handle's tasks and compare against the global running count.
 ///
-/// Errors, threads, fork: as `shmsched_scheduler_shared`.
+/// Errors: as `shmsched_scheduler_shared`. Threads: any. Fork: works in a
+/// forked child (the child registers as a process of its own).
 ///
 /// # Safety
 ///
@@ -268,6 +269,9 @@ pub unsafe extern "C" fn shmsched_scheduler_child(
 
 /// Like `shmsched_scheduler_child`, with per-priority caps.
 ///
+/// Errors: as `shmsched_scheduler_child`. Threads: any. Fork: the child
+/// handle belongs to this process, like its parent.
+///
 /// # Safety
 ///
 /// `parent` must be NULL or an open scheduler handle; `c` NULL or
@@ -325,6 +329,9 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire(
 /// Like `shmsched_scheduler_acquire`, giving up after `timeout_ns`
 /// nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (a timed-out wait leaves no
 /// count behind).
+///
+/// Errors: as `shmsched_scheduler_acquire`, and `TIMEOUT`. Threads: any;
+/// waiting threads sleep. Fork: see the handle.
 ///
 /// # Safety
 ///
@@ -432,6 +439,7 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
 ///
 /// Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_PRIORITY`,
 /// `ZERO_CONCURRENCY`, `DISPOSED`, `FORKED`, `CAPACITY_EXHAUSTED`.
+/// Threads: any. Fork: see the handle.
 ///
 /// # Safety
 ///
