@@ -389,6 +389,10 @@ def _load():
 
 
 _lib, LIBRARY_PATH = _load()
+# The hot calls, bound once.
+_acquire = _lib.shmsched_scheduler_acquire
+_release = _lib.shmsched_permit_release
+_byref = ctypes.byref
 
 
 def _raise(status):
@@ -602,7 +606,9 @@ class Permit:
     def release(self):
         """Gives the slot back. Raises :class:`AlreadyReleased` the second
         time, :class:`ForeignPermit` in another process (a forked child)."""
-        _check(_lib.shmsched_permit_release(self._permit))
+        st = _release(self._permit)
+        if st:
+            _raise(st)
         self._released = True
 
     def __enter__(self):
@@ -650,15 +656,20 @@ class Scheduler(_Handle):
     def acquire(self, priority="normal", timeout=None):
         """Blocks until a slot is free (at most ``timeout`` seconds, then
         :class:`Timeout`); returns a :class:`Permit`, usable in ``with``."""
-        p = priority_value(priority)
+        # The common case (a priority name) without the general parser.
+        p = PRIORITIES.get(priority) if type(priority) is str else None
+        if p is None:
+            p = priority_value(priority)
+        h = self._ptr
+        if h is None:
+            h = self._h  # raises: closed
         permit = _Permit()
         if timeout is None:
-            st = _lib.shmsched_scheduler_acquire(self._h, p, ctypes.byref(permit))
+            st = _acquire(h, p, _byref(permit))
         else:
-            st = _lib.shmsched_scheduler_acquire_timeout(
-                self._h, p, _ns(timeout), ctypes.byref(permit)
-            )
-        _check(st)
+            st = _lib.shmsched_scheduler_acquire_timeout(h, p, _ns(timeout), _byref(permit))
+        if st:
+            _raise(st)
         return Permit(permit, priority)
 
     def try_acquire(self, priority="normal"):

@@ -304,6 +304,16 @@ class FairShareTest(RegionTest):
         self.assertEqual(st["tenants"]["b"]["held"], 50)
         self.assertEqual(st["tenants"]["a"]["guarantee"], 50)
 
+    def test_now_variants_read_the_shared_clock(self):
+        fair = shmsched.FairShare.shared(self.region("fairnow"), self.CONFIG)
+        before = shmsched.FairShare.monotonic_ms()
+        lease = fair.acquire("a", 10, 100)
+        self.assertTrue(lease)
+        self.assertGreaterEqual(lease.deadline_ms, before + 100)
+        self.assertEqual(fair.stats()["tenants"]["a"]["held"], 10)
+        fair.release(lease)
+        self.assertEqual(fair.stats()["tenants"]["a"]["held"], 0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -566,6 +566,17 @@ static void fair(void) {
   expect("fair stats", shmsched_fair_stats_json(f, 130, json, sizeof json, &len),
          SHMSCHED_STATUS_OK, NULL);
   check(strstr(json, "\"tenants\"") != NULL && strlen(json) == len, "fair stats as JSON");
+  /* The _now variants read CLOCK_MONOTONIC ms (later than every explicit
+   * now above), under the ledger's lock. */
+  check(shmsched_monotonic_ms() > 130, "the shared clock is past the explicit times");
+  expect("fair acquire_now", shmsched_fair_acquire_now(f, "b", 10, 50, &o, NULL, 0),
+         SHMSCHED_STATUS_OK, NULL);
+  check(o.granted && strcmp(o.lease_id, "b1") == 0, "lease b1 granted at the clock");
+  expect("fair release_now", shmsched_fair_release_now(f, "b1"), SHMSCHED_STATUS_OK, NULL);
+  expect("fair stats_json_now", shmsched_fair_stats_json_now(f, json, sizeof json, &len),
+         SHMSCHED_STATUS_OK, NULL);
+  expect("fair explicit now after the clock", shmsched_fair_release(f, "b1", 200),
+         SHMSCHED_STATUS_TIME_WENT_BACKWARDS, NULL);
   shmsched_fair_close(f);
   shmsched_region_close(r);
   unlink(path("fair"));
