@@ -49,7 +49,7 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::region::registry::{Registry, GATE_COUNTING, GATE_SHRINKING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::registry::{Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).

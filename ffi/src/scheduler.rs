@@ -1,0 +1,888 @@
+//! `shmsched_scheduler`: a concurrency budget, shared through a region.
+
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use shmsched::priority::LEVELS;
+use shmsched::region::ObjectKind;
+use shmsched::scheduler::{Concurrency, QueueStats, Scheduler, SchedulerStats};
+use shmsched::Priority;
+
+use crate::args::{self, handle, Out};
+use crate::permits::{self, shmsched_permit};
+use crate::process;
+use crate::region::shmsched_region;
+use crate::status::{boundary, shmsched_status, Fail};
+
+/// `max` (or a reported concurrency) meaning "no overall limit".
+pub const SHMSCHED_UNLIMITED: u32 = u32::MAX;
+
+/// A per-priority cap that is not set (it inherits from the priority below;
+/// see `shmsched_concurrency`).
+pub const SHMSCHED_CAP_UNSET: u32 = u32::MAX;
+
+/// A scheduler handle (opaque). Made by `shmsched_scheduler_shared`,
+/// `_shared_with`, `_attach` or `_child`; closed by
+/// `shmsched_scheduler_close`.
+///
+/// Threads: every call on a handle may be made from any thread,
+/// concurrently (except `_close` and `_detach`, which must be the last call
+/// on it). Fork: a handle belongs to the process that made it; in a forked
+/// child every call on an inherited handle fails with
+/// `SHMSCHED_STATUS_FORKED` (close it there, and make a new one from the
+/// region).
+pub struct shmsched_scheduler {
+    sched: Scheduler,
+    /// Set (under the permit pool's lock) when the handle is closed; read by
+    /// releases to know whether they may have to free it.
+    closed: AtomicBool,
+    /// The fork generation the handle was made in.
+    fork_generation: u64,
+}
+
+impl shmsched_scheduler {
+    pub(crate) fn new(sched: Scheduler) -> shmsched_scheduler {
+        shmsched_scheduler {
+            sched,
+            closed: AtomicBool::new(false),
+            fork_generation: process::fork_generation(),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// The scheduler, unless this handle was inherited across `fork`.
+    #[inline(always)]
+    fn usable(&self) -> Result<&Scheduler, Fail> {
+        if self.fork_generation != process::fork_generation() {
+            return Err(forked());
+        }
+        Ok(&self.sched)
+    }
+}
+
+#[cold]
+fn forked() -> Fail {
+    Fail::new(
+        shmsched_status::Forked,
+        "handle used after fork: a Scheduler belongs to the process that created it; in a \
+         forked child, create a new one from the Region (shmsched_scheduler_shared or \
+         shmsched_scheduler_attach)",
+    )
+}
+
+/// How many tasks may run at once, overall and per priority.
+///
+/// Start from `shmsched_concurrency_max(max)` and set caps with
+/// `shmsched_concurrency_set_cap`. Cap resolution follows the seed's rule:
+/// every cap is clamped to `max`; priorities above the topmost explicit cap
+/// get `max`; an unset `lowest` takes the bottommost explicit cap; any other
+/// unset priority inherits the cap of the priority just below it. A cap
+/// compares against the total running count of the scheduler.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct shmsched_concurrency {
+    /// Overall ceiling (0..=2147483647), or `SHMSCHED_UNLIMITED` (only for
+    /// a child). 0 admits nothing: blocking calls then fail at once with
+    /// `SHMSCHED_STATUS_ZERO_CONCURRENCY`.
+    pub max: u32,
+    /// Explicit per-priority caps, indexed by priority + 3
+    /// (`caps[SHMSCHED_PRIORITY_LOW + 3]`), or `SHMSCHED_CAP_UNSET`.
+    pub caps: [u32; 7],
+}
+
+const _: () = assert!(LEVELS == 7);
+
+impl shmsched_concurrency {
+    fn to_library(self) -> Concurrency {
+        let mut c = if self.max == SHMSCHED_UNLIMITED {
+            Concurrency::unlimited()
+        } else {
+            Concurrency::max(self.max)
+        };
+        for p in Priority::ALL {
+            let cap = self.caps[p.index()];
+            if cap != SHMSCHED_CAP_UNSET {
+                c = c.cap(p, cap);
+            }
+        }
+        c
+    }
+}
+
+/// A concurrency of `max` with no per-priority caps.
+///
+/// Threads: any. Fork: no state.
+#[no_mangle]
+pub extern "C" fn shmsched_concurrency_max(max: u32) -> shmsched_concurrency {
+    shmsched_concurrency {
+        max,
+        caps: [SHMSCHED_CAP_UNSET; 7],
+    }
+}
+
+/// Sets the cap of `priority` (a `SHMSCHED_PRIORITY_*` value) in `*c`; `cap`
+/// may be `SHMSCHED_CAP_UNSET` to clear it. Values are checked when the
+/// concurrency is used.
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_PRIORITY`. Threads: any (the struct is
+/// the caller's). Fork: no state.
+///
+/// # Safety
+///
+/// `c` must be NULL or point to a writable `shmsched_concurrency`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_concurrency_set_cap(
+    c: *mut shmsched_concurrency,
+    priority: i32,
+    cap: u32,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let c = unsafe { c.as_mut() }.ok_or_else(|| Fail::null("c"))?;
+        let p = args::priority(priority)?;
+        c.caps[p.index()] = cap;
+        Ok(())
+    })
+}
+
+fn make(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail> {
+    process::install_fork_handler()?;
+    out.set(Box::into_raw(Box::new(shmsched_scheduler::new(sched))));
+    Ok(())
+}
+
+/// Binds a scheduler shared through `region` with at most `max` tasks at
+/// once across every process (0..=65536). A new region is initialised with
+/// `max`; an existing one must have the same max (else
+/// `SHMSCHED_STATUS_MISMATCH`; use `shmsched_scheduler_attach` to join
+/// whatever it has). On success `*out` is a new handle.
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT` (max too large),
+/// `WRONG_KIND`, `MISMATCH`, `VERSION_MISMATCH`, `BAD_REGION`,
+/// `PROCESS_TABLE_FULL`, `IO`. Threads: any. Fork: works in a forked child
+/// (the child registers as a process of its own).
+///
+/// # Safety
+///
+/// `region` must be NULL or an open region handle; `out` must be NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_shared(
+    region: *const shmsched_region,
+    max: u32,
+    out: *mut *mut shmsched_scheduler,
+) -> shmsched_status {
+    // SAFETY: forwarded contract.
+    unsafe { shmsched_scheduler_shared_with(region, &shmsched_concurrency_max(max), out) }
+}
+
+/// Like `shmsched_scheduler_shared`, with per-priority caps: the region's
+/// max is `c->max` (required, not `SHMSCHED_UNLIMITED`); the caps apply to
+/// this handle's tasks and compare against the global running count.
+///
+/// Errors: as `shmsched_scheduler_shared`. Threads: any. Fork: works in a
+/// forked child (the child registers as a process of its own).
+///
+/// # Safety
+///
+/// `region` must be NULL or an open region handle; `c` NULL or readable;
+/// `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_shared_with(
+    region: *const shmsched_region,
+    c: *const shmsched_concurrency,
+    out: *mut *mut shmsched_scheduler,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (r, c, out) = unsafe {
+            (
+                handle(region, "region")?,
+                handle(c, "c")?,
+                Out::new(out, "out")?,
+            )
+        };
+        let sched = r.bind(ObjectKind::Scheduler, |region| {
+            Scheduler::shared(region, c.to_library())
+        })?;
+        make(sched, out)
+    })
+}
+
+/// Joins the scheduler already initialised in `region`, whatever its max.
+///
+/// Errors: `NULL_ARGUMENT`, `BAD_REGION` (not initialised), `WRONG_KIND`,
+/// `VERSION_MISMATCH`, `PROCESS_TABLE_FULL`, `IO`. Threads: any. Fork:
+/// works in a forked child.
+///
+/// # Safety
+///
+/// `region` must be NULL or an open region handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_attach(
+    region: *const shmsched_region,
+    out: *mut *mut shmsched_scheduler,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
+        let sched = r.bind(ObjectKind::Scheduler, Scheduler::attach)?;
+        make(sched, out)
+    })
+}
+
+/// A child scheduler: an extra local cap of `max` (or `SHMSCHED_UNLIMITED`)
+/// on top of `parent`, in this process. A task through the child runs only
+/// when every level admits it. The parent handle may be closed before the
+/// child.
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `DISPOSED`, `FORKED`.
+/// Threads: any. Fork: the child handle belongs to this process, like its
+/// parent.
+///
+/// # Safety
+///
+/// `parent` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_child(
+    parent: *const shmsched_scheduler,
+    max: u32,
+    out: *mut *mut shmsched_scheduler,
+) -> shmsched_status {
+    // SAFETY: forwarded contract.
+    unsafe { shmsched_scheduler_child_with(parent, &shmsched_concurrency_max(max), out) }
+}
+
+/// Like `shmsched_scheduler_child`, with per-priority caps.
+///
+/// Errors: as `shmsched_scheduler_child`. Threads: any. Fork: the child
+/// handle belongs to this process, like its parent.
+///
+/// # Safety
+///
+/// `parent` must be NULL or an open scheduler handle; `c` NULL or
+/// readable; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_child_with(
+    parent: *const shmsched_scheduler,
+    c: *const shmsched_concurrency,
+    out: *mut *mut shmsched_scheduler,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (p, c, out) = unsafe {
+            (
+                handle(parent, "parent")?,
+                handle(c, "c")?,
+                Out::new(out, "out")?,
+            )
+        };
+        let child = p.usable()?.child(c.to_library())?;
+        make(child, out)
+    })
+}
+
+/// Blocks until a slot is free at `priority` (a `SHMSCHED_PRIORITY_*`
+/// value), then writes the permit to `*out`. Release it with
+/// `shmsched_permit_release`. A freed slot goes to the highest-priority
+/// waiter in any process sharing the region (a starvation lottery aside).
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_PRIORITY`, `ZERO_CONCURRENCY` (at
+/// once), `DISPOSED` (at once, or when disposed while waiting), `FORKED`,
+/// `CAPACITY_EXHAUSTED` (this process holds 4194304 permits).
+/// Threads: any; waiting threads sleep on a futex. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        h.usable()?;
+        out.set(permits::acquire_with(h, |s| s.acquire(p))?);
+        Ok(())
+    })
+}
+
+/// Like `shmsched_scheduler_acquire`, giving up after `timeout_ns`
+/// nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (a timed-out wait leaves no
+/// count behind).
+///
+/// Errors: as `shmsched_scheduler_acquire`, and `TIMEOUT`. Threads: any;
+/// waiting threads sleep. Fork: see the handle.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire_timeout(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    timeout_ns: u64,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        h.usable()?;
+        let timeout = Duration::from_nanos(timeout_ns);
+        out.set(permits::acquire_with(h, |s| s.acquire_timeout(p, timeout))?);
+        Ok(())
+    })
+}
+
+/// The completion of `shmsched_scheduler_acquire_async`: called exactly
+/// once, from a thread of the library, with the outcome. On success
+/// `status` is `SHMSCHED_STATUS_OK` and `permit` the permit (now the
+/// caller's to release); on failure `permit` is zeroed and `message` is the
+/// error's text (valid only during the call; NULL on success).
+pub type shmsched_acquire_callback = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        status: shmsched_status,
+        permit: shmsched_permit,
+        message: *const c_char,
+    ),
+>;
+
+/// A raw pointer handed to the waiting thread.
+struct SendPtr<T>(*mut T);
+
+// SAFETY: the pointers are the caller's (a handle that stays open until the
+// callback ran, and an opaque context), passed to another thread as the C
+// contract of the `_async` calls allows.
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// Starts an acquire at `priority` that waits on a thread of its own and
+/// reports to `callback(ctx, …)` when it is granted, times out after
+/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or fails. For bindings
+/// whose callers must not block (Node.js): the waiting thread is a real
+/// waiter in the region, so priorities hold across processes exactly as
+/// for `shmsched_scheduler_acquire`. Returns `SHMSCHED_STATUS_OK` once the
+/// wait started (the callback then runs exactly once); any other status
+/// means it did not start and the callback will not run.
+///
+/// Errors (immediate): `NULL_ARGUMENT` (also for a NULL callback),
+/// `INVALID_PRIORITY`, `FORKED`, `IO` (no thread could be started).
+/// Threads: any; the callback runs on another thread. The handle must stay
+/// open until the callback has run. Fork: a pending wait does not exist in
+/// a forked child (threads are not forked).
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle that stays open until
+/// the callback ran; `callback` must be safe to call from any thread with
+/// `ctx`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    timeout_ns: u64,
+    callback: shmsched_acquire_callback,
+    ctx: *mut c_void,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let p = args::priority(priority)?;
+        let cb = callback.ok_or_else(|| Fail::null("callback"))?;
+        h.usable()?;
+        let target = SendPtr(sched as *mut shmsched_scheduler);
+        let ctx = SendPtr(ctx);
+        crate::waiter::spawn(move || {
+            let (target, ctx) = (target, ctx);
+            // SAFETY: the caller keeps the handle open until the callback ran.
+            let h = unsafe { &*target.0 };
+            let outcome = || {
+                permits::acquire_with(h, |s| match crate::waiter::timeout(timeout_ns) {
+                    None => s.acquire(p),
+                    Some(t) => s.acquire_timeout(p, t),
+                })
+            };
+            crate::waiter::report(
+                outcome,
+                shmsched_permit::default(),
+                |status, permit, msg| {
+                    // SAFETY: the caller's callback contract.
+                    unsafe { cb(ctx.0, status, permit, msg) }
+                },
+            );
+        })
+    })
+}
+
+/// Takes a slot only if one is free at `priority` now and nothing is queued
+/// at that priority; never waits. `SHMSCHED_STATUS_WOULD_BLOCK` when not.
+///
+/// Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_PRIORITY`,
+/// `ZERO_CONCURRENCY`, `DISPOSED`, `FORKED`, `CAPACITY_EXHAUSTED`.
+/// Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        let s = h.usable()?;
+        match s.try_acquire(p) {
+            Some(permit) => {
+                out.set(permits::insert(h, permit)?);
+                Ok(())
+            }
+            None => Err(why_not(s)),
+        }
+    })
+}
+
+/// Why a `try_acquire` took nothing.
+#[cold]
+fn why_not(s: &Scheduler) -> Fail {
+    if s.is_disposed() {
+        return Fail::from(shmsched::Error::Disposed);
+    }
+    if s.concurrency() == Some(0) {
+        return Fail::from(shmsched::Error::ZeroConcurrency);
+    }
+    Fail::new(
+        shmsched_status::WouldBlock,
+        "no slot is free at this priority now (or others wait at it)",
+    )
+}
+
+/// Gives the permit's slot back, exactly once. The permit must have been
+/// acquired by this process (`SHMSCHED_STATUS_FOREIGN_PERMIT` otherwise:
+/// another process's permit, including one inherited across `fork`, whose
+/// slot stays its owner's) and not released yet
+/// (`SHMSCHED_STATUS_ALREADY_RELEASED`, also for a permit never issued).
+/// The scheduler handle it came from may have been closed meanwhile.
+///
+/// Errors: `FOREIGN_PERMIT`, `ALREADY_RELEASED`. Threads: any thread of the
+/// owning process (not only the acquiring one); two racing releases of one
+/// permit free it once. Fork: see above.
+#[no_mangle]
+pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_status {
+    boundary(|| permits::release(permit))
+}
+
+/// Disposes the scheduler and its children: queued waiters get
+/// `SHMSCHED_STATUS_DISPOSED`, later acquires fail at once. Permits still
+/// held keep their slots until released, so the cap is never exceeded.
+/// Disposing a shared scheduler disposes this process's handle (and its
+/// clones and children), not the region's budget.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_dispose(
+    sched: *const shmsched_scheduler,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        h.usable()?.dispose();
+        Ok(())
+    })
+}
+
+/// Writes whether the scheduler (or a parent of it) is disposed.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_is_disposed(
+    sched: *const shmsched_scheduler,
+    out: *mut bool,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        out.set(h.usable()?.is_disposed());
+        Ok(())
+    })
+}
+
+/// Gives back now every slot held by dead processes sharing the region
+/// (waiters also do this by themselves, at a bounded rate). Writes the
+/// number of processes reaped and of slots reclaimed to the optional
+/// outputs.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`, `BAD_REGION`, `IO`. Threads: any.
+/// Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; each output NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_reap(
+    sched: *const shmsched_scheduler,
+    out_processes: *mut u32,
+    out_slots: *mut u64,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let (processes, slots) = h.usable()?.reap()?;
+        // SAFETY: the caller's contract.
+        if let Some(o) = unsafe { Out::optional(out_processes) } {
+            o.set(processes);
+        }
+        // SAFETY: the caller's contract.
+        if let Some(o) = unsafe { Out::optional(out_slots) } {
+            o.set(slots);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the number of slots held right now across every process sharing
+/// the scheduler's root (no syscall).
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_global_running(
+    sched: *const shmsched_scheduler,
+    out: *mut u32,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        out.set(h.usable()?.global_running());
+        Ok(())
+    })
+}
+
+/// Writes this level's overall ceiling, `SHMSCHED_UNLIMITED` when none.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_concurrency(
+    sched: *const shmsched_scheduler,
+    out: *mut u32,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        out.set(h.usable()?.concurrency().unwrap_or(SHMSCHED_UNLIMITED));
+        Ok(())
+    })
+}
+
+/// Reseeds this level's starvation lottery with `seed` (0 keeps the current
+/// generator), or switches it off (`enabled` false: strict priority within
+/// caps, so starvation becomes possible). For tests and replays.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_set_lottery(
+    sched: *const shmsched_scheduler,
+    seed: u64,
+    enabled: bool,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        h.usable()?
+            .set_lottery((seed != 0).then_some(seed), enabled);
+        Ok(())
+    })
+}
+
+/// One priority's queue: a gauge and cumulative counters. While the
+/// scheduler lives, `deferred - completed == count`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct shmsched_queue_stats {
+    /// Gauge: tasks queued now.
+    pub count: u64,
+    /// Counter: tasks ever queued (they could not start at once).
+    pub deferred: u64,
+    /// Counter: tasks that ever left the queue (dispatched or cancelled).
+    pub completed: u64,
+    /// Counter: the part of `completed` that was cancelled (timeout,
+    /// dispose).
+    pub cancelled: u64,
+}
+
+impl From<&QueueStats> for shmsched_queue_stats {
+    fn from(q: &QueueStats) -> Self {
+        shmsched_queue_stats {
+            count: q.count,
+            deferred: q.deferred,
+            completed: q.completed,
+            cancelled: q.cancelled,
+        }
+    }
+}
+
+/// What the region knows about everyone sharing a scheduler.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct shmsched_scheduler_region_stats {
+    /// Gauge: slots held across all processes now.
+    pub running: u32,
+    /// The region's global max.
+    pub max: u32,
+    /// Gauge: processes attached and alive.
+    pub processes: u32,
+    /// Gauge: tasks waiting in live processes, per priority (index =
+    /// priority + 3).
+    pub waiters: [u32; 7],
+    /// Counter: slots given back on behalf of processes that died holding
+    /// them.
+    pub reclaimed: u64,
+    /// Counter: dead processes reaped.
+    pub reaped_processes: u64,
+    /// Counter: nanoseconds during which at least one task waited, in any
+    /// process.
+    pub stall_ns: u64,
+}
+
+/// A snapshot of one scheduler. Before the call set `size` to
+/// `sizeof(shmsched_scheduler_stats)`; the library fills at most that many
+/// bytes (so a program built against an older, smaller struct keeps
+/// working) and sets `size` to the number of bytes it filled.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct shmsched_scheduler_stats {
+    /// In: the caller's `sizeof`. Out: the bytes filled.
+    pub size: u32,
+    /// This level's overall ceiling, `SHMSCHED_UNLIMITED` when none.
+    pub concurrency: u32,
+    /// Gauge: permits held now (by this scheduler in-process; by this whole
+    /// process for a shared one).
+    pub running: u64,
+    /// Gauge: tasks queued in this scheduler.
+    pub pending: u64,
+    /// Counter: nanoseconds during which at least one task waited here.
+    pub stall_ns: u64,
+    /// Roll-up of `queues`.
+    pub total: shmsched_queue_stats,
+    /// Per priority, index = priority + 3.
+    pub queues: [shmsched_queue_stats; 7],
+    /// 1 when `region` is filled (a shared scheduler or a child of one), 0
+    /// otherwise.
+    pub has_region: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Region-wide figures when `has_region` is 1.
+    pub region: shmsched_scheduler_region_stats,
+}
+
+// No implicit padding: the struct is copied to C byte by byte.
+const _: () = assert!(std::mem::size_of::<shmsched_scheduler_region_stats>() == 4 * 10 + 8 * 3);
+const _: () = assert!(
+    std::mem::size_of::<shmsched_scheduler_stats>()
+        == 4 * 2 + 8 * 3 + 32 * 8 + 4 * 2 + std::mem::size_of::<shmsched_scheduler_region_stats>()
+);
+
+impl From<&SchedulerStats> for shmsched_scheduler_stats {
+    fn from(s: &SchedulerStats) -> Self {
+        let mut queues = [shmsched_queue_stats::default(); 7];
+        for (q, src) in queues.iter_mut().zip(s.queues.iter()) {
+            *q = src.into();
+        }
+        let (has_region, region) = match &s.shared {
+            Some(r) => (
+                1,
+                shmsched_scheduler_region_stats {
+                    running: r.running,
+                    max: r.max,
+                    processes: r.processes,
+                    waiters: r.waiters,
+                    reclaimed: r.reclaimed,
+                    reaped_processes: r.reaped_processes,
+                    stall_ns: r.stall_ns,
+                },
+            ),
+            None => (0, shmsched_scheduler_region_stats::default()),
+        };
+        shmsched_scheduler_stats {
+            size: 0,
+            concurrency: s.concurrency.unwrap_or(SHMSCHED_UNLIMITED),
+            running: s.running,
+            pending: s.pending,
+            stall_ns: s.stall_ns,
+            total: (&s.total).into(),
+            queues,
+            has_region,
+            reserved: 0,
+            region,
+        }
+    }
+}
+
+/// Fills `*out` with a snapshot of the scheduler's gauges and counters (see
+/// `shmsched_scheduler_stats` for the `size` protocol).
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`out->size` below 8),
+/// `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or valid
+/// for reads of its `size` field and writes of `out->size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_get_stats(
+    sched: *const shmsched_scheduler,
+    out: *mut shmsched_scheduler_stats,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let stats = shmsched_scheduler_stats::from(&h.usable()?.stats());
+        // SAFETY: the caller's contract; the struct has no padding.
+        unsafe { args::write_sized(out, stats, |s, n| s.size = n) }
+    })
+}
+
+/// Writes the scheduler's stats as one JSON object (the serde form of the
+/// Rust `SchedulerStats`: `running`, `concurrency`, `pending`, `total`,
+/// `queues`, `stall_ns`, `shared`) into `buf`, NUL-terminated, and its
+/// length to `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len`
+/// is the length needed (without the NUL) and `buf` is untouched.
+///
+/// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
+/// Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `buf` NULL or valid
+/// for `len` bytes; `out_len` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_stats_json(
+    sched: *const shmsched_scheduler,
+    buf: *mut c_char,
+    len: usize,
+    out_len: *mut usize,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let json = serde_json::to_string(&h.usable()?.stats())
+            .map_err(|e| Fail::new(shmsched_status::Internal, e.to_string()))?;
+        // SAFETY: the caller's contract.
+        unsafe { args::write_text(&json, buf, len, out_len) }
+    })
+}
+
+/// Leaves the region now and closes the handle: frees this process's entry
+/// in the region's process table (instead of leaving it to be reaped after
+/// the process exits). The handle is closed whatever the status (except
+/// `NULL_ARGUMENT`); on failure the process stays in the table: while this
+/// process holds permits acquired through the handle (`INVALID_ARGUMENT`;
+/// the permits stay valid), when another object of this process is bound
+/// to the same region or children of this handle are alive
+/// (`INVALID_ARGUMENT`), or in a forked child (`FORKED`).
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `IO`. Threads:
+/// must be the last call on the handle. Fork: see above.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle, not used again.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_detach(
+    sched: *mut shmsched_scheduler,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let usable = h.usable().map(|_| ());
+        let held = permits::outstanding(sched);
+        if usable.is_err() || held > 0 {
+            // SAFETY: `sched` came from Box::into_raw in `make` and the
+            // caller does not use it again; permits still refer to it, so
+            // it is parked until they are released.
+            unsafe { permits::retire(sched) };
+            usable?;
+            return Err(Fail::invalid(format!(
+                "cannot detach: this process holds {held} permit(s) acquired through this \
+                 handle; the handle is closed and the process stays in the region's table"
+            )));
+        }
+        // SAFETY: `sched` came from Box::into_raw in `make`, no permit
+        // refers to it (checked above), and the caller does not use it again.
+        let owned = unsafe { Box::from_raw(sched) };
+        owned.sched.detach()?;
+        Ok(())
+    })
+}
+
+/// Closes the handle. Permits acquired through it stay valid and can still
+/// be released; the handle's memory is freed when the last of them is.
+/// Closing NULL does nothing. Does not leave the region's process table
+/// (see `shmsched_scheduler_detach`): the entry is reaped after the
+/// process exits.
+///
+/// Threads: must be the last call on the handle (other threads may still
+/// release permits acquired through it). Fork: closing an inherited handle
+/// in a child is allowed and frees the child's copy.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle, not used again.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_close(sched: *mut shmsched_scheduler) {
+    if sched.is_null() {
+        return;
+    }
+    let _ = boundary(|| {
+        // SAFETY: `sched` came from Box::into_raw in `make` and the caller
+        // does not use it again.
+        unsafe { permits::retire(sched) };
+        Ok(())
+    });
+}

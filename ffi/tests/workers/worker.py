@@ -1,0 +1,77 @@
+"""A Python worker of the mixed-language tests (ffi/tests/mixed.rs); the
+same roles and line protocol as worker.c (see there)."""
+
+import random
+import sys
+import threading
+import time
+
+import shmsched
+
+
+def say(line):
+    print(line, flush=True)
+
+
+def sched_hold(path, prio):
+    sched = shmsched.Scheduler.attach(shmsched.Region.open(path))
+    sched.set_lottery(0, False)
+    say("ready")
+    permit = sched.acquire(prio)
+    say("got")
+    sys.stdin.readline()
+    permit.release()
+    say("released")
+
+
+def sched_churn(path, seconds):
+    sched = shmsched.Scheduler.attach(shmsched.Region.open(path))
+    say("ready")
+    if not sys.stdin.readline():
+        return
+    end = time.monotonic() + float(seconds)
+    n = 0
+    while time.monotonic() < end:
+        with sched.acquire(random.randint(-3, 3)):
+            hold = time.monotonic() + random.random() * 0.0002
+            while time.monotonic() < hold:
+                pass
+        n += 1
+    say(f"done {n}")
+
+
+def lim_consume(path, chunk):
+    lim = shmsched.Limiter.attach(shmsched.Region.open(path))
+    chunk = int(chunk)
+    say("ready")
+    line = sys.stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        return
+    origin = int(line[1])
+    stop = threading.Event()
+
+    def watch():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    buckets = {}
+    total = 0
+    while not stop.is_set():
+        lim.consume(chunk, "normal")
+        at = time.monotonic_ns()
+        total += chunk
+        if at >= origin:
+            i = (at - origin) // 10_000_000
+            buckets[i] = buckets.get(i, 0) + chunk
+    for i in sorted(buckets):
+        say(f"bucket {i} {buckets[i]}")
+    say(f"consumed {total}")
+
+
+ROLES = {"sched-hold": sched_hold, "sched-churn": sched_churn, "lim-consume": lim_consume}
+
+if __name__ == "__main__":
+    ROLES[sys.argv[1]](*sys.argv[2:])

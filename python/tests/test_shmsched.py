@@ -1,0 +1,319 @@
+"""Tests of the Python binding (stdlib only): python3 -m unittest discover python/tests
+
+Run against the library named by SHMSCHED_LIB (ffi/tests/python.rs sets it
+to the freshly built one), else target/release or target/debug.
+"""
+
+import io
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import shmsched
+
+_names = itertools.count()
+
+
+def temp_path(tag):
+    return f"/dev/shm/shmsched-pytest-{tag}-{os.getpid()}-{next(_names)}"
+
+
+class RegionTest(unittest.TestCase):
+    def setUp(self):
+        self.paths = []
+
+    def tearDown(self):
+        for p in self.paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    def region(self, tag, **kw):
+        p = temp_path(tag)
+        self.paths.append(p)
+        return shmsched.Region.create(p, **kw)
+
+
+class Versions(unittest.TestCase):
+    def test_abi_version_matches(self):
+        self.assertEqual(shmsched._lib.shmsched_abi_version(), shmsched.ABI_VERSION)
+        self.assertGreaterEqual(shmsched._lib.shmsched_layout_version(), 2)
+
+    def test_panic_becomes_an_error(self):
+        with self.assertRaises(shmsched.InternalError) as cm:
+            shmsched._debug_panic()
+        self.assertIn("the library panicked", str(cm.exception))
+        self.assertEqual(cm.exception.status, 24)
+
+
+class SchedulerTest(RegionTest):
+    def test_with_acquire_releases(self):
+        sched = shmsched.Scheduler.shared(self.region("with"), 2)
+        with sched.acquire("high") as permit:
+            self.assertEqual(sched.global_running, 1)
+            self.assertFalse(permit.released)
+        self.assertTrue(permit.released)
+        self.assertEqual(sched.global_running, 0)
+
+    def test_release_twice_is_an_error(self):
+        sched = shmsched.Scheduler.shared(self.region("twice"), 2)
+        permit = sched.acquire()
+        permit.release()
+        with self.assertRaises(shmsched.AlreadyReleased) as cm:
+            permit.release()
+        self.assertIn("already released", str(cm.exception))
+        self.assertEqual(sched.global_running, 0)
+
+    def test_try_acquire_and_timeout_when_full(self):
+        sched = shmsched.Scheduler.shared(self.region("full"), 1)
+        held = sched.acquire("normal")
+        self.assertIsNone(sched.try_acquire("highest"))
+        with self.assertRaises(shmsched.Timeout) as cm:
+            sched.acquire("low", timeout=0.005)
+        self.assertIsInstance(cm.exception, TimeoutError)
+        self.assertEqual(sched.global_running, 1)
+        held.release()
+        got = sched.try_acquire("low")
+        self.assertIsNotNone(got)
+        got.release()
+
+    def test_priorities_by_name_and_value(self):
+        sched = shmsched.Scheduler.shared(self.region("prio"), 3)
+        for p in ["lowest", "LOW", "normal", 2, -3, "3"]:
+            sched.acquire(p).release()
+        with self.assertRaises(shmsched.InvalidPriority) as cm:
+            sched.acquire(7)
+        self.assertIn("priority 7 is out of range", str(cm.exception))
+        self.assertIn("-3..=3", str(cm.exception))
+        with self.assertRaises(shmsched.InvalidPriority):
+            sched.acquire("urgent")
+
+    def test_errors_carry_the_library_text(self):
+        p = temp_path("exists")
+        self.paths.append(p)
+        shmsched.Region.create(p).close()
+        with self.assertRaises(shmsched.AlreadyExists) as cm:
+            shmsched.Region.create(p)
+        self.assertIn(p, str(cm.exception))
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            shmsched.Region.create(temp_path("ww"), mode=0o666)
+        self.assertIn("world-writable", str(cm.exception))
+
+    def test_wrong_kind_mismatch_zero_and_disposed(self):
+        r = self.region("kinds")
+        sched = shmsched.Scheduler.shared(r, 2)
+        with self.assertRaises(shmsched.WrongKind):
+            shmsched.Limiter.shared(r, 1000)
+        with self.assertRaises(shmsched.Mismatch):
+            shmsched.Scheduler.shared(r, 3)
+        self.assertEqual(shmsched.Scheduler.attach(r).concurrency, 2)
+        sched.dispose()
+        self.assertTrue(sched.disposed)
+        with self.assertRaises(shmsched.Disposed):
+            sched.acquire()
+        zero = shmsched.Scheduler.shared(self.region("zero"), 0)
+        with self.assertRaises(shmsched.ZeroConcurrency):
+            zero.acquire()
+
+    def test_child_caps_and_stats(self):
+        r = self.region("child")
+        sched = shmsched.Scheduler.shared(r, 4, low=1)
+        child = sched.child(2)
+        a = child.acquire()
+        b = child.acquire()
+        self.assertIsNone(child.try_acquire())
+        self.assertEqual(sched.global_running, 2)
+        st = sched.stats()
+        self.assertEqual(st["shared"]["running"], 2)
+        self.assertEqual(st["shared"]["max"], 4)
+        a.release()
+        b.release()
+        self.assertEqual(r.info()["kind"], "scheduler")
+
+    def test_threads_share_the_budget_and_wait_without_the_gil(self):
+        sched = shmsched.Scheduler.shared(self.region("threads"), 2)
+        lock = threading.Lock()
+        running = [0]
+        worst = [0]
+
+        def work():
+            for _ in range(200):
+                with sched.acquire("normal"):
+                    with lock:
+                        running[0] += 1
+                        worst[0] = max(worst[0], running[0])
+                    with lock:
+                        running[0] -= 1
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+            self.assertFalse(t.is_alive())
+        self.assertLessEqual(worst[0], 2)
+        self.assertEqual(sched.global_running, 0)
+
+    def test_fork_child_cannot_use_parent_handles(self):
+        r = self.region("fork")
+        sched = shmsched.Scheduler.shared(r, 2)
+        permit = sched.acquire()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                try:
+                    sched.acquire()
+                    code = 1
+                except shmsched.Forked:
+                    pass
+                try:
+                    permit.release()
+                    code = 2
+                except shmsched.ForeignPermit:
+                    pass
+                mine = shmsched.Scheduler.attach(r)
+                with mine.acquire("high"):
+                    if mine.global_running != 2:
+                        code = 3
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(sched.global_running, 1, "the child's refusals freed nothing")
+        permit.release()
+
+    def test_anonymous_region_passes_to_an_exec_child(self):
+        region = shmsched.Region.anonymous()
+        sched = shmsched.Scheduler.shared(region, 5)
+        held = sched.acquire()
+        fd = region.dup_fd()
+        try:
+            code = (
+                "import shmsched, sys\n"
+                "r = shmsched.Region.open_fd(int(sys.argv[1]))\n"
+                "s = shmsched.Scheduler.attach(r)\n"
+                "print(s.concurrency, s.global_running)\n"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code, str(fd)],
+                pass_fds=[fd],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=os.environ,
+            )
+        finally:
+            os.close(fd)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["5", "1"])
+        held.release()
+
+
+class CountingLimiter:
+    """Counts what a throttled file charges, then charges the real limiter."""
+
+    def __init__(self, lim):
+        self.lim = lim
+        self.total = 0
+
+    def consume(self, n, priority):
+        self.total += n
+        return self.lim.consume(n, priority)
+
+
+class LimiterTest(RegionTest):
+    def test_consume_try_and_timeout(self):
+        lim = shmsched.Limiter.shared(self.region("lim"), 1000)
+        self.assertEqual(lim.tokens_per_second, 1000)
+        g = lim.consume(1000, "normal")
+        self.assertTrue(g.immediate)
+        self.assertFalse(lim.try_consume(900))
+        with self.assertRaises(shmsched.Timeout):
+            lim.consume(900, "low", timeout=0.001)
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            lim.consume(3_000_000_000)
+        self.assertIn("3000000000", str(cm.exception))
+
+    def test_throttled_file_charges_every_byte(self):
+        lim = shmsched.Limiter.shared(self.region("file"), 50_000_000)
+        data = os.urandom(300_000)
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "src")
+            with open(src, "wb") as f:
+                f.write(data)
+            counting = CountingLimiter(lim)
+            raw = shmsched.ThrottledFile(open(src, "rb", buffering=0), counting, "low")
+            with io.BufferedReader(raw, 8192) as f:
+                self.assertEqual(f.read(), data)
+            self.assertEqual(counting.total, len(data), "every byte read, once")
+            dst = os.path.join(d, "dst")
+            counting = CountingLimiter(lim)
+            raw = shmsched.ThrottledFile(open(dst, "wb", buffering=0), counting, "high")
+            with io.BufferedWriter(raw, 8192) as f:
+                for k in range(0, len(data), 1000):
+                    f.write(data[k : k + 1000])
+            self.assertEqual(counting.total, len(data), "every byte written, once")
+            # Limiter.open is the same wrapper, buffered.
+            with lim.open(src, "rb", priority="low") as f:
+                self.assertEqual(f.read(), data)
+            with lim.open(dst, "wb") as f:
+                f.write(data)
+            with open(dst, "rb") as f:
+                self.assertEqual(f.read(), data)
+            with self.assertRaises(shmsched.InvalidArgument):
+                lim.open(src, "r")
+
+
+class FairShareTest(RegionTest):
+    CONFIG = {
+        "ceiling": 100,
+        "fairness_unit": "cost",
+        "tenants": [{"id": "a", "weight": 1}, {"id": "b", "weight": 1}],
+        "reclaim_horizon_ms": 100,
+        "idle_after_ms": 1000,
+        "started_at_ms": 0,
+    }
+
+    def test_lease_refusal_release_stats(self):
+        fair = shmsched.FairShare.shared(self.region("fair"), self.CONFIG)
+        own = fair.acquire("b", 50, 1000, now_ms=2000)
+        self.assertTrue(own)
+        self.assertEqual(own.id, "b1")
+        loan = fair.acquire("b", 50, 100, now_ms=2000)
+        self.assertTrue(loan)
+        refused = fair.acquire("a", 50, 100, now_ms=2010)
+        self.assertFalse(refused)
+        self.assertEqual(refused.reason, "guarantee_on_loan")
+        self.assertEqual(refused.retry_after_ms, 90)
+        self.assertIn("50", refused.explanation)
+        fair.release(loan, now_ms=2020)
+        with self.assertRaises(shmsched.AlreadyReleased):
+            fair.release(loan.id, now_ms=2021)
+        with self.assertRaises(shmsched.UnknownTenant):
+            fair.acquire("nobody", 1, 1, now_ms=2022)
+        with self.assertRaises(shmsched.TimeWentBackwards):
+            fair.acquire("a", 1, 1, now_ms=10)
+        st = fair.stats(now_ms=2030)
+        self.assertEqual(st["tenants"]["b"]["held"], 50)
+        self.assertEqual(st["tenants"]["a"]["guarantee"], 50)
+
+    def test_now_variants_read_the_shared_clock(self):
+        fair = shmsched.FairShare.shared(self.region("fairnow"), self.CONFIG)
+        before = shmsched.FairShare.monotonic_ms()
+        lease = fair.acquire("a", 10, 100)
+        self.assertTrue(lease)
+        self.assertGreaterEqual(lease.deadline_ms, before + 100)
+        self.assertEqual(fair.stats()["tenants"]["a"]["held"], 10)
+        fair.release(lease)
+        self.assertEqual(fair.stats()["tenants"]["a"]["held"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
