@@ -17,10 +17,10 @@ const ENTRY: &str = "child_entry";
 /// Byte offset of the stored clock words in the limiter's object area.
 /// Byte offset, in the object area, of the stored clock (the "TSC in use"
 /// flag, then tsc0, ns0, mult, shift) in the first parameter slot: the wait
-/// registry (1,280 bytes), the state and counter lines (128 each), the
+/// registry (1,408 bytes), the state and counter lines (128 each), the
 /// parameter block's head line (128), then the slot's gen, rate, capacity
 /// and clock base (40 bytes).
-const CLOCK_OFF: u64 = 1280 + 128 + 128 + 128 + 40;
+const CLOCK_OFF: u64 = 1408 + 128 + 128 + 128 + 40;
 
 fn path_of(name: &str) -> String {
     format!("/dev/shm/shmsched.{name}")

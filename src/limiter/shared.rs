@@ -2,7 +2,7 @@
 //! shared by every process, beside the wait registry.
 //!
 //! **Layout** (object area of a `Limiter` region, revision 4, fixed
-//! offsets): `[wait registry: 1,280 bytes][LimState: 128][LimCounters:
+//! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
 //! 128][ParamBlock: 384]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
 //! last woken and the time (ms) the tier last made progress; the counters

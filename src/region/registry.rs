@@ -5,7 +5,7 @@
 //!
 //! # What lives in the region
 //!
-//! An object area starts with a [`RegistryArea`] (1,280 bytes, fixed
+//! An object area starts with a [`RegistryArea`] (1,408 bytes, fixed
 //! offsets, atomics only):
 //!
 //! - the **gate** word, read by every fast path: bit `t` is set while a
@@ -18,6 +18,9 @@
 //! - the **designee** word (the one waiter, in any process, that the next
 //!   freed capacity is for) with the time it was designated, and the
 //!   lottery's generator, for policies that use them;
+//! - the region's link to a cluster-wide budget: which process is its
+//!   agent (an owner id, taken over when that process is found dead) and the
+//!   lease it holds, under a seqlock;
 //! - a bitmap of processes with published waiters and one of processes
 //!   bound to the object (members), so scans visit only those.
 //!
@@ -147,12 +150,28 @@ struct DispatchLine {
     _pad: [u64; 2],
 }
 
+/// The region's link to a cluster-wide budget (see the `cluster` module):
+/// which process is the region's agent, and the lease it holds.
+#[repr(C, align(128))]
+struct ClusterLine {
+    /// 0, or the owner id of the process acting as the region's agent.
+    agent: AtomicU32,
+    _pad0: AtomicU32,
+    /// Seqlock over the lease words: odd while the agent writes them.
+    seq: AtomicU64,
+    /// The lease: granted units, deadline (Unix ms), fencing token, mode,
+    /// safe capacity, renewals, failures.
+    lease: [AtomicU64; 7],
+    _pad: [u64; 6],
+}
+
 /// The registry's part of an object area. Zeroed memory is a valid empty
 /// registry.
 #[repr(C)]
 pub struct RegistryArea {
     gate: GateLine,
     dispatch: DispatchLine,
+    cluster: ClusterLine,
     waiting: [AtomicU64; MAP_WORDS],
     members: [AtomicU64; MAP_WORDS],
 }
@@ -161,7 +180,28 @@ pub struct RegistryArea {
 pub const REGISTRY_SIZE: usize = std::mem::size_of::<RegistryArea>();
 const _: () = assert!(std::mem::size_of::<GateLine>() == 128);
 const _: () = assert!(std::mem::size_of::<DispatchLine>() == 128);
-const _: () = assert!(REGISTRY_SIZE == 1280);
+const _: () = assert!(std::mem::size_of::<ClusterLine>() == 128);
+const _: () = assert!(REGISTRY_SIZE == 1408);
+
+/// A region's cluster lease, as its agent last recorded it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Lease {
+    /// Units of the cluster budget granted to this host.
+    pub grant: u64,
+    /// When the grant lapses without renewal (Unix ms).
+    pub deadline_unix_ms: u64,
+    /// The fencing token the agent must present on its next renewal.
+    pub token: u64,
+    /// The lease's mode (the cluster module's meaning: normal, learning,
+    /// lapsed to the safe capacity, ...).
+    pub mode: u64,
+    /// The capacity the host falls back to when the lease lapses.
+    pub safe: u64,
+    /// Counter: successful renewals.
+    pub renewals: u64,
+    /// Counter: failed renewal attempts.
+    pub failures: u64,
+}
 const _: () = assert!(std::mem::align_of::<RegistryArea>() == 128);
 
 impl RegistryArea {
@@ -194,6 +234,38 @@ impl RegistryArea {
             d.reaped.load(Ordering::Relaxed),
             d.strict.load(Ordering::Relaxed),
         )
+    }
+
+    /// The region's cluster lease, as its agent last recorded it (a
+    /// consistent copy; `None` if it kept changing).
+    pub fn lease(&self) -> Option<Lease> {
+        let c = &self.cluster;
+        for _ in 0..64 {
+            let s0 = c.seq.load(Ordering::Acquire);
+            if s0 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let w: [u64; 7] = std::array::from_fn(|i| c.lease[i].load(Ordering::Relaxed));
+            std::sync::atomic::fence(Ordering::Acquire);
+            if c.seq.load(Ordering::Relaxed) == s0 {
+                return Some(Lease {
+                    grant: w[0],
+                    deadline_unix_ms: w[1],
+                    token: w[2],
+                    mode: w[3],
+                    safe: w[4],
+                    renewals: w[5],
+                    failures: w[6],
+                });
+            }
+        }
+        None
+    }
+
+    /// The owner id of the region's agent (0: none).
+    pub fn agent_owner(&self) -> u32 {
+        self.cluster.agent.load(Ordering::SeqCst)
     }
 
     /// Waiters published per tier by the processes `entries` yields (a
@@ -772,6 +844,68 @@ impl Registry {
         e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
         futex_wait_bitset(&e.futex, seq, Some(timeout), bits);
         e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    // ---- the cluster agent ----------------------------------------------
+
+    /// Becomes the region's agent if there is none, or if the recorded one
+    /// is no longer alive (kernel liveness, like every ownership here).
+    /// True if this process is the agent now.
+    pub fn try_become_agent(&self) -> bool {
+        let a = &self.area().cluster.agent;
+        let me = self.me.owner;
+        let cur = a.load(Ordering::SeqCst);
+        if cur == me {
+            return true;
+        }
+        if cur != 0 && self.owner_alive(cur) {
+            return false;
+        }
+        a.compare_exchange(cur, me, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Stops being the region's agent (if it is).
+    pub fn resign_agent(&self) {
+        let _ = self.area().cluster.agent.compare_exchange(
+            self.me.owner,
+            0,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// The region's cluster lease (see [`RegistryArea::lease`]).
+    pub fn lease(&self) -> Option<Lease> {
+        self.area().lease()
+    }
+
+    /// The owner id of the region's agent (0: none).
+    pub fn agent_owner(&self) -> u32 {
+        self.area().agent_owner()
+    }
+
+    /// Records the lease (the agent only: writes are serialised by being
+    /// the agent; a reader never sees a half-written lease).
+    pub fn set_lease(&self, l: &Lease) {
+        let c = &self.area().cluster;
+        let s0 = c.seq.load(Ordering::Relaxed);
+        // Even before: make it odd while writing.
+        let odd = (s0 | 1).wrapping_add(if s0 & 1 == 1 { 2 } else { 0 });
+        c.seq.store(odd, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (w, v) in c.lease.iter().zip([
+            l.grant,
+            l.deadline_unix_ms,
+            l.token,
+            l.mode,
+            l.safe,
+            l.renewals,
+            l.failures,
+        ]) {
+            w.store(v, Ordering::Relaxed);
+        }
+        c.seq.store(odd.wrapping_add(1), Ordering::Release);
     }
 
     /// Counter: wakes that found a sleeper.

@@ -3,7 +3,7 @@
 //! cheap running count beside it.
 //!
 //! **Layout** (object area of a `Scheduler` region, revision 3, all fixed
-//! offsets): `[wait registry: 1,280 bytes][SchedHeader: 128][cells: max ×
+//! offsets): `[wait registry: 1,408 bytes][SchedHeader: 128][cells: max ×
 //! u32]` (see [`registry`](crate::region::registry) for the first part).
 //!
 //! **Taking a slot** is one instruction: `CAS(cell, 0 → my owner id)` on a
