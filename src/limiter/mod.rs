@@ -456,6 +456,21 @@ impl Limiter {
         self.node.set_params(None, Some(cap)).map(|_| ())
     }
 
+    /// The wait registry of the region this limiter's root is shared
+    /// through (for crate modules that work on the region: the cluster
+    /// agent).
+    #[allow(dead_code)]
+    pub(crate) fn shared_registry(&self) -> Option<&crate::region::registry::Registry> {
+        let mut n = &self.node;
+        while let Some(p) = n.parent() {
+            n = p;
+        }
+        match n.home() {
+            Home::Shared(r) if !r.forked() => Some(r.bucket().reg()),
+            _ => None,
+        }
+    }
+
     /// The balance now (negative while in debt).
     pub fn tokens(&self) -> Result<i64> {
         self.node.tokens()

@@ -314,6 +314,17 @@ impl Scheduler {
         }
     }
 
+    /// The wait registry of the region this scheduler's root is shared
+    /// through (for crate modules that work on the region: the cluster
+    /// agent).
+    #[allow(dead_code)]
+    pub(crate) fn shared_registry(&self) -> Option<&crate::region::registry::Registry> {
+        match self.root().level() {
+            Level::Shared(r) if !r.forked() => Some(r.slots().reg()),
+            _ => None,
+        }
+    }
+
     /// The effective ceiling: the region's for a shared scheduler (see
     /// [`set_ceiling`](Self::set_ceiling)), else this level's max (`u32::MAX`
     /// when unlimited).
