@@ -186,7 +186,9 @@ fn a_scribbled_bucket_word_is_an_error_not_a_hang() {
     let _c = Cleanup(name.clone());
     let region = Region::create(&name).unwrap();
     let lim = Limiter::shared(&region, 1000).unwrap();
-    let off = region.info().unwrap().unwrap().object_offset;
+    // The bucket word opens the limiter's state line, after the wait
+    // registry (1,408 bytes).
+    let off = region.info().unwrap().unwrap().object_offset + 1408;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(path_of(&name))

@@ -623,6 +623,9 @@ impl Node {
         let mut queues = [LimiterQueueStats::default(); LEVELS];
         let mut total = QueueStats::default();
         let fronts: [u64; LEVELS] = match &self.home {
+            // In a forked child the lock may be held by a thread that does
+            // not exist there: do not take it.
+            Home::Local(_) if self.fork_gen != fork_generation() => [0; LEVELS],
             Home::Local(b) => {
                 let q = self.lock(b);
                 std::array::from_fn(|t| {

@@ -355,6 +355,8 @@ impl LimRoot {
                     continue 'tiers;
                 }
                 let Some(f) = reg.front(tier, |_| true) else {
+                    // A bit nobody's publication backs: recompute it.
+                    reg.refresh_tier(tier);
                     continue 'tiers;
                 };
                 let now = clock.now_ns();

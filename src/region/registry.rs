@@ -664,8 +664,9 @@ impl Registry {
     }
 
     /// Clears `tier`'s gate bit if no process publishes waiters there, then
-    /// looks again and sets it back if one does (see the module docs).
-    fn refresh_tier(&self, tier: usize) {
+    /// looks again and sets it back if one does (see the module docs). Also
+    /// heals a bit that nobody's publication backs (a scribbled gate).
+    pub fn refresh_tier(&self, tier: usize) {
         if self.gate() & (1 << tier) == 0 {
             return;
         }
@@ -741,12 +742,17 @@ impl Registry {
         self.d().designated_ns.load(Ordering::SeqCst)
     }
 
-    /// Designates `d` if nobody is designated. True on success.
+    /// Designates `d` if nobody is designated (a word that names nobody
+    /// valid, a scribble, counts as nobody and is replaced). True on
+    /// success.
     pub fn designate(&self, d: Designee) -> bool {
-        let ok = self
-            .d()
-            .designee
-            .compare_exchange(0, d.pack(), Ordering::SeqCst, Ordering::SeqCst)
+        let w = &self.d().designee;
+        let cur = w.load(Ordering::SeqCst);
+        if Designee::unpack(cur).is_some() {
+            return false;
+        }
+        let ok = w
+            .compare_exchange(cur, d.pack(), Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
         if ok {
             self.d()

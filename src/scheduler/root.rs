@@ -516,6 +516,10 @@ impl SharedRoot {
                 *slot = reg.front(t, |f| fits(f.need, f.cap));
                 if slot.is_some() {
                     admissible |= 1 << t;
+                } else if reg.front(t, |_| true).is_none() {
+                    // A tier bit nobody's publication backs (a waiter just
+                    // left, or a scribbled gate): recompute it.
+                    reg.refresh_tier(t);
                 }
             }
         }
