@@ -15,13 +15,17 @@
 //!
 //! - [`signal`]: SIGINT/SIGTERM as a flag for long-running programs.
 //! - [`robust_mutex`]: a process-shared robust pthread mutex for the
-//!   fair-share ledger (`EOWNERDEAD` recovery).
+//!   fair-share ledger (`EOWNERDEAD` recovery, bounded waits, repair of a
+//!   corrupt lock word).
+//! - [`proc`]: whether a thread id names a live thread, and whether its
+//!   process maps a file (`/proc`).
 
 pub mod clock;
 pub mod file;
 pub mod fork;
 pub mod futex;
 pub mod lock;
+pub mod proc;
 pub mod robust_mutex;
 pub mod signal;
 
