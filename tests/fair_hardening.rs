@@ -389,3 +389,34 @@ fn replay_bounds_the_lease_capacity() {
     );
     assert_eq!(wait_child(pid, LIMIT), Exit::Code(0));
 }
+
+/// Every duration and instant of the ledger accepts any `u64` (issue 8,
+/// point 4, for FairShare): extreme horizons, idle times, starts, holds and
+/// `now`s give answers or errors, never an overflow panic.
+#[test]
+fn extreme_times_never_overflow() {
+    let big = [0u64, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+    for &h in &big[..4] {
+        for &start in &big {
+            let c = FairConfig {
+                reclaim_horizon_ms: h,
+                idle_after_ms: h.saturating_add(1).max(1),
+                started_at_ms: start,
+                ..cfg()
+            };
+            let Ok(mut f) = FairShare::new(c) else {
+                continue;
+            };
+            for &now in &big {
+                for &hold in &big {
+                    let _ = f.acquire("a", 10.0, hold, now);
+                    let _ = f.acquire("b", 60.0, hold, now);
+                    let _ = f.stats(now);
+                    let _ = f.plan(now);
+                    let _ = f.fairness_report(now);
+                    let _ = f.release("a1", now);
+                }
+            }
+        }
+    }
+}
