@@ -34,6 +34,11 @@
 //! process whose leases could not be released (the ledger failed) keeps its
 //! process-table entry, so a later reap tries again.
 //!
+//! Every call registers its process first (after `fork`, the child as a
+//! process of its own): only a registered, live process ever holds the
+//! ledger's lock, which is how a waiter tells a lock word naming some other
+//! process for a corrupt one (see [`shared`](super::shared)).
+//!
 //! # Time
 //!
 //! The explicit-`now` calls behave exactly as in-process (the trace suite
@@ -548,6 +553,9 @@ impl SharedFairShare {
     /// process-table entries. Leases are released at the ledger's latest
     /// accepted `now` (reaping is not activity and does not move time).
     pub fn reap(&mut self) -> Result<ReapOutcome, FairError> {
+        // Register if we can (a full table is what reaping is for; the
+        // reaper then holds, and is named in, each entry it reaps).
+        let _ = self.map.me();
         self.reap_at(0)
     }
 
@@ -662,43 +670,60 @@ impl SharedFairShare {
 
     /// Releases `lease_id` at `now_ms`.
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
+        self.owner()?;
         self.ledger.release_at(lease_id, Some(now_ms))
     }
 
     /// [`release`](Self::release) at the clock, read under the lock.
     pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
+        self.owner()?;
         self.ledger.release_at(lease_id, None)
     }
 
     /// Stats at `now_ms`.
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
+        self.owner()?;
         self.ledger.stats_at(Some(now_ms))
     }
 
     /// Stats at the clock, read under the lock.
     pub fn stats_now(&mut self) -> Result<Stats, FairError> {
+        self.owner()?;
         self.ledger.stats_at(None)
     }
 
     /// Plan at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
+        self.owner()?;
         self.ledger.plan_at(Some(now_ms))
     }
 
     /// Plan at the clock, read under the lock.
     pub fn plan_now(&mut self) -> Result<Plan, FairError> {
+        self.owner()?;
         self.ledger.plan_at(None)
     }
 
     /// Fairness report at `now_ms`.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
+        self.owner()?;
         self.ledger.report_at(Some(now_ms))
     }
 
     /// Fairness report at the clock, read under the lock.
     pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
+        self.owner()?;
         self.ledger.report_at(None)
     }
+}
+
+/// What one [`SharedFairShare::reap`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReapOutcome {
+    /// Dead processes whose entries were freed.
+    pub processes: u32,
+    /// Their leases released.
+    pub leases: u64,
 }
 
 /// The retain check of a fair-share mapping: does the process registered as
@@ -717,15 +742,6 @@ fn holds_leases(map: &Mapping, me: ProcId) -> bool {
         Ok(mut ledger) => ledger.owner_holds(me.owner).unwrap_or(true),
         Err(_) => true,
     }
-}
-
-/// What one [`SharedFairShare::reap`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReapOutcome {
-    /// Dead processes whose entries were freed.
-    pub processes: u32,
-    /// Their leases released.
-    pub leases: u64,
 }
 
 impl FairLedger for SharedFairShare {

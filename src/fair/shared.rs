@@ -415,9 +415,25 @@ impl SharedLedger {
     fn lock(&self) -> Result<(LockState, Held), FairError> {
         let h = self.header();
         let file = self.region.as_ref().map(|m| m.file_identity());
+        // In a region, only a process that holds a process-table entry (as
+        // its live owner, or as the reaper at work on it) ever holds the
+        // lock: every call registers its process first, and a reaper records
+        // itself in the entry it reaps.
+        let registered = |pid: i32| {
+            self.region.as_ref().is_none_or(|m| {
+                (0..m.process_slots()).any(|idx| {
+                    m.proc_entry(idx).is_ok_and(|e| e.pid() == pid)
+                        && m.entry_holder(idx).map_or(true, |h| h == Some(pid))
+                })
+            })
+        };
         let wait = LockWait {
             timeout: LEDGER_LOCK_WAIT,
             file,
+            may_hold: self
+                .region
+                .as_ref()
+                .map(|_| &registered as &dyn Fn(i32) -> bool),
         };
         let mut repairs = 0;
         loop {
@@ -446,7 +462,7 @@ impl SharedLedger {
             // SAFETY: every repairer of this ledger's mutex holds the region's
             // REPAIR_LOCK (taken above), and this thread does not hold the
             // mutex (lock_bounded reported it corrupt without locking it).
-            let fixed = unsafe { h.mutex.reinit_if_still(&c, file) }
+            let fixed = unsafe { h.mutex.reinit_if_still(&c, &wait) }
                 .map_err(|e| FairError::Lock(format!("repairing a corrupt mutex ({c}): {e}")))?;
             if fixed {
                 h.repairs.fetch_add(1, Ordering::Relaxed);

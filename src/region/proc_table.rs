@@ -87,7 +87,8 @@ pub const OBJ_WORDS: usize = 28;
 /// One process's entry in the region's process table.
 ///
 /// `state`, `generation` and `pid` are written only by the process holding
-/// the entry's byte lock (the registrant, the owner, or a reaper). `futex`
+/// the entry's byte lock (the registrant, the owner, or a reaper, which
+/// records its own pid while it reaps). `futex`
 /// and `obj` belong to the object built on the region; they are zero when the
 /// entry is handed to a new process.
 #[repr(C, align(256))]
@@ -341,6 +342,21 @@ impl Mapping {
         e.state.store(FREE, Ordering::Release);
     }
 
+    /// Whether entry `idx` is held right now by a live process, as its
+    /// registered owner (`LIVE`) or as the reaper at work on it
+    /// (`REAPING`), and that process's pid (the entry's pid word names the
+    /// holder in both cases). `None` if nobody holds it.
+    pub fn entry_holder(&self, idx: u32) -> Result<Option<i32>> {
+        let e = self.proc_entry(idx)?;
+        let st = e.state_raw();
+        if st != LIVE && st != REAPING {
+            return Ok(None);
+        }
+        let held = sys::lock::ofd_is_locked_byte(self.probe_fd(), LOCK_BASE + u64::from(idx))
+            .map_err(|e| io_err(self, "probe liveness lock", e))?;
+        Ok(held.then(|| e.pid()))
+    }
+
     /// Whether the process registered at `idx` is alive: the entry is `LIVE`
     /// and some open file description holds its byte lock (kernel-backed; a
     /// dead process's lock is gone). `BadRegion` if `idx` is out of range.
@@ -404,6 +420,10 @@ impl Mapping {
                     )));
                 }
                 e.state.store(REAPING, Ordering::Release);
+                // While it holds the claim, the entry names the reaper: an
+                // object lock taken inside `release` then belongs to a
+                // process the table knows (see `holds_entry`).
+                e.pid.store(sys::file::getpid(), Ordering::Relaxed);
                 let owner = ProcId::encode(idx, e.generation());
                 match release(idx, owner) {
                     Ok(()) => {

@@ -52,6 +52,18 @@ pub fn thread_exists(tid: i32) -> Answer {
     }
 }
 
+/// The process (thread group) id of thread `tid`, from the world-readable
+/// `/proc/<tid>/status`; `None` if it cannot be read.
+pub fn thread_group(tid: i32) -> Option<i32> {
+    if tid <= 0 {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Whether the process of thread `tid` maps the file `(st_dev, st_ino)`
 /// (a line of `/proc/<tid>/maps` with that device and inode).
 pub fn thread_maps_file(tid: i32, file: (u64, u64)) -> Answer {
@@ -94,6 +106,8 @@ mod tests {
     #[test]
     fn own_thread_exists_and_maps_what_it_maps() {
         assert_eq!(thread_exists(gettid()), Answer::Yes);
+        assert_eq!(thread_group(gettid()), Some(std::process::id() as i32));
+        assert_eq!(thread_group(0x3fff_fff0), None);
         assert_eq!(thread_exists(0), Answer::No);
         // Thread ids are below 2^22 on Linux (pid_max's ceiling).
         assert_eq!(thread_exists(0x3fff_fff0), Answer::No);

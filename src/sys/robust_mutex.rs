@@ -115,13 +115,27 @@ pub enum LockState {
 }
 
 /// How to wait in [`RobustMutex::lock_bounded`].
-#[derive(Debug, Clone, Copy)]
-pub struct LockWait {
+#[derive(Clone, Copy)]
+pub struct LockWait<'a> {
     /// Longest wait for a live holder.
     pub timeout: Duration,
     /// `(st_dev, st_ino)` of the file mapped where the mutex lies, if any:
     /// a holder whose process does not map it cannot be real.
     pub file: Option<(u64, u64)>,
+    /// Whether the process with this pid may hold the mutex (for a region:
+    /// it is registered, alive, in its process table), if the caller knows:
+    /// a holder whose process may not cannot be real.
+    pub may_hold: Option<&'a dyn Fn(i32) -> bool>,
+}
+
+impl std::fmt::Debug for LockWait<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockWait")
+            .field("timeout", &self.timeout)
+            .field("file", &self.file)
+            .field("may_hold", &self.may_hold.is_some())
+            .finish()
+    }
 }
 
 /// What [`RobustMutex::lock_bounded`] found.
@@ -410,7 +424,7 @@ impl RobustMutex {
             }
             // The slice timed out: who holds it?
             if let Some(g) = glibc {
-                if let Some(c) = self.examine_holder(g, wait.file) {
+                if let Some(c) = self.examine_holder(g, wait) {
                     return Ok(Bounded::Corrupt(c));
                 }
             }
@@ -498,7 +512,7 @@ impl RobustMutex {
 
     /// After a timed-out slice: `Some` if the lock word names no thread that
     /// could release it (and did not move while we looked).
-    fn examine_holder(&self, g: &GlibcLayout, file: Option<(u64, u64)>) -> Option<Corruption> {
+    fn examine_holder(&self, g: &GlibcLayout, wait: &LockWait<'_>) -> Option<Corruption> {
         let before = self.words(g);
         let tid = before.lock & TID_MASK;
         if tid == 0 {
@@ -513,11 +527,22 @@ impl RobustMutex {
                 "the lock word ({:#x}) names thread {tid}, which does not exist",
                 before.lock
             ))
-        } else if file.is_some_and(|f| proc::thread_maps_file(tid, f) == Answer::No) {
+        } else if wait
+            .file
+            .is_some_and(|f| proc::thread_maps_file(tid, f) == Answer::No)
+        {
             Some(format!(
                 "the lock word ({:#x}) names thread {tid}, whose process does not map the region",
                 before.lock
             ))
+        } else if let (Some(may), Some(pid)) = (wait.may_hold, proc::thread_group(tid)) {
+            (!may(pid)).then(|| {
+                format!(
+                    "the lock word ({:#x}) names thread {tid} of process {pid}, which is not \
+                     registered in the region",
+                    before.lock
+                )
+            })
         } else {
             None
         }?;
@@ -544,14 +569,14 @@ impl RobustMutex {
     pub unsafe fn reinit_if_still(
         &self,
         seen: &Corruption,
-        file: Option<(u64, u64)>,
+        wait: &LockWait<'_>,
     ) -> Result<bool, Error> {
         let Some(g) = glibc_layout() else {
             return Ok(false);
         };
         let now = self
             .corrupt_type(g)
-            .or_else(|| self.examine_holder(g, file))
+            .or_else(|| self.examine_holder(g, wait))
             .or_else(|| {
                 // Not recoverable: nobody holds it.
                 // SAFETY: as in `lock`; a trylock on a not-recoverable mutex
@@ -753,10 +778,11 @@ mod tests {
         unsafe { &*(m.raw() as *const std::sync::atomic::AtomicI32) }
     }
 
-    fn wait(ms: u64) -> LockWait {
+    fn wait(ms: u64) -> LockWait<'static> {
         LockWait {
             timeout: Duration::from_millis(ms),
             file: None,
+            may_hold: None,
         }
     }
 
@@ -775,14 +801,14 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert!(c.to_string().contains("does not exist"), "{c}");
         // SAFETY: this test is the only repairer and does not hold the mutex.
-        assert!(unsafe { m.reinit_if_still(&c, None) }.unwrap());
+        assert!(unsafe { m.reinit_if_still(&c, &wait(0)) }.unwrap());
         let Bounded::Locked(LockState::Locked, held) = m.lock_bounded(&wait(1_000)).unwrap() else {
             panic!("not locked after the repair");
         };
         m.unlock_held(&held).unwrap();
         // A stale report does not repair a healthy mutex again.
         // SAFETY: as above.
-        assert!(!unsafe { m.reinit_if_still(&c, None) }.unwrap());
+        assert!(!unsafe { m.reinit_if_still(&c, &wait(0)) }.unwrap());
     }
 
     #[test]
@@ -797,7 +823,7 @@ mod tests {
         };
         assert!(c.to_string().contains("the caller"), "{c}");
         // SAFETY: sole repairer, not holding the mutex.
-        assert!(unsafe { m.reinit_if_still(&c, None) }.unwrap());
+        assert!(unsafe { m.reinit_if_still(&c, &wait(0)) }.unwrap());
         let kind = glibc_layout().unwrap().kind;
         // SAFETY: the type word lies inside the mutex, 4-aligned.
         let k =
@@ -808,7 +834,7 @@ mod tests {
         };
         assert!(c.to_string().contains("type word"), "{c}");
         // SAFETY: as above.
-        assert!(unsafe { m.reinit_if_still(&c, None) }.unwrap());
+        assert!(unsafe { m.reinit_if_still(&c, &wait(0)) }.unwrap());
         assert!(matches!(
             m.lock_bounded(&wait(1_000)).unwrap(),
             Bounded::Locked(..)
@@ -828,11 +854,35 @@ mod tests {
             panic!("a not-recoverable mutex cannot be locked");
         };
         // SAFETY: sole repairer, not holding the mutex.
-        assert!(unsafe { m.reinit_if_still(&c, None) }.unwrap());
+        assert!(unsafe { m.reinit_if_still(&c, &wait(0)) }.unwrap());
         assert!(matches!(
             m.lock_bounded(&wait(1_000)).unwrap(),
             Bounded::Locked(LockState::Locked, _)
         ));
+    }
+
+    #[test]
+    fn a_holder_outside_the_allowed_processes_is_corrupt() {
+        if glibc_layout().is_none() {
+            return;
+        }
+        let (_page, m, _) = setup();
+        // Thread 1 (init) exists; it may not hold this mutex.
+        lock_word(m).store(1, std::sync::atomic::Ordering::SeqCst);
+        let me = std::process::id() as i32;
+        let only_me = move |pid: i32| pid == me;
+        let w = LockWait {
+            may_hold: Some(&only_me),
+            ..wait(5_000)
+        };
+        let t = Instant::now();
+        let Bounded::Corrupt(c) = m.lock_bounded(&w).unwrap() else {
+            panic!("init was taken for a holder");
+        };
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(c.to_string().contains("not registered"), "{c}");
+        // SAFETY: sole repairer, not holding the mutex.
+        assert!(unsafe { m.reinit_if_still(&c, &w) }.unwrap());
     }
 
     #[test]
