@@ -537,3 +537,77 @@ fn failed_release_keeps_the_entry_for_a_later_reap() {
     assert_eq!((n, seen), (1, vec![(idx, owner)]));
     let _ = Arc::strong_count(&m);
 }
+
+/// Churn (the field report of issue 8): a 4-entry table with two live
+/// holders, and two churners that keep forking workers which register and
+/// are SIGKILLed at once, so that each dead entry is reaped by the next
+/// registrant, often by two at a time. No registration may fail: the table
+/// is never full of live processes. (The deterministic version of the race
+/// is `bind_waits_for_an_entry_being_reaped`.)
+#[test]
+fn registration_under_churn_never_finds_the_table_full() {
+    let r = Region::anonymous_with(RegionOptions {
+        process_slots: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    Scheduler::shared(&r, 2).unwrap().detach().unwrap();
+    let (hold_r, mut hold_w) = pipe();
+    let (mut rep_r, rep_w) = pipe();
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let (r, mut h, mut w) = (
+                r.clone(),
+                hold_r.try_clone().unwrap(),
+                rep_w.try_clone().unwrap(),
+            );
+            fork_child(move || {
+                let s = Scheduler::attach(&r).unwrap();
+                send(&mut w, &[1]);
+                wait_go(&mut h);
+                drop(s);
+                0
+            })
+        })
+        .collect();
+    assert_eq!((recv(&mut rep_r), recv(&mut rep_r)), (Some(1), Some(1)));
+    let churners: Vec<_> = (0..2)
+        .map(|_| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut codes = std::collections::BTreeMap::new();
+                for _ in 0..150 {
+                    let r = r.clone();
+                    let pid = fork_child(move || match Scheduler::attach(&r) {
+                        Ok(_s) => {
+                            // SAFETY (test): dies at once, holding its entry.
+                            unsafe { libc::raise(libc::SIGKILL) };
+                            0
+                        }
+                        Err(shmsched::Error::ProcessTableFull { .. }) => 3,
+                        Err(e) => {
+                            eprintln!("attach under churn: {e}");
+                            4
+                        }
+                    });
+                    *codes
+                        .entry(format!("{:?}", wait_child(pid, LIMIT)))
+                        .or_insert(0) += 1;
+                }
+                codes
+            })
+        })
+        .collect();
+    let mut codes = std::collections::BTreeMap::new();
+    for c in churners {
+        for (k, v) in c.join().unwrap() {
+            *codes.entry(k).or_insert(0) += v;
+        }
+    }
+    go(&mut hold_w, 2);
+    for h in holders {
+        assert_eq!(wait_child(h, LIMIT), Exit::Code(0));
+    }
+    let killed = format!("{:?}", Exit::Signal(libc::SIGKILL));
+    assert_eq!(codes.get(&killed), Some(&300), "outcomes: {codes:?}");
+}

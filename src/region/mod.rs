@@ -289,12 +289,16 @@ impl Region {
     /// of `kind`.
     ///
     /// If the region is not (fully) initialised and `spec` is given, this
-    /// initialises it (header, zeroed process table and object area, then
-    /// `spec.init`), under an exclusive `flock`, marking it ready last. If it
-    /// is initialised, validates magic, layout version, kind and sizes, and
+    /// initialises it under an exclusive `flock` (header first, then the
+    /// zeroed process table and object area, then `spec.init`, marking it
+    /// ready last), but only if the file is empty or carries our magic
+    /// without the ready mark, and no live process is registered in it: a
+    /// foreign file is never modified (see [`create`]). If it is
+    /// initialised, validates magic, layout version, kind and sizes, and
     /// (with a spec) that the parameters and object size equal the spec's,
-    /// else `Mismatch` naming both. Without a spec, an uninitialised region is
-    /// `BadRegion("not initialised")`.
+    /// else `Mismatch` naming both. Without a spec, an uninitialised region
+    /// is `BadRegion("not initialised")`. A world-writable named file is
+    /// refused; every `flock` wait is bounded by [`BIND_LOCK_WAIT`].
     ///
     /// All objects of one process bound through clones of one `Region` share
     /// one `Mapping` (one registration).
