@@ -39,9 +39,11 @@
 //!    fails with an error naming the thread and the time.
 //!
 //! While it holds the lock, the caller keeps a [`Held`] record of the type
-//! word and the list pointers as glibc wrote them at lock time, and
-//! [`RobustMutex::unlock_held`] writes them back before unlocking, so a
-//! scribble made while the lock was held cannot redirect glibc's writes.
+//! word and the list pointers the lock stored (predicted from this
+//! thread's own robust-list head, `get_robust_list`, not read back from the
+//! shared memory), and [`RobustMutex::unlock_held`] writes them back before
+//! unlocking, so a scribble made while the lock was held cannot redirect
+//! glibc's writes.
 //! (A scribble landing in the few instructions between that restore and
 //! glibc's read is not excluded; see the README's guarantees.)
 //!
@@ -191,6 +193,52 @@ struct GlibcLayout {
     prev: usize,
     next: usize,
     expected_kind: i32,
+    /// A lock stores this thread's robust-list head in the list's `prev`
+    /// and the head's previous `list` word in `next` (checked at first
+    /// use), so [`expected_links`] predicts them exactly.
+    links_known: bool,
+}
+
+/// This thread's robust-list head, as glibc registered it with the kernel
+/// (`get_robust_list`; its address never changes for a thread, a forked
+/// child's thread included), cached per thread.
+fn robust_head() -> Option<usize> {
+    thread_local! {
+        static HEAD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    let cached = HEAD.with(|h| h.get());
+    if cached != 0 {
+        return Some(cached);
+    }
+    let mut head: usize = 0;
+    let mut len: libc::size_t = 0;
+    // SAFETY: get_robust_list(0, ...) reads this thread's registration into
+    // the two valid, writable locals.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_robust_list,
+            0,
+            &mut head as *mut usize,
+            &mut len as *mut libc::size_t,
+        )
+    };
+    if r != 0 || head == 0 {
+        return None;
+    }
+    HEAD.with(|h| h.set(head));
+    Some(head)
+}
+
+/// What the next robust lock by this thread will store in the mutex's
+/// `(prev, next)`: the head's address, and the list pointer it holds now.
+fn expected_links() -> Option<(u64, u64)> {
+    let head = robust_head()?;
+    // SAFETY: `head` is this thread's `struct robust_list_head` in its own
+    // thread control block, registered by glibc and alive as long as the
+    // thread; its first word is the list pointer, which only this thread
+    // (and the kernel, at its exit) touches. A volatile read of it is sound.
+    let list = unsafe { std::ptr::read_volatile(head as *const usize) };
+    Some((head as u64, list as u64))
 }
 
 /// glibc's layout if this build uses it and a local mutex confirms it:
@@ -215,6 +263,7 @@ fn glibc_layout() -> Option<&'static GlibcLayout> {
             prev: 24,
             next: 32,
             expected_kind: 0,
+            links_known: false,
         };
         let slot = Box::new(mem::MaybeUninit::<RobustMutex>::zeroed());
         let m = Box::into_raw(slot) as *mut RobustMutex;
@@ -226,8 +275,10 @@ fn glibc_layout() -> Option<&'static GlibcLayout> {
                 let w0 = m.words(&g);
                 g.expected_kind = w0.kind;
                 let fresh = w0.lock == 0 && w0.owner == 0 && w0.prev == 0 && w0.next == 0;
+                let links = expected_links();
                 let locked = m.lock().is_ok();
                 let w1 = m.words(&g);
+                g.links_known = links == Some((w1.prev, w1.next));
                 let me = proc::gettid();
                 let ok = fresh
                     && locked
@@ -403,8 +454,17 @@ impl RobustMutex {
             }
             let left = wait.timeout.saturating_sub(start.elapsed());
             let slice = left.min(LOCK_SLICE);
+            // Read before the attempt: the lock itself changes the head.
+            let links = glibc
+                .filter(|g| g.links_known)
+                .and_then(|_| expected_links());
             match self.timed_lock(slice) {
-                Ok(Some(state)) => return Ok(Bounded::Locked(state, self.held(glibc))),
+                Ok(Some(state)) => {
+                    let held = self.held(glibc, links);
+                    // A scribble between the lock and now is undone at once.
+                    self.write_back(&held);
+                    return Ok(Bounded::Locked(state, held));
+                }
                 Ok(None) => {}
                 Err(e) if is_not_recoverable(&e) => {
                     if let Some(g) = glibc {
@@ -550,10 +610,37 @@ impl RobustMutex {
         (self.words(g) == before).then_some(Corruption { words: before, why })
     }
 
-    /// What this process needs to restore before unlocking (glibc only).
-    fn held(&self, g: Option<&GlibcLayout>) -> Held {
+    /// What this thread must find in the mutex while it holds it (glibc
+    /// only): the type `init_in_place` wrote, and the list pointers the lock
+    /// stored, predicted from this thread's robust-list head when possible
+    /// (so a scribble racing the lock cannot be recorded as the truth).
+    fn held(&self, g: Option<&GlibcLayout>, links: Option<(u64, u64)>) -> Held {
         Held {
-            words: g.map(|g| self.words(g)),
+            words: g.map(|g| {
+                let mut w = self.words(g);
+                w.kind = g.expected_kind;
+                if let Some((prev, next)) = links {
+                    w.prev = prev;
+                    w.next = next;
+                }
+                w
+            }),
+        }
+    }
+
+    /// Writes the type word and list pointers of `held` back if they differ.
+    fn write_back(&self, held: &Held) {
+        if let (Some(g), Some(w)) = (glibc_layout(), held.words) {
+            if self.words(g) != w {
+                let base = self.raw() as *const u8;
+                // SAFETY: as in `words`; the caller holds the lock, so the
+                // only other writers are scribblers, whose writes we undo.
+                unsafe {
+                    (*(base.add(g.kind) as *const AtomicI32)).store(w.kind, Ordering::SeqCst);
+                    (*(base.add(g.prev) as *const AtomicU64)).store(w.prev, Ordering::SeqCst);
+                    (*(base.add(g.next) as *const AtomicU64)).store(w.next, Ordering::SeqCst);
+                }
+            }
         }
     }
 
@@ -620,18 +707,7 @@ impl RobustMutex {
     /// Writes back the type word and list pointers recorded at lock time
     /// (see the module docs), then unlocks.
     pub fn unlock_held(&self, held: &Held) -> Result<(), Error> {
-        if let (Some(g), Some(w)) = (glibc_layout(), held.words) {
-            if self.words(g) != w {
-                let base = self.raw() as *const u8;
-                // SAFETY: as in `words`; we hold the lock, so the only other
-                // writers are scribblers, whose writes we undo.
-                unsafe {
-                    (*(base.add(g.kind) as *const AtomicI32)).store(w.kind, Ordering::SeqCst);
-                    (*(base.add(g.prev) as *const AtomicU64)).store(w.prev, Ordering::SeqCst);
-                    (*(base.add(g.next) as *const AtomicU64)).store(w.next, Ordering::SeqCst);
-                }
-            }
-        }
+        self.write_back(held);
         self.unlock()
     }
 
@@ -859,6 +935,20 @@ mod tests {
             m.lock_bounded(&wait(1_000)).unwrap(),
             Bounded::Locked(LockState::Locked, _)
         ));
+    }
+
+    #[test]
+    fn the_list_links_a_lock_stores_are_predicted() {
+        let Some(g) = glibc_layout() else {
+            return;
+        };
+        assert!(g.links_known, "glibc stores head and old list in prev/next");
+        let (_page, m, _) = setup();
+        let Bounded::Locked(_, held) = m.lock_bounded(&wait(1_000)).unwrap() else {
+            panic!("not locked");
+        };
+        assert_eq!(held.words, Some(m.words(g)));
+        m.unlock_held(&held).unwrap();
     }
 
     #[test]
