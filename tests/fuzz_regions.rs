@@ -648,10 +648,12 @@ fn mutated_region_files_give_ok_or_a_clear_error() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     let secs = start.elapsed().as_secs_f64();
-    eprintln!("fuzz seed {seed}: {secs:.1} s");
+    // Written straight to fd 2 (not eprintln!), so that the figures show in
+    // CI logs even when the test passes and its output is captured.
+    let mut report = format!("fuzz seed {seed}: {secs:.1} s\n");
     for (k, t) in KINDS.iter().zip(&tally) {
-        eprintln!(
-            "  {k:<9} {} files: {} Ok, {} clear Err, {} failures; {} through shmsched stat",
+        report += &format!(
+            "  {k:<9} {} files: {} Ok, {} clear Err, {} failures; {} through shmsched stat\n",
             t.files,
             t.ok,
             t.err,
@@ -661,13 +663,14 @@ fn mutated_region_files_give_ok_or_a_clear_error() {
         let mut top: Vec<_> = t.errors.iter().collect();
         top.sort_by(|a, b| b.1.cmp(a.1));
         for (c, n) in top.iter().take(8) {
-            eprintln!("      {n:>5}  {c}");
+            report += &format!("      {n:>5}  {c}\n");
         }
     }
     let failures: Vec<&String> = tally.iter().flat_map(|t| &t.failures).collect();
     for f in failures.iter().take(30) {
-        eprintln!("FAILURE {f}");
+        report += &format!("FAILURE {f}\n");
     }
+    let _ = std::io::stderr().write_all(report.as_bytes());
     assert!(
         failures.is_empty(),
         "{} mutated files broke the library (seed {seed})",
