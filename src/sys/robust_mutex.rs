@@ -149,10 +149,11 @@ pub enum Bounded {
     Corrupt(Corruption),
 }
 
-/// The type word and list pointers as glibc wrote them at lock time.
+/// The type word and list pointers as they must be while the lock is held:
+/// `(kind, prev, next)`.
 #[derive(Debug, Clone, Copy)]
 pub struct Held {
-    words: Option<Words>,
+    words: Option<(i32, u64, u64)>,
 }
 
 /// A corrupt mutex, as seen: the words, and why they cannot be a real
@@ -444,16 +445,20 @@ impl RobustMutex {
     /// the mutex is corrupt: nothing is locked, and the caller may repair it
     /// with [`reinit_if_still`](Self::reinit_if_still).
     pub fn lock_bounded(&self, wait: &LockWait) -> Result<Bounded, Error> {
-        let start = Instant::now();
         let glibc = glibc_layout();
+        // The clock starts at the first attempt that finds the lock taken:
+        // the uncontended path reads no clock (one trylock).
+        let mut start: Option<Instant> = None;
         loop {
             if let Some(g) = glibc {
                 if let Some(c) = self.corrupt_type(g) {
                     return Ok(Bounded::Corrupt(c));
                 }
             }
-            let left = wait.timeout.saturating_sub(start.elapsed());
-            let slice = left.min(LOCK_SLICE);
+            let slice = match start {
+                None => Duration::ZERO,
+                Some(t) => wait.timeout.saturating_sub(t.elapsed()).min(LOCK_SLICE),
+            };
             // Read before the attempt: the lock itself changes the head.
             let links = glibc
                 .filter(|g| g.links_known)
@@ -464,6 +469,10 @@ impl RobustMutex {
                     // A scribble between the lock and now is undone at once.
                     self.write_back(&held);
                     return Ok(Bounded::Locked(state, held));
+                }
+                Ok(None) if start.is_none() => {
+                    start = Some(Instant::now());
+                    continue;
                 }
                 Ok(None) => {}
                 Err(e) if is_not_recoverable(&e) => {
@@ -488,7 +497,7 @@ impl RobustMutex {
                     return Ok(Bounded::Corrupt(c));
                 }
             }
-            if start.elapsed() >= wait.timeout {
+            if start.is_some_and(|t| t.elapsed() >= wait.timeout) {
                 let holder = glibc.map_or(0, |g| self.words(g).lock & TID_MASK);
                 return Err(Error::BadRegion(format!(
                     "the region's robust mutex has been held for more than {} ms by thread {} \
@@ -556,8 +565,31 @@ impl RobustMutex {
         }
     }
 
+    /// The type word (one atomic load).
+    fn kind_word(&self, g: &GlibcLayout) -> i32 {
+        // SAFETY: as in `words`.
+        unsafe {
+            (*((self.raw() as *const u8).add(g.kind) as *const AtomicI32)).load(Ordering::SeqCst)
+        }
+    }
+
+    /// The list pointers (two atomic loads).
+    fn links(&self, g: &GlibcLayout) -> (u64, u64) {
+        let base = self.raw() as *const u8;
+        // SAFETY: as in `words`.
+        unsafe {
+            (
+                (*(base.add(g.prev) as *const AtomicU64)).load(Ordering::SeqCst),
+                (*(base.add(g.next) as *const AtomicU64)).load(Ordering::SeqCst),
+            )
+        }
+    }
+
     /// A type word other than the one `init_in_place` wrote.
     fn corrupt_type(&self, g: &GlibcLayout) -> Option<Corruption> {
+        if self.kind_word(g) == g.expected_kind {
+            return None;
+        }
         let w = self.words(g);
         (w.kind != g.expected_kind).then(|| {
             self.corruption(
@@ -617,28 +649,23 @@ impl RobustMutex {
     fn held(&self, g: Option<&GlibcLayout>, links: Option<(u64, u64)>) -> Held {
         Held {
             words: g.map(|g| {
-                let mut w = self.words(g);
-                w.kind = g.expected_kind;
-                if let Some((prev, next)) = links {
-                    w.prev = prev;
-                    w.next = next;
-                }
-                w
+                let (prev, next) = links.unwrap_or_else(|| self.links(g));
+                (g.expected_kind, prev, next)
             }),
         }
     }
 
     /// Writes the type word and list pointers of `held` back if they differ.
     fn write_back(&self, held: &Held) {
-        if let (Some(g), Some(w)) = (glibc_layout(), held.words) {
-            if self.words(g) != w {
+        if let (Some(g), Some((kind, prev, next))) = (glibc_layout(), held.words) {
+            if self.kind_word(g) != kind || self.links(g) != (prev, next) {
                 let base = self.raw() as *const u8;
                 // SAFETY: as in `words`; the caller holds the lock, so the
                 // only other writers are scribblers, whose writes we undo.
                 unsafe {
-                    (*(base.add(g.kind) as *const AtomicI32)).store(w.kind, Ordering::SeqCst);
-                    (*(base.add(g.prev) as *const AtomicU64)).store(w.prev, Ordering::SeqCst);
-                    (*(base.add(g.next) as *const AtomicU64)).store(w.next, Ordering::SeqCst);
+                    (*(base.add(g.kind) as *const AtomicI32)).store(kind, Ordering::SeqCst);
+                    (*(base.add(g.prev) as *const AtomicU64)).store(prev, Ordering::SeqCst);
+                    (*(base.add(g.next) as *const AtomicU64)).store(next, Ordering::SeqCst);
                 }
             }
         }
@@ -947,7 +974,8 @@ mod tests {
         let Bounded::Locked(_, held) = m.lock_bounded(&wait(1_000)).unwrap() else {
             panic!("not locked");
         };
-        assert_eq!(held.words, Some(m.words(g)));
+        let w = m.words(g);
+        assert_eq!(held.words, Some((w.kind, w.prev, w.next)));
         m.unlock_held(&held).unwrap();
     }
 
