@@ -94,9 +94,12 @@ pub(super) struct Registration {
 ///
 /// # Drop
 ///
-/// Dropping the last `Arc<Mapping>` unmaps the region and closes this
-/// process's liveness-lock fd, but does not free the process entry: the
-/// entry then looks like a dead process's and the next
+/// Dropping the last `Arc<Mapping>` unmaps the region. If the object's
+/// retain check ([`set_retain_check`](Mapping::set_retain_check)) says the
+/// process still holds something, the registration (entry and liveness
+/// lock) is parked until the process exits or maps the file again (see the
+/// module docs). Otherwise the liveness-lock fd is closed but the entry is
+/// not freed: it then looks like a dead process's and the next
 /// [`reap_dead`](Mapping::reap_dead) gives back whatever the object recorded
 /// in it. An object that knows it holds nothing calls
 /// [`deregister`](Mapping::deregister) first for a clean exit.
