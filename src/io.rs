@@ -8,8 +8,16 @@
 //! - a reader charges the bytes a `read` actually returned, after the read;
 //!   a `BufRead` user is charged in `fill_buf` for the bytes it is shown
 //!   (at most one capacity's worth), and `consume` spends that prepayment;
-//! - a writer charges before writing; if the inner writer takes fewer bytes,
-//!   the difference is kept as credit for the next write;
+//! - a writer charges the bytes the inner writer took, after each write, so
+//!   a short write costs only what it wrote and no tokens are ever granted
+//!   and left unused;
+//! - nothing read is dropped: when the charge after a read (or a write)
+//!   fails (the limiter was disposed, the handle was inherited across
+//!   `fork`, the region is corrupt), the bytes already read are still
+//!   returned (written), and the charge is retried at the start of the next
+//!   call, whose error then reports the failure (no further byte moves
+//!   until a charge succeeds); [`copy`] writes what it read before
+//!   reporting a failed charge;
 //! - no single charge exceeds a quarter of the limiter's capacity (large
 //!   buffers are split), so throttled I/O never relies on the oversize rule
 //!   and never waits for a completely full bucket (which would lose the
@@ -93,6 +101,7 @@ impl Limiter {
             lim: self.clone(),
             priority,
             prepaid: 0,
+            owed: 0,
         }
     }
 
@@ -103,7 +112,7 @@ impl Limiter {
             inner,
             lim: self.clone(),
             priority,
-            credit: 0,
+            owed: 0,
         }
     }
 }
@@ -117,6 +126,8 @@ pub struct LimitedReader<R> {
     priority: Priority,
     /// Bytes charged by `fill_buf` and not yet consumed.
     prepaid: usize,
+    /// Bytes handed out whose charge failed; charged before anything else.
+    owed: usize,
 }
 
 impl<R> LimitedReader<R> {
@@ -136,8 +147,19 @@ impl<R> LimitedReader<R> {
     }
 }
 
+/// Charges `owed` bytes (a failed earlier charge) before anything else
+/// moves; on failure they stay owed and the error is reported.
+fn settle(lim: &Limiter, owed: &mut usize, p: Priority) -> io::Result<()> {
+    if *owed > 0 {
+        charge(lim, *owed, p)?;
+        *owed = 0;
+    }
+    Ok(())
+}
+
 impl<R: Read> Read for LimitedReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        settle(&self.lim, &mut self.owed, self.priority)?;
         if self.prepaid > 0 {
             let k = buf.len().min(self.prepaid);
             let n = self.inner.read(&mut buf[..k])?;
@@ -146,13 +168,18 @@ impl<R: Read> Read for LimitedReader<R> {
         }
         let k = buf.len().min(max_chunk(&self.lim));
         let n = self.inner.read(&mut buf[..k])?;
-        charge(&self.lim, n, self.priority)?;
+        if charge(&self.lim, n, self.priority).is_err() {
+            // The bytes are read: hand them out, never drop them. The charge
+            // is retried first thing next call, which reports the error.
+            self.owed = n;
+        }
         Ok(n)
     }
 }
 
 impl<R: BufRead> BufRead for LimitedReader<R> {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        settle(&self.lim, &mut self.owed, self.priority)?;
         if self.prepaid == 0 {
             let avail = self.inner.fill_buf()?.len().min(max_chunk(&self.lim));
             charge(&self.lim, avail, self.priority)?;
@@ -170,14 +197,15 @@ impl<R: BufRead> BufRead for LimitedReader<R> {
     }
 }
 
-/// A writer throttled by a [`Limiter`].
+/// A writer throttled by a [`Limiter`]: each write is charged, after it,
+/// for the bytes the inner writer took (see the module docs).
 #[derive(Debug)]
 pub struct LimitedWriter<W> {
     inner: W,
     lim: Limiter,
     priority: Priority,
-    /// Bytes charged but not taken by the inner writer (a short write).
-    credit: usize,
+    /// Bytes written whose charge failed; charged before the next write.
+    owed: usize,
 }
 
 impl<W> LimitedWriter<W> {
@@ -191,7 +219,8 @@ impl<W> LimitedWriter<W> {
         &mut self.inner
     }
 
-    /// Unwraps the inner writer (any unused credit is lost).
+    /// Unwraps the inner writer. Nothing is charged in advance, so no
+    /// tokens are lost; bytes whose charge failed stay uncharged.
     pub fn into_inner(self) -> W {
         self.inner
     }
@@ -202,14 +231,13 @@ impl<W: Write> Write for LimitedWriter<W> {
         if buf.is_empty() {
             return self.inner.write(buf);
         }
-        if self.credit == 0 {
-            let k = buf.len().min(max_chunk(&self.lim));
-            charge(&self.lim, k, self.priority)?;
-            self.credit = k;
-        }
-        let k = buf.len().min(self.credit);
+        settle(&self.lim, &mut self.owed, self.priority)?;
+        let k = buf.len().min(max_chunk(&self.lim));
         let n = self.inner.write(&buf[..k])?;
-        self.credit -= n.min(k);
+        if charge(&self.lim, n, self.priority).is_err() {
+            // Written is written: report it, and the failed charge next call.
+            self.owed = n;
+        }
         Ok(n)
     }
 
@@ -220,7 +248,8 @@ impl<W: Write> Write for LimitedWriter<W> {
 
 /// Copies `reader` to `writer` (like `std::io::copy`), charging `limiter`
 /// one token per byte at `priority` before each chunk is written. Returns
-/// the bytes copied.
+/// the bytes copied. If a charge fails, the chunk already read is still
+/// written before the error is returned (nothing read is dropped).
 pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
     reader: &mut R,
     writer: &mut W,
@@ -236,9 +265,10 @@ pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        charge(limiter, n, priority)?;
+        let charged = charge(limiter, n, priority);
         writer.write_all(&buf[..n])?;
         total += n as u64;
+        charged?;
     }
 }
 

@@ -8,19 +8,24 @@
 //! Utilisation is the wrong trigger: a scheduler whose slots are all busy
 //! but whose queue keeps draining is healthy. Pressure asks instead whether
 //! work is *stalled*. Each time you feed a stats snapshot (from a loop you
-//! already run; the library adds no timer) [`Pressure::update`] decides one
-//! boolean per level:
+//! already run; the library adds no timer) [`Pressure::update`] measures,
+//! over the interval since the previous snapshot:
 //!
-//! - **some** — at least one task is delayed: for a scheduler, a backlog
-//!   and no free slot (`pending > 0` and the ceiling reached); for a
-//!   limiter, a queue front blocked on tokens for at least
-//!   [`STALL_TICKS`] (≈ 1 s, the force-through threshold) or a balance in
-//!   debt;
-//! - **full** — nothing is making progress: *some*, and zero completions
-//!   since the previous sample (a counter diff, never a gauge), and for a
-//!   limiter also debt or a fresh force-through (Δ`forced` > 0).
+//! - **some** — the fraction of the interval during which at least one
+//!   task waited for capacity. It comes from the *exact* cumulative stall
+//!   counter the stats carry (`stall_ns`, kept at state transitions, and
+//!   region-wide for a shared object): `Δstall_ns / Δt`. It does not
+//!   depend on whether anyone happens to wait at the sampling instant, so a
+//!   budget stalled 90 % of the time reads 0.9 even when every sample lands
+//!   in the gaps. (A [`Sample`] without a counter falls back to the
+//!   instant's predicate: a backlog and no free slot for a scheduler, a
+//!   balance in debt for a limiter.)
+//! - **full** — the fraction during which nothing made progress: the
+//!   *some* fraction of an interval with zero completions (a counter diff,
+//!   never a gauge), and for a limiter also debt or a fresh force-through
+//!   (Δ`forced` > 0); 0 for an interval in which something completed.
 //!
-//! Each boolean feeds an exponentially weighted moving average with time
+//! Each fraction feeds an exponentially weighted moving average with time
 //! constant `tau` and a gain that depends on the real time between samples
 //! (`1 − e^(−Δt/τ)`), so a jittery loop keeps the time constant honest. Two
 //! Schmitt triggers (engage above `hi`, release below `lo`) turn the
@@ -30,7 +35,8 @@
 //!
 //! # What it guarantees
 //!
-//! A busy-but-draining scheduler scores 0 (the predicate filters it); a
+//! A busy-but-draining scheduler scores 0 (nobody waits, so the stall
+//! counter does not move); stall time between samples is never missed; a
 //! one-sample blip cannot trip a flag unless `hi` is below the one-step gain;
 //! a brief recovery cannot release it before the average falls below `lo`.
 //! Time is explicit (`now_ns` on every call), so the signal replays
@@ -56,7 +62,7 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::limiter::{LimiterStats, STALL_TICKS};
+use crate::limiter::LimiterStats;
 use crate::scheduler::SchedulerStats;
 
 /// Time constant, thresholds and stall length of a [`Pressure`] signal.
@@ -111,7 +117,13 @@ impl PressureConfig {
 /// One stats snapshot reduced to what the pressure signal needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Sample {
-    /// Is at least one task delayed right now?
+    /// Counter: nanoseconds during which at least one task waited, exact
+    /// (the stats' `stall_ns`). When two consecutive samples carry it, the
+    /// *some* fraction of the interval is its increase over the elapsed
+    /// time; `None` falls back to `some_now`.
+    pub stall_ns: Option<u64>,
+    /// Is at least one task delayed right now? (Used only without
+    /// `stall_ns`.)
     pub some_now: bool,
     /// Counter: items ever dispatched (`total.completed - total.cancelled`).
     pub completed: u64,
@@ -125,17 +137,25 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// From a scheduler's stats: *some* = a backlog (here, or waiters in
-    /// other processes of a region) and no free slot.
+    /// From a scheduler's stats: the stall counter is the region's (any
+    /// process waiting) for a shared scheduler, this scheduler's otherwise;
+    /// `some_now` = a backlog (here, or waiters in other processes of a
+    /// region) and no free slot.
     pub fn from_scheduler(s: &SchedulerStats) -> Sample {
-        let (saturated, elsewhere) = match &s.shared {
-            Some(sh) => (sh.running >= sh.max, sh.waiters.iter().any(|&w| w > 0)),
+        let (saturated, elsewhere, stall_ns) = match &s.shared {
+            Some(sh) => (
+                sh.running >= sh.max,
+                sh.waiters.iter().any(|&w| w > 0),
+                sh.stall_ns,
+            ),
             None => (
                 s.concurrency.is_some_and(|c| s.running >= u64::from(c)),
                 false,
+                s.stall_ns,
             ),
         };
         Sample {
+            stall_ns: Some(stall_ns),
             some_now: saturated && (s.pending > 0 || elsewhere),
             completed: s.total.completed - s.total.cancelled.min(s.total.completed),
             forced: 0,
@@ -144,15 +164,16 @@ impl Sample {
         }
     }
 
-    /// From a limiter's stats: *some* = a queue front stalled for
-    /// [`STALL_TICKS`] or more, or the balance in debt.
+    /// From a limiter's stats: the stall counter is the region's for a
+    /// shared limiter, this level's otherwise. (A queue front's stall in
+    /// ticks is no use here: the force-through that ends a long stall
+    /// resets it in the same tick, so a sample almost never sees it.)
+    /// `some_now` = a consume waiting now, or the balance in debt.
     pub fn from_limiter(l: &LimiterStats) -> Sample {
-        let stalled = l
-            .queues
-            .iter()
-            .any(|q| q.count > 0 && q.stall >= STALL_TICKS);
+        let stall_ns = l.shared.as_ref().map_or(l.stall_ns, |sh| sh.stall_ns);
         Sample {
-            some_now: stalled || l.tokens < 0,
+            stall_ns: Some(stall_ns),
+            some_now: l.pending > 0 || l.tokens < 0,
             completed: l.total.completed - l.total.cancelled.min(l.total.completed),
             forced: l.forced,
             in_debt: l.tokens < 0,
@@ -169,8 +190,8 @@ pub struct Pressure {
     full: f64,
     shed: bool,
     paused: bool,
-    /// `(completed, forced, now_ns)` of the previous sample.
-    prev: Option<(u64, u64, u64)>,
+    /// The previous sample and its time.
+    prev: Option<(Sample, u64)>,
 }
 
 impl Pressure {
@@ -187,24 +208,32 @@ impl Pressure {
         })
     }
 
-    /// Feeds one sample taken at `now_ns` (any monotonic ns clock). The
+    /// Feeds one sample taken at `now_ns` (any monotonic ns clock, the one
+    /// the stall counters use for exact fractions: `CLOCK_MONOTONIC`). The
     /// first sample only sets the baseline for the counter diffs. A sample
     /// not later than the previous one changes nothing.
     pub fn update(&mut self, s: Sample, now_ns: u64) {
-        let Some((completed, forced, last)) = self.prev else {
-            self.prev = Some((s.completed, s.forced, now_ns));
+        let Some((prev, last)) = self.prev else {
+            self.prev = Some((s, now_ns));
             return;
         };
         if now_ns <= last {
             return;
         }
-        let progressed = s.completed > completed;
-        let full_now = s.some_now && !progressed && (!s.limiter || s.in_debt || s.forced > forced);
         let dt = (now_ns - last) as f64;
+        let some = match (s.stall_ns, prev.stall_ns) {
+            // A counter that went back (another handle, a reset) says
+            // nothing about this interval: count it as no stall.
+            (Some(now), Some(then)) => (now.saturating_sub(then) as f64 / dt).clamp(0.0, 1.0),
+            _ => f64::from(u8::from(s.some_now)),
+        };
+        let progressed = s.completed > prev.completed;
+        let stuck = !progressed && (!s.limiter || s.in_debt || s.forced > prev.forced);
+        let full = if stuck { some } else { 0.0 };
         let a = 1.0 - (-dt / self.cfg.tau_ns as f64).exp();
-        self.some += a * (f64::from(u8::from(s.some_now)) - self.some);
-        self.full += a * (f64::from(u8::from(full_now)) - self.full);
-        self.prev = Some((s.completed, s.forced, now_ns));
+        self.some += a * (some - self.some);
+        self.full += a * (full - self.full);
+        self.prev = Some((s, now_ns));
         if !self.shed && self.some > self.cfg.some_hi {
             self.shed = true;
         } else if self.shed && self.some < self.cfg.some_lo {
@@ -296,6 +325,45 @@ mod tests {
             }
         }
         assert!(released_at.is_some());
+    }
+
+    #[test]
+    fn the_counter_gives_the_stalled_fraction_whatever_the_instant() {
+        // Stalled 90 % of every 200 ms interval, never at a sampling instant.
+        let mut p = Pressure::new(PressureConfig::default()).unwrap();
+        for i in 0..400u64 {
+            let s = Sample {
+                stall_ns: Some(i * TICK * 9 / 10),
+                some_now: false,
+                completed: i,
+                ..Sample::default()
+            };
+            p.update(s, i * TICK);
+        }
+        assert!((p.some() - 0.9).abs() < 1e-3, "{}", p.some());
+        assert!(p.shed());
+        assert_eq!(p.full(), 0.0, "progress every interval");
+        // Nothing completes any more: the stalled fraction is "full" too.
+        for i in 400..800u64 {
+            let s = Sample {
+                stall_ns: Some(i * TICK * 9 / 10),
+                completed: 400,
+                ..Sample::default()
+            };
+            p.update(s, i * TICK);
+        }
+        assert!((p.full() - 0.9).abs() < 1e-3, "{}", p.full());
+        assert!(p.paused());
+        // A counter that goes back counts as no stall, never negative.
+        p.update(
+            Sample {
+                stall_ns: Some(0),
+                completed: 401,
+                ..Sample::default()
+            },
+            801 * TICK,
+        );
+        assert!(p.some() < 0.9 && p.some() > 0.0);
     }
 
     #[test]

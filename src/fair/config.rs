@@ -18,6 +18,11 @@ pub const MAX_TENANT_ID_BYTES: usize = 32;
 /// Lease capacity used by [`FairShare::new`](super::FairShare::new).
 pub const DEFAULT_LEASE_CAPACITY: usize = 4096;
 
+/// The largest lease capacity a ledger accepts, in-process or in a region
+/// (2^20 slots, about 200 MB of lease records): a capacity read from a
+/// config line or a call log never makes the process allocate more.
+pub const MAX_LEASE_CAPACITY: usize = 1 << 20;
+
 /// What a lease is charged in, and therefore what fairness is measured in.
 ///
 /// Cost is always recorded; this only selects which quantity the ceiling,

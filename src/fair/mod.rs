@@ -97,7 +97,9 @@ mod store;
 mod types;
 
 pub use admission::TOLERANCE;
-pub use config::{FairConfig, FairnessUnit, DEFAULT_LEASE_CAPACITY, MAX_TENANT_ID_BYTES};
+pub use config::{
+    FairConfig, FairnessUnit, DEFAULT_LEASE_CAPACITY, MAX_LEASE_CAPACITY, MAX_TENANT_ID_BYTES,
+};
 pub use error::FairError;
 pub use plan::plan_allocation;
 pub use region::{ReapOutcome, SharedFairShare};
@@ -156,10 +158,10 @@ pub(crate) fn initial_state(
     lease_capacity: usize,
 ) -> Result<(Params, MetaRec, Vec<TenantRec>), FairError> {
     cfg.validate()?;
-    if lease_capacity == 0 || lease_capacity > u32::MAX as usize {
+    if lease_capacity == 0 || lease_capacity > MAX_LEASE_CAPACITY {
         return Err(FairError::InvalidConfig(format!(
-            "lease capacity {lease_capacity} must be between 1 and {}",
-            u32::MAX
+            "lease capacity {lease_capacity} is out of range: it must be between 1 and \
+             {MAX_LEASE_CAPACITY}"
         )));
     }
     let total: f64 = cfg.tenants.iter().map(|t| t.1).sum();
@@ -208,16 +210,26 @@ impl FairShare {
         FairShare::with_capacity(cfg, DEFAULT_LEASE_CAPACITY)
     }
 
-    /// Like [`FairShare::new`] with `lease_capacity` slots; a grant that
-    /// finds the table full fails with [`FairError::CapacityExhausted`].
+    /// Like [`FairShare::new`] with `lease_capacity` slots (at most
+    /// [`MAX_LEASE_CAPACITY`]); a grant that finds the table full fails with
+    /// [`FairError::CapacityExhausted`]. Memory the system cannot give is
+    /// an error too, never an abort.
     pub fn with_capacity(cfg: FairConfig, lease_capacity: usize) -> Result<FairShare, FairError> {
         let (params, meta, tenants) = initial_state(&cfg, lease_capacity)?;
+        let mut leases = Vec::new();
+        leases.try_reserve_exact(lease_capacity).map_err(|e| {
+            FairError::InvalidConfig(format!(
+                "cannot allocate {lease_capacity} lease slots ({} bytes): {e}",
+                lease_capacity.saturating_mul(std::mem::size_of::<LeaseRec>())
+            ))
+        })?;
+        leases.resize(lease_capacity, LeaseRec::default());
         Ok(FairShare {
             cfg,
             params,
             meta,
             tenants: tenants.into_boxed_slice(),
-            leases: vec![LeaseRec::default(); lease_capacity].into_boxed_slice(),
+            leases: leases.into_boxed_slice(),
             log: None,
         })
     }

@@ -20,12 +20,24 @@
 //!
 //! Each lease records the owner id of the process that took it (from the
 //! region's process table, [`Mapping::me`], looked up on every acquire, so a
-//! handle inherited across `fork` acts as the child's own process). When a
-//! process dies, its leases are released when its death is noticed: on the
+//! handle inherited across `fork` acts as the child's own process). A lease
+//! belongs to its process until the process exits, not to the handle: when
+//! the last handle is dropped while the process holds leases, its
+//! registration is kept alive (see [`Mapping::set_retain_check`]) and a
+//! later handle in the same process takes it up again, with the same owner
+//! id. When a process dies, its leases are released when its death is
+//! noticed: on the
 //! acquire path when an acquire would be refused or the lease table is full
 //! (at most one scan per [`REAP_INTERVAL_MS`] region-wide), and by an
 //! explicit [`SharedFairShare::reap`]. They are counted per tenant in
-//! `reaped_leases`, apart from overruns (which are never freed).
+//! `reaped_leases`, apart from overruns (which are never freed). A dead
+//! process whose leases could not be released (the ledger failed) keeps its
+//! process-table entry, so a later reap tries again.
+//!
+//! Every call registers its process first (after `fork`, the child as a
+//! process of its own): only a registered, live process ever holds the
+//! ledger's lock, which is how a waiter tells a lock word naming some other
+//! process for a corrupt one (see [`shared`](super::shared)).
 //!
 //! # Time
 //!
@@ -47,7 +59,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::region::layout::fnv1a64;
-use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
+use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region, TryInit};
 use crate::sys::clock::monotonic_ms;
 use crate::sys::robust_mutex::{LIBC_FLAVOUR, MUTEX_BYTES, MUTEX_LAYOUT_TAG};
 
@@ -168,19 +180,25 @@ fn wanted(cfg: &FairConfig, cap: usize) -> Result<Wanted, FairError> {
     })
 }
 
-/// Initialises a zeroed object area (runs under the region's init lock).
-fn init_object(w: &Wanted, bytes: &mut [u8]) {
+/// Initialises a zeroed object area (runs under the region's init lock). A
+/// failure leaves the region without its ready mark (the bind fails with
+/// it, and the next binder initialises again).
+fn init_object(w: &Wanted, bytes: &mut [u8]) -> Result<()> {
     let l = w.layout;
     if bytes.len() < l.size || (bytes.as_ptr() as usize) % 128 != 0 {
-        return; // left without magic: every binder reports it as corrupt
+        return Err(Error::BadRegion(format!(
+            "fair-share object area of {} bytes at {:p} is smaller than {} or not 128-byte aligned",
+            bytes.len(),
+            bytes.as_ptr(),
+            l.size
+        )));
     }
     bytes[128..128 + l.json_len].copy_from_slice(w.json.as_bytes());
     let ledger = &mut bytes[l.ledger_off..l.ledger_off + l.ledger_len];
     // SAFETY: `ledger` is an exclusive, zeroed, 128-aligned slice of the
     // right size; nobody else uses the region until it is marked ready.
-    if unsafe { SharedLedger::create(ledger.as_mut_ptr(), ledger.len(), &w.cfg, w.cap) }.is_err() {
-        return; // no magic: reported as corrupt on bind
-    }
+    unsafe { SharedLedger::create(ledger.as_mut_ptr(), ledger.len(), &w.cfg, w.cap) }
+        .map_err(|e| Error::BadRegion(format!("initialising the fair-share ledger: {e}")))?;
     // SAFETY: the area is at least 128 bytes and 128-aligned (checked), and
     // holds a RegionObjHeader made of atomics (zero is valid for each).
     let h = unsafe { &*(bytes.as_ptr() as *const RegionObjHeader) };
@@ -189,6 +207,7 @@ fn init_object(w: &Wanted, bytes: &mut [u8]) {
     h.ledger_off.store(l.ledger_off as u64, Ordering::Relaxed);
     h.ledger_len.store(l.ledger_len as u64, Ordering::Relaxed);
     h.magic.store(OBJ_MAGIC, Ordering::Release);
+    Ok(())
 }
 
 /// Checks the pthread layout recorded in a region against this build's.
@@ -307,7 +326,7 @@ impl FairShare {
         lease_capacity: usize,
     ) -> Result<SharedFairShare> {
         let w = wanted(cfg, lease_capacity)?;
-        let init = |b: &mut [u8]| init_object(&w, b);
+        let init = TryInit(|b: &mut [u8]| init_object(&w, b));
         let spec = ObjectSpec {
             kind: ObjectKind::FairShare,
             params: w.params,
@@ -434,8 +453,9 @@ impl SharedFairShare {
         // SAFETY: [ledger_off, ledger_off + ledger_len) lies inside the
         // object area (validated by read_config), which `map` keeps mapped
         // for as long as the handle (stored beside it) lives.
-        let ledger =
+        let mut ledger =
             unsafe { SharedLedger::attach(map.object_ptr().add(l.ledger_off), l.ledger_len) }?;
+        ledger.set_region(map.clone());
         let (want_params, _, _) = initial_state(&cfg, cap)?;
         let mut have = ledger.params();
         have.flags = want_params.flags;
@@ -444,6 +464,9 @@ impl SharedFairShare {
                 "the ledger's parameters {have:?} do not match the stored configuration's {want_params:?}"
             )));
         }
+        // A lease belongs to the process until it exits, not to this handle:
+        // keep the registration past the last handle while leases are held.
+        map.set_retain_check(holds_leases);
         let mut s = SharedFairShare {
             map,
             ledger,
@@ -451,9 +474,12 @@ impl SharedFairShare {
             cap,
         };
         // Register now; a full table may hold dead processes: reap them
-        // (returning their leases) and try once more, as the scheduler does.
+        // (returning their leases) and try once more. (`me` itself waits for
+        // entries other processes are reaping.) A reap that fails for some
+        // dead process keeps that entry; whether another one came free is
+        // what `me` finds out.
         if let Err(Error::ProcessTableFull { .. }) = s.map.me() {
-            s.reap().map_err(Error::from)?;
+            let _ = s.reap();
             s.map.me()?;
         }
         Ok(s)
@@ -486,7 +512,7 @@ impl SharedFairShare {
         match self.map.me() {
             Ok(id) => Ok(id.owner),
             Err(Error::ProcessTableFull { .. }) => {
-                self.reap()?;
+                let _ = self.reap();
                 self.map
                     .me()
                     .map(|id| id.owner)
@@ -527,31 +553,41 @@ impl SharedFairShare {
     /// process-table entries. Leases are released at the ledger's latest
     /// accepted `now` (reaping is not activity and does not move time).
     pub fn reap(&mut self) -> Result<ReapOutcome, FairError> {
+        // Register if we can (a full table is what reaping is for; the
+        // reaper then holds, and is named in, each entry it reaps).
+        let _ = self.map.me();
         self.reap_at(0)
     }
 
     fn reap_at(&mut self, at: u64) -> Result<ReapOutcome, FairError> {
         let ledger = &mut self.ledger;
         let mut leases = 0u64;
+        let mut procs = 0u32;
         let mut err = None;
-        let procs = self
-            .map
-            .reap_dead(
-                &mut |_idx, owner| match ledger.reap_owner_latest(owner, at) {
-                    Ok(n) => leases += n,
-                    Err(e) => {
-                        err.get_or_insert(e);
-                    }
-                },
-            )
-            .map_err(|e| FairError::Region(e.to_string()))?;
+        // An entry is freed only if its leases were released: otherwise it
+        // stays for a later reap (its leases are never orphaned).
+        let scan = self.map.reap_dead_checked(&mut |_idx, owner| match ledger
+            .reap_owner_latest(owner, at)
+        {
+            Ok(n) => {
+                leases += n;
+                procs += 1;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("releasing the leases of dead owner {owner:#x}: {e}");
+                err.get_or_insert(e);
+                Err(Error::BadRegion(msg))
+            }
+        });
         let h = self.obj_header();
         h.reaped_processes
             .fetch_add(u64::from(procs), Ordering::Relaxed);
         h.reaped_leases.fetch_add(leases, Ordering::Relaxed);
-        match err {
-            Some(e) => Err(e),
-            None => Ok(ReapOutcome {
+        match (err, scan) {
+            (Some(e), _) => Err(e),
+            (None, Err(e)) => Err(FairError::Region(e.to_string())),
+            (None, Ok(_)) => Ok(ReapOutcome {
                 processes: procs,
                 leases,
             }),
@@ -572,6 +608,20 @@ impl SharedFairShare {
     /// recovered the last committed state.
     pub fn recoveries(&self) -> u64 {
         self.ledger.recoveries()
+    }
+
+    /// Times the ledger's mutex was found corrupt (a lock word naming no
+    /// thread that could release it, a scribbled type word, a
+    /// not-recoverable state) and re-initialised.
+    pub fn lock_repairs(&self) -> u64 {
+        self.ledger.repairs()
+    }
+
+    /// Test seam: `f` runs inside every call while the ledger's lock is
+    /// held. Never use it outside tests.
+    #[doc(hidden)]
+    pub fn test_while_locked(&mut self, f: Option<fn()>) {
+        self.ledger.test_while_locked(f);
     }
 
     /// Test seam for trace T10 (see [`FairShare`]); local to this handle.
@@ -620,41 +670,49 @@ impl SharedFairShare {
 
     /// Releases `lease_id` at `now_ms`.
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
+        self.owner()?;
         self.ledger.release_at(lease_id, Some(now_ms))
     }
 
     /// [`release`](Self::release) at the clock, read under the lock.
     pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
+        self.owner()?;
         self.ledger.release_at(lease_id, None)
     }
 
     /// Stats at `now_ms`.
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
+        self.owner()?;
         self.ledger.stats_at(Some(now_ms))
     }
 
     /// Stats at the clock, read under the lock.
     pub fn stats_now(&mut self) -> Result<Stats, FairError> {
+        self.owner()?;
         self.ledger.stats_at(None)
     }
 
     /// Plan at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
+        self.owner()?;
         self.ledger.plan_at(Some(now_ms))
     }
 
     /// Plan at the clock, read under the lock.
     pub fn plan_now(&mut self) -> Result<Plan, FairError> {
+        self.owner()?;
         self.ledger.plan_at(None)
     }
 
     /// Fairness report at `now_ms`.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
+        self.owner()?;
         self.ledger.report_at(Some(now_ms))
     }
 
     /// Fairness report at the clock, read under the lock.
     pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
+        self.owner()?;
         self.ledger.report_at(None)
     }
 }
@@ -666,6 +724,24 @@ pub struct ReapOutcome {
     pub processes: u32,
     /// Their leases released.
     pub leases: u64,
+}
+
+/// The retain check of a fair-share mapping: does the process registered as
+/// `me` hold a live lease? Any failure to tell answers yes (keeping a dead
+/// mapping's registration until exit costs one fd; dropping a live lease
+/// holder's would let its leases be reaped).
+fn holds_leases(map: &Mapping, me: ProcId) -> bool {
+    let Ok((_, l)) = read_config(map) else {
+        return true;
+    };
+    // SAFETY: as in `from_mapping`: the ledger lies inside the object area
+    // (validated by read_config), which stays mapped during this call.
+    let ledger = unsafe { SharedLedger::attach(map.object_ptr().add(l.ledger_off), l.ledger_len) };
+    match ledger {
+        // No `set_region`: this runs while the mapping is being dropped.
+        Ok(mut ledger) => ledger.owner_holds(me.owner).unwrap_or(true),
+        Err(_) => true,
+    }
 }
 
 impl FairLedger for SharedFairShare {

@@ -17,11 +17,17 @@
 //!
 //! Every call, including `stats`, runs:
 //!
-//! 1. lock the robust mutex. On `OwnerDied` the previous holder died
-//!    somewhere below; whatever it did, it only wrote the *scratch* copy
-//!    (or had already flipped the index, making its finished update the
-//!    committed one), so the committed copy is intact: count a recovery and
-//!    mark the mutex consistent;
+//! 1. lock the robust mutex, waiting at most [`LEDGER_LOCK_WAIT`] for a
+//!    live holder (see [`RobustMutex::lock_bounded`]). On `OwnerDied` the
+//!    previous holder died somewhere below; whatever it did, it only wrote
+//!    the *scratch* copy (or had already flipped the index, making its
+//!    finished update the committed one), so the committed copy is intact:
+//!    count a recovery and mark the mutex consistent. A *corrupt* mutex (a
+//!    lock word no live thread can release, a scribbled type word, a
+//!    not-recoverable state) is re-initialised, in a region, under the
+//!    region's repair lock ([`REPAIR_LOCK`]); by the same argument the
+//!    committed copy is intact, so nothing else needs repair. Without a
+//!    region (raw memory) it is an error;
 //! 2. read `committed` (validated: 0 or 1) and copy the committed copy's
 //!    used bytes (meta, tenants, leases below the high-water mark) onto the
 //!    other copy, the scratch;
@@ -29,7 +35,9 @@
 //! 4. on success, publish with a single atomic store of the scratch's index
 //!    into `committed` (release ordering); on a misuse error or a corrupt
 //!    record, skip the store, so the call changes nothing;
-//! 5. unlock.
+//! 5. write back the mutex's type word and list pointers as they were at
+//!    lock time (glibc writes through the list pointers on unlock, and the
+//!    region is writable by others), and unlock.
 //!
 //! A process killed at any point before step 4 leaves the committed copy as
 //! it was; killed after it, its update is complete. Slots above the
@@ -51,6 +59,8 @@
 use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::admission;
 use super::store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
@@ -58,8 +68,22 @@ use super::{
     initial_state, AcquireResult, FairConfig, FairError, FairLedger, FairnessReport, Lease, Plan,
     Refusal, Stats,
 };
+use crate::region::Mapping;
 use crate::sys::clock::monotonic_ms;
-use crate::sys::robust_mutex::{LockState, RobustMutex, MUTEX_LAYOUT_TAG};
+use crate::sys::robust_mutex::{Bounded, Held, LockState, LockWait, RobustMutex, MUTEX_LAYOUT_TAG};
+
+/// Longest a call waits for the ledger's lock while a live thread holds it
+/// (a ledger call holds it for microseconds; a holder stopped longer than
+/// this makes calls fail with [`FairError::Lock`] instead of hanging).
+pub const LEDGER_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// The region object lock ([`Mapping::lock_object_byte`]) under which a
+/// corrupt ledger mutex is re-initialised.
+pub const REPAIR_LOCK: u32 = 0;
+
+/// Repairs of a corrupt mutex in one call before giving up (a writer that
+/// keeps scribbling on the lock denies service; it cannot hang a caller).
+const MAX_REPAIRS_PER_CALL: u32 = 3;
 
 /// Magic number at offset 0 of a shared ledger: `"SHMFAIR1"`.
 pub const SHARED_MAGIC: u64 = u64::from_le_bytes(*b"SHMFAIR1");
@@ -70,8 +94,9 @@ pub const SHARED_LAYOUT_VERSION: u32 = 1;
 /// Most tenants a shared ledger accepts (bounds the size arithmetic).
 pub const MAX_SHARED_TENANTS: usize = 4096;
 
-/// Most lease slots a shared ledger accepts.
-pub const MAX_SHARED_LEASES: usize = 1 << 20;
+/// Most lease slots a shared ledger accepts (the same bound as in-process,
+/// [`MAX_LEASE_CAPACITY`](super::MAX_LEASE_CAPACITY)).
+pub const MAX_SHARED_LEASES: usize = super::MAX_LEASE_CAPACITY;
 
 /// The fixed header at the start of a shared ledger.
 ///
@@ -92,7 +117,15 @@ struct SharedHeader {
     commits: AtomicU64,
     recoveries: AtomicU64,
     mutex: RobustMutex,
+    /// Times a corrupt mutex was re-initialised (in what was padding before;
+    /// zero in a new ledger).
+    repairs: AtomicU64,
 }
+
+// The offsets region tests scribble at; the header's rounded size.
+const _: () = assert!(std::mem::offset_of!(SharedHeader, committed) == 88);
+const _: () = assert!(std::mem::offset_of!(SharedHeader, mutex) == 112);
+const _: () = assert!(size_of::<SharedHeader>() <= 192);
 
 fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
@@ -134,6 +167,11 @@ pub struct SharedLedger {
     flags_override: Option<u32>,
     crash: Option<(u64, CrashPoint)>,
     ops: u64,
+    /// The region the ledger lives in, if any: for the maps check of a lock
+    /// holder and the repair lock.
+    region: Option<Arc<Mapping>>,
+    /// Test seam: runs while the lock is held.
+    while_locked: Option<fn()>,
 }
 
 // SAFETY: the handle only refers to shared memory whose mutable parts are
@@ -230,6 +268,8 @@ impl SharedLedger {
             flags_override: None,
             crash: None,
             ops: 0,
+            region: None,
+            while_locked: None,
         })
     }
 
@@ -288,7 +328,29 @@ impl SharedLedger {
             flags_override: None,
             crash: None,
             ops: 0,
+            region: None,
+            while_locked: None,
         })
+    }
+
+    /// Binds the handle to the region mapping the ledger lives in: a lock
+    /// holder whose process does not map the region file is then known to
+    /// be bogus, and a corrupt mutex is repaired under the region's
+    /// [`REPAIR_LOCK`].
+    pub(crate) fn set_region(&mut self, map: Arc<Mapping>) {
+        self.region = Some(map);
+    }
+
+    /// Test seam: `f` runs inside every call while the ledger's lock is
+    /// held. Never use it outside tests.
+    #[doc(hidden)]
+    pub fn test_while_locked(&mut self, f: Option<fn()>) {
+        self.while_locked = f;
+    }
+
+    /// Times a corrupt ledger mutex was re-initialised.
+    pub fn repairs(&self) -> u64 {
+        self.header().repairs.load(Ordering::Relaxed)
     }
 
     /// Sets the owner id (from the region's process table) recorded in
@@ -348,6 +410,67 @@ impl SharedLedger {
         }
     }
 
+    /// Takes the ledger's lock (bounded), repairing a corrupt mutex when the
+    /// ledger lives in a region (see the module docs).
+    fn lock(&self) -> Result<(LockState, Held), FairError> {
+        let h = self.header();
+        let file = self.region.as_ref().map(|m| m.file_identity());
+        // In a region, only a process that holds a process-table entry (as
+        // its live owner, or as the reaper at work on it) ever holds the
+        // lock: every call registers its process first, and a reaper records
+        // itself in the entry it reaps.
+        let registered = |pid: i32| {
+            self.region.as_ref().is_none_or(|m| {
+                (0..m.process_slots()).any(|idx| {
+                    m.proc_entry(idx).is_ok_and(|e| e.pid() == pid)
+                        && m.entry_holder(idx).map_or(true, |h| h == Some(pid))
+                })
+            })
+        };
+        let wait = LockWait {
+            timeout: LEDGER_LOCK_WAIT,
+            file,
+            may_hold: self
+                .region
+                .as_ref()
+                .map(|_| &registered as &dyn Fn(i32) -> bool),
+        };
+        let mut repairs = 0;
+        loop {
+            let c = match h.mutex.lock_bounded(&wait) {
+                Ok(Bounded::Locked(state, held)) => return Ok((state, held)),
+                Ok(Bounded::Corrupt(c)) => c,
+                Err(e) => return Err(FairError::Lock(e.to_string())),
+            };
+            let Some(map) = self
+                .region
+                .as_ref()
+                .filter(|_| repairs < MAX_REPAIRS_PER_CALL)
+            else {
+                return Err(FairError::Lock(format!(
+                    "the ledger's mutex is corrupt ({c}); {}",
+                    if self.region.is_some() {
+                        "it was repaired and corrupted again"
+                    } else {
+                        "no region to repair it under"
+                    }
+                )));
+            };
+            let _g = map
+                .lock_object_byte(REPAIR_LOCK, LEDGER_LOCK_WAIT)
+                .map_err(|e| FairError::Lock(format!("repairing a corrupt mutex ({c}): {e}")))?;
+            // SAFETY: every repairer of this ledger's mutex holds the region's
+            // REPAIR_LOCK (taken above), and this thread does not hold the
+            // mutex (lock_bounded reported it corrupt without locking it).
+            let fixed = unsafe { h.mutex.reinit_if_still(&c, &wait) }
+                .map_err(|e| FairError::Lock(format!("repairing a corrupt mutex ({c}): {e}")))?;
+            if fixed {
+                h.repairs.fetch_add(1, Ordering::Relaxed);
+            }
+            repairs += 1;
+        }
+    }
+
     /// Runs `f` on a scratch copy under the lock and commits it on success.
     fn with_view<R>(
         &mut self,
@@ -367,9 +490,12 @@ impl SharedLedger {
     ) -> Result<R, FairError> {
         let nth = self.ops;
         self.ops += 1;
+        let (state, held) = self.lock()?;
         let h = self.header();
-        let state = h.mutex.lock().map_err(|e| FairError::Lock(e.to_string()))?;
-        let guard = Unlock(&h.mutex);
+        let guard = Unlock(&h.mutex, held);
+        if let Some(f) = self.while_locked {
+            f();
+        }
         if state == LockState::OwnerDied {
             // The committed copy is intact whatever the dead holder did;
             // the scratch is rebuilt below from the committed copy.
@@ -474,6 +600,15 @@ impl SharedLedger {
         self.with_view(|v| admission::release(v, lease_id, now_ms))
     }
 
+    /// Whether any live lease is recorded under `owner` (read-only: nothing
+    /// is committed).
+    pub(crate) fn owner_holds(&mut self, owner: u32) -> Result<bool, FairError> {
+        self.with_view_at(Some(0), |v, _| {
+            let any = v.live_leases()?.iter().any(|(_, l)| l.owner == owner);
+            Ok((any, false))
+        })
+    }
+
     /// Releases every lease taken under `owner` (a process found dead);
     /// returns how many. Counted per tenant in `reaped_leases`; not activity.
     pub fn reap_owner(&mut self, owner: u32, now_ms: u64) -> Result<u64, FairError> {
@@ -538,14 +673,16 @@ impl SharedLedger {
     }
 }
 
-/// Unlocks on every exit path of `with_view` (errors included).
-struct Unlock<'a>(&'a RobustMutex);
+/// Unlocks on every exit path of `with_view` (errors included), writing
+/// back what glibc will read on unlock first.
+struct Unlock<'a>(&'a RobustMutex, Held);
 
 impl Drop for Unlock<'_> {
     fn drop(&mut self) {
-        // An unlock error here means we did not hold the lock, which the
-        // code path above rules out; there is nothing better to do.
-        let _ = self.0.unlock();
+        // An unlock error here means we no longer hold the lock (the lock
+        // word was scribbled while we held it); the next caller finds the
+        // mutex corrupt and repairs it. There is nothing better to do here.
+        let _ = self.0.unlock_held(&self.1);
     }
 }
 

@@ -223,8 +223,9 @@ pub fn raw_from_bytes(bytes: &[u8; std::mem::size_of::<RawHeader>()]) -> RawHead
 /// What the header bytes say about the region's state.
 #[derive(Debug)]
 pub enum HeaderState {
-    /// Never initialised, or an initialiser died half-way: safe to
-    /// (re)initialise under the exclusive lock.
+    /// Empty, or an initialiser died half-way (our magic without the ready
+    /// mark): safe to (re)initialise under the exclusive lock, provided no
+    /// live process is registered in it.
     Uninitialised,
     /// Initialised and valid.
     Ready(HeaderInfo),
@@ -232,17 +233,15 @@ pub enum HeaderState {
 
 /// Validates header bytes read from a file of `file_size` bytes.
 ///
-/// A file is treated as [`HeaderState::Uninitialised`] only if it is empty,
-/// all zero in the header, or carries our magic without the ready mark (an
-/// initialiser died). Anything else that fails validation is an error: a
-/// foreign file is never overwritten.
+/// Header bytes carrying our magic without the ready mark (an initialiser
+/// died) are [`HeaderState::Uninitialised`]. Anything else that fails
+/// validation is an error, all-zero bytes included: a foreign file is never
+/// overwritten. (An empty file has no header bytes; the caller treats it as
+/// uninitialised.)
 pub fn decode_and_validate(
     bytes: &[u8; std::mem::size_of::<RawHeader>()],
     file_size: u64,
 ) -> Result<HeaderState> {
-    if bytes.iter().all(|&b| b == 0) {
-        return Ok(HeaderState::Uninitialised);
-    }
     let raw = raw_from_bytes(bytes);
     if raw.magic != MAGIC {
         return Err(Error::BadRegion(format!(
@@ -388,11 +387,10 @@ mod tests {
             decode_and_validate(&b, h.total_size).unwrap(),
             HeaderState::Uninitialised
         ));
+        // Zeros are not ours: a file of zeros is somebody's data.
         let zero = [0u8; 160];
-        assert!(matches!(
-            decode_and_validate(&zero, 0).unwrap(),
-            HeaderState::Uninitialised
-        ));
+        let e = decode_and_validate(&zero, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("bad magic"), "{e}");
     }
 
     #[test]

@@ -1,8 +1,30 @@
 //! A region mapped into this process, bound to one object.
+//!
+//! # Registrations belong to the process
+//!
+//! A process registers in the region's process table once per mapping
+//! ([`Mapping::me`]), and its liveness lock lives in the registration. What
+//! the process holds in the object (slots, leases) belongs to the process
+//! until it exits, not to the mapping: when the last handle of a mapping is
+//! dropped while the object says the process still holds something (the
+//! object's *retain check*, [`Mapping::set_retain_check`]), the
+//! registration is not dropped but *parked* in a process-wide table, keyed
+//! by the region file's identity (device and inode), with its lock held. So
+//! the entry stays alive, and nothing the process holds is reaped, for as
+//! long as the process lives; the next mapping of the same file in this
+//! process adopts the parked registration (same entry, same owner id)
+//! instead of registering anew. A forked child never adopts its parent's
+//! parked registrations (their lock fds are closed in the child).
+//!
+//! Without a retain check (or when it says nothing is held) dropping the
+//! last handle drops the registration: the entry looks like a dead
+//! process's and is reaped, as if the process had exited.
 
 use std::os::fd::AsFd;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use super::fork_lock::ForkSafeMutex;
 use super::layout::HeaderInfo;
@@ -11,6 +33,41 @@ use super::Region;
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::sys::fork::LockFd;
+
+/// Longest [`Mapping::me`] waits for process-table entries that are being
+/// reaped (or registered) by other processes to settle, when no entry is
+/// free.
+pub const REGISTER_WAIT: Duration = Duration::from_secs(5);
+
+/// Decides, when the last handle of a mapping is dropped, whether the
+/// process still holds something in the object under `id` (then the
+/// registration is parked, not dropped; see the module docs). Errors should
+/// answer `true`.
+pub type RetainCheck = fn(&Mapping, ProcId) -> bool;
+
+/// A registration kept alive past its mapping.
+#[derive(Debug)]
+struct Parked {
+    /// `(st_dev, st_ino)` of the region file.
+    identity: (u64, u64),
+    reg: Registration,
+}
+
+/// Registrations parked by dropped mappings (see the module docs). A
+/// [`ForkSafeMutex`]: a child that inherits it locked takes it over and
+/// starts empty.
+static PARKED: ForkSafeMutex<Vec<Parked>> = ForkSafeMutex::new(Vec::new());
+
+/// Takes this process's parked registration for the file `identity`, if
+/// any. Registrations inherited across fork are dropped (which does nothing
+/// to the parent's).
+fn unpark(identity: (u64, u64)) -> Option<Registration> {
+    let mut parked = PARKED.lock();
+    let gen = sys::fork::fork_generation();
+    parked.retain(|p| p.reg.fork_generation == gen && p.reg.lock.is_current_process());
+    let i = parked.iter().position(|p| p.identity == identity)?;
+    Some(parked.swap_remove(i).reg)
+}
 
 /// This process's registration in the process table.
 #[derive(Debug)]
@@ -37,9 +94,12 @@ pub(super) struct Registration {
 ///
 /// # Drop
 ///
-/// Dropping the last `Arc<Mapping>` unmaps the region and closes this
-/// process's liveness-lock fd, but does not free the process entry: the
-/// entry then looks like a dead process's and the next
+/// Dropping the last `Arc<Mapping>` unmaps the region. If the object's
+/// retain check ([`set_retain_check`](Mapping::set_retain_check)) says the
+/// process still holds something, the registration (entry and liveness
+/// lock) is parked until the process exits or maps the file again (see the
+/// module docs). Otherwise the liveness-lock fd is closed but the entry is
+/// not freed: it then looks like a dead process's and the next
 /// [`reap_dead`](Mapping::reap_dead) gives back whatever the object recorded
 /// in it. An object that knows it holds nothing calls
 /// [`deregister`](Mapping::deregister) first for a clean exit.
@@ -57,6 +117,10 @@ pub struct Mapping {
     /// The object's per-process state, shared by the process's handles (a
     /// weak reference: the handles own it).
     object: ForkSafeMutex<Option<ObjectState>>,
+    /// The region file's `(st_dev, st_ino)`.
+    identity: (u64, u64),
+    /// The object's retain check, if it set one.
+    retain: OnceLock<RetainCheck>,
 }
 
 /// A weak reference to an object's per-process state.
@@ -77,13 +141,11 @@ impl Mapping {
                 header.total_size
             )));
         }
-        let probe = sys::file::reopen_fd(region.fd()).map_err(|e| {
-            Error::io(
-                "reopen region for probing",
-                region.path().map(|p| p.to_path_buf()),
-                e,
-            )
-        })?;
+        let path = || region.path().map(|p| p.to_path_buf());
+        let probe = sys::file::reopen_fd(region.fd())
+            .map_err(|e| Error::io("reopen region for probing", path(), e))?;
+        let identity = sys::file::file_identity(region.fd())
+            .map_err(|e| Error::io("fstat region", path(), e))?;
         Ok(Mapping {
             region,
             map,
@@ -92,7 +154,23 @@ impl Mapping {
             reg: ForkSafeMutex::new(None),
             fast: AtomicU64::new(0),
             object: ForkSafeMutex::new(None),
+            identity,
+            retain: OnceLock::new(),
         })
+    }
+
+    /// The region file's `(st_dev, st_ino)`: its identity on this host.
+    pub fn file_identity(&self) -> (u64, u64) {
+        self.identity
+    }
+
+    /// Sets the object's retain check (once; later calls are ignored): when
+    /// the last handle of this mapping is dropped, `check` says whether the
+    /// process still holds something in the object, and if so its
+    /// registration (and liveness lock) is kept until the process exits
+    /// (see the module docs).
+    pub fn set_retain_check(&self, check: RetainCheck) {
+        let _ = self.retain.set(check);
     }
 
     /// The object's per-process state slot (one object per region).
@@ -177,9 +255,12 @@ impl Mapping {
     /// and the pid), the child registers afresh as a NEW process (new entry,
     /// new owner id): it never reuses its parent's identity.
     ///
-    /// `ProcessTableFull` if no entry is free; entries of dead processes
-    /// become free when reaped ([`reap_dead`](Mapping::reap_dead)), so an
-    /// object should reap and retry.
+    /// When no entry is free but some are being reaped (or registered) by
+    /// other processes, waits for them to settle, at most
+    /// [`REGISTER_WAIT`]. `ProcessTableFull` if no entry is free otherwise:
+    /// entries of dead processes become free when reaped
+    /// ([`reap_dead`](Mapping::reap_dead)), so an object should reap and
+    /// retry ([`me_reaping`](Mapping::me_reaping) does).
     pub fn me(&self) -> Result<ProcId> {
         let fast = self.fast.load(Ordering::Acquire);
         let owner = fast as u32;
@@ -189,20 +270,24 @@ impl Mapping {
         self.me_slow()
     }
 
-    /// Like [`me`](Mapping::me), but if the table is full, reaps dead
+    /// Like [`me`](Mapping::me), but while the table is full, reaps dead
     /// processes (calling `release` for each, see
-    /// [`reap_dead`](Mapping::reap_dead)) and tries once more.
+    /// [`reap_dead`](Mapping::reap_dead)) and tries again, for at most
+    /// [`REGISTER_WAIT`]. Fails with `ProcessTableFull` only when live
+    /// processes hold every entry.
     pub fn me_reaping(&self, release: &mut dyn FnMut(u32, u32)) -> Result<ProcId> {
-        match self.me() {
-            Err(Error::ProcessTableFull { .. }) => {
-                if self.reap_dead(release)? == 0 {
-                    return Err(Error::ProcessTableFull {
-                        slots: self.process_slots(),
-                    });
+        let deadline = Instant::now() + REGISTER_WAIT;
+        loop {
+            match self.me() {
+                Err(Error::ProcessTableFull { .. }) if Instant::now() < deadline => {
+                    if self.reap_dead(release)? == 0 {
+                        // Nothing dead to take: me() already waited for
+                        // entries in transit, so live processes fill it.
+                        return self.me();
+                    }
                 }
-                self.me()
+                r => return r,
             }
-            r => r,
         }
     }
 
@@ -219,7 +304,10 @@ impl Mapping {
         // register this process on its own.
         self.fast.store(0, Ordering::Release);
         *g = None;
-        let r = self.register()?;
+        let r = match unpark(self.identity).filter(|r| self.still_ours(r)) {
+            Some(r) => r,
+            None => self.register()?,
+        };
         let id = r.id;
         self.fast.store(
             (u64::from(r.fork_generation as u32) << 32) | u64::from(id.owner),
@@ -227,6 +315,15 @@ impl Mapping {
         );
         *g = Some(r);
         Ok(id)
+    }
+
+    /// True if a parked registration's entry is still as we left it (not
+    /// scribbled): live, with the owner id's generation.
+    fn still_ours(&self, r: &Registration) -> bool {
+        self.proc_entry(r.id.idx).is_ok_and(|e| {
+            e.state_raw() == super::proc_table::LIVE
+                && super::proc_table::ProcId::encode(r.id.idx, e.generation()) == r.id.owner
+        })
     }
 
     /// Deregisters this process cleanly: frees its entry (bumping the
@@ -244,5 +341,27 @@ impl Mapping {
         let res = self.free_own_entry(r.id);
         drop(r); // closes the lock fd after the entry is FREE
         res
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let Some(r) = self.reg.lock().take() else {
+            return;
+        };
+        if r.fork_generation != sys::fork::fork_generation() || !r.lock.is_current_process() {
+            return; // inherited across fork: the parent's, nothing to keep
+        }
+        let holds = self.retain.get().is_some_and(|check| check(self, r.id));
+        if holds {
+            // The process still holds something: keep its entry alive (and
+            // its holdings unreaped) until it exits or re-binds the file.
+            PARKED.lock().push(Parked {
+                identity: self.identity,
+                reg: r,
+            });
+        }
+        // Otherwise `r` drops here: its lock fd closes and the entry is
+        // reaped like a dead process's.
     }
 }

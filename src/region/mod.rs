@@ -12,7 +12,14 @@
 //! Names: a name without `/` maps to `/dev/shm/shmsched.<name>`; anything
 //! containing `/` is a path. Files are created `0600` unless
 //! [`RegionOptions::mode`] asks for group access; world-writable modes are
-//! refused.
+//! refused, at creation and whenever an existing file is opened or bound
+//! (a file `chmod`ed to `0666` later is refused, naming its mode).
+//!
+//! An anonymous region's memfd is sealed against shrinking
+//! ([`sys::file::seal_against_shrinking`]); a named region file can be
+//! truncated by anyone who can write it, and a process touching a mapped
+//! page past the new end of file gets `SIGBUS` (see the README's
+//! guarantees).
 
 pub mod create;
 pub(crate) mod fork_lock;
@@ -28,10 +35,12 @@ use std::sync::{Arc, Weak};
 
 use fork_lock::ForkSafeMutex;
 
-pub use create::ObjectSpec;
+pub use create::{ObjectInit, ObjectSpec, TryInit, BIND_LOCK_WAIT};
 pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
 pub use mapping::Mapping;
-pub use proc_table::{ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJ_WORDS};
+pub use proc_table::{
+    ObjectLock, ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJECT_LOCKS, OBJ_WORDS,
+};
 pub use registry::SLEEPERS;
 pub use view::{Probe, RegionView};
 
@@ -175,12 +184,15 @@ impl Region {
         Ok(Region::from_parts(fd, Some(path), opts))
     }
 
-    /// Opens an existing region file.
+    /// Opens an existing region file. A world-writable file is refused
+    /// ([`Error::BadRegion`] naming the file and its mode).
     pub fn open(name_or_path: &str) -> Result<Region> {
         let path = resolve_path(name_or_path)?;
         let fd = sys::file::open_file(&path, OpenMode::Existing, 0)
             .map_err(|e| Error::io("open", Some(path.clone()), e))?;
-        Ok(Region::from_parts(fd, Some(path), RegionOptions::default()))
+        let r = Region::from_parts(fd, Some(path), RegionOptions::default());
+        create::check_mode(&r, r.fd())?;
+        Ok(r)
     }
 
     /// Opens the region file, creating it (with default options) if missing.
@@ -207,7 +219,11 @@ impl Region {
                 Err(e) => return Err(Error::io("create", Some(path), e)),
             }
             match sys::file::open_file(&path, OpenMode::Existing, 0) {
-                Ok(fd) => return Ok(Region::from_parts(fd, Some(path), opts)),
+                Ok(fd) => {
+                    let r = Region::from_parts(fd, Some(path), opts);
+                    create::check_mode(&r, r.fd())?;
+                    return Ok(r);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
                 Err(e) => return Err(Error::io("open", Some(path), e)),
             }
@@ -226,10 +242,14 @@ impl Region {
     }
 
     /// An anonymous region with `opts` (`mode` is irrelevant for a memfd).
+    /// The memfd is sealed against shrinking, so no process holding it can
+    /// cut the mapping from under the others.
     pub fn anonymous_with(opts: RegionOptions) -> Result<Region> {
         opts.validate()?;
         let fd =
             sys::file::memfd_create("shmsched").map_err(|e| Error::io("memfd_create", None, e))?;
+        sys::file::seal_against_shrinking(fd.as_fd())
+            .map_err(|e| Error::io("seal memfd", None, e))?;
         Ok(Region::from_parts(fd, None, opts))
     }
 
@@ -306,28 +326,23 @@ impl Region {
     /// has been created in it yet. Read under a shared lock, so never a
     /// half-written header.
     pub fn info(&self) -> Result<Option<HeaderInfo>> {
-        let lock = sys::file::reopen_fd(self.fd())
-            .map_err(|e| Error::io("reopen region for flock", self.inner.path.clone(), e))?;
-        sys::lock::flock_shared(lock.as_fd())
-            .map_err(|e| Error::io("flock shared", self.inner.path.clone(), e))?;
-        let r = create::examine(self, lock.as_fd());
-        let _ = sys::lock::flock_unlock(lock.as_fd());
-        match r? {
-            layout::HeaderState::Ready(h) => Ok(Some(h)),
-            layout::HeaderState::Uninitialised => Ok(None),
-        }
+        create::info(self)
     }
 
     /// Maps the region and returns this process's [`Mapping`] for an object
     /// of `kind`.
     ///
     /// If the region is not (fully) initialised and `spec` is given, this
-    /// initialises it (header, zeroed process table and object area, then
-    /// `spec.init`), under an exclusive `flock`, marking it ready last. If it
-    /// is initialised, validates magic, layout version, kind and sizes, and
+    /// initialises it under an exclusive `flock` (header first, then the
+    /// zeroed process table and object area, then `spec.init`, marking it
+    /// ready last), but only if the file is empty or carries our magic
+    /// without the ready mark, and no live process is registered in it: a
+    /// foreign file is never modified (see [`create`]). If it is
+    /// initialised, validates magic, layout version, kind and sizes, and
     /// (with a spec) that the parameters and object size equal the spec's,
-    /// else `Mismatch` naming both. Without a spec, an uninitialised region is
-    /// `BadRegion("not initialised")`.
+    /// else `Mismatch` naming both. Without a spec, an uninitialised region
+    /// is `BadRegion("not initialised")`. A world-writable named file is
+    /// refused; every `flock` wait is bounded by [`BIND_LOCK_WAIT`].
     ///
     /// All objects of one process bound through clones of one `Region` share
     /// one `Mapping` (one registration).

@@ -31,7 +31,16 @@
 //! `release` runs exactly once per death among concurrent reapers. If a
 //! reaper itself dies half-way, its byte lock dies with it and the entry
 //! stays `REAPING`; the next reaper redoes the release, so `release` must be
-//! idempotent for one owner id (a CAS from owner id to free is).
+//! idempotent for one owner id (a CAS from owner id to free is). A release
+//! that fails ([`Mapping::reap_dead_checked`]) leaves the entry `REAPING`
+//! with its owner id, so a later reaper tries again: an entry is freed only
+//! once what its process held has been given back.
+//!
+//! **A full table** is not final while entries are in transit: a registrant
+//! that finds no free entry but some being reaped (or registered) by other
+//! processes waits for them (bounded) and looks again, so a bind fails with
+//! `ProcessTableFull` only when live processes (or dead ones nobody has
+//! reaped yet, which the object then reaps) fill the table.
 //!
 //! **Owner ids** are `(idx + 1) | (generation << 16)`, 31 bits (bit 31 is
 //! left to objects that tag ownership records): never zero, and
@@ -58,6 +67,10 @@ use crate::sys::fork::LockFd;
 /// `LOCK_BASE + i`, past the end of any region file.
 pub const LOCK_BASE: u64 = 1 << 32;
 
+/// First of the bytes objects may OFD-lock for their own purposes (byte
+/// `OBJECT_LOCKS + n`): past every process entry's liveness byte.
+pub const OBJECT_LOCKS: u64 = LOCK_BASE + 0x1_0000;
+
 /// Entry state: unused.
 pub const FREE: u32 = 0;
 /// Entry state: held by a registered process (alive while its byte is
@@ -75,7 +88,8 @@ pub const OBJ_WORDS: usize = 28;
 /// One process's entry in the region's process table.
 ///
 /// `state`, `generation` and `pid` are written only by the process holding
-/// the entry's byte lock (the registrant, the owner, or a reaper). `futex`
+/// the entry's byte lock (the registrant, the owner, or a reaper, which
+/// records its own pid while it reaps). `futex`
 /// and `obj` belong to the object built on the region; they are zero when the
 /// entry is handed to a new process.
 #[repr(C, align(256))]
@@ -210,30 +224,79 @@ pub struct ProcSummary {
     pub alive: bool,
 }
 
+/// An object lock of [`Mapping::lock_object_byte`]; released on drop.
+#[derive(Debug)]
+pub struct ObjectLock {
+    _fd: LockFd,
+}
+
+/// What one registration pass found.
+enum Scan {
+    /// Took this entry.
+    Took(ProcId),
+    /// None free, but some are being reaped or registered right now.
+    InTransit,
+    /// Every entry is held by a live process or by a dead, unreaped one.
+    Full,
+}
+
 fn io_err(m: &Mapping, op: &'static str, e: std::io::Error) -> Error {
     Error::io(op, m.region().path().map(|p| p.to_path_buf()), e)
 }
 
 impl Mapping {
-    /// Registers this process in a free entry (see the module docs).
+    /// Registers this process in a free entry (see the module docs). When
+    /// no entry is free but some are in transit (being reaped, or being
+    /// registered, by another process: their byte is locked and their state
+    /// is not `LIVE`), waits for them, at most
+    /// [`REGISTER_WAIT`](super::mapping::REGISTER_WAIT).
     pub(super) fn register(&self) -> Result<Registration> {
-        let fd = sys::file::reopen_fd(self.region().fd())
+        let lock = LockFd::open(|| sys::file::reopen_fd(self.region().fd()))
             .map_err(|e| io_err(self, "reopen region for liveness lock", e))?;
-        let lock = LockFd::new(fd).map_err(|e| io_err(self, "record liveness-lock fd", e))?;
+        let deadline = std::time::Instant::now() + super::mapping::REGISTER_WAIT;
+        let mut nap = std::time::Duration::from_millis(1);
+        loop {
+            match self.try_register(&lock)? {
+                Scan::Took(id) => {
+                    return Ok(Registration {
+                        id,
+                        lock,
+                        fork_generation: sys::fork::fork_generation(),
+                    })
+                }
+                Scan::InTransit if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(16));
+                }
+                _ => {
+                    return Err(Error::ProcessTableFull {
+                        slots: self.process_slots(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// One pass over the table: takes a free entry, or says why none was.
+    fn try_register(&self, lock: &LockFd) -> Result<Scan> {
         let slots = self.process_slots();
         let pid = sys::file::getpid();
+        let mut in_transit = false;
         // Start at a pid-dependent entry so that simultaneous registrants
         // rarely contend for the same byte.
         let start = (pid as u32) % slots;
         for k in 0..slots {
             let idx = (start + k) % slots;
             let off = LOCK_BASE + u64::from(idx);
+            let e = self.entry(idx);
             if !sys::lock::ofd_try_lock_byte(lock.fd(), off)
                 .map_err(|e| io_err(self, "lock process entry", e))?
             {
-                continue; // held by a live process, a registrant or a reaper
+                // Held by a live owner, or by a reaper or registrant at work:
+                // those finish in a moment.
+                in_transit |= e.state_raw() != LIVE;
+                continue;
             }
-            let e = self.entry(idx);
             if e.state
                 .compare_exchange(FREE, LIVE, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
@@ -248,18 +311,17 @@ impl Mapping {
                 .store(sys::monotonic_ns(), Ordering::Relaxed);
             e.zero_obj();
             let generation = e.generation();
-            let id = ProcId {
+            std::sync::atomic::fence(Ordering::Release);
+            return Ok(Scan::Took(ProcId {
                 idx,
                 owner: ProcId::encode(idx, generation),
-            };
-            std::sync::atomic::fence(Ordering::Release);
-            return Ok(Registration {
-                id,
-                lock,
-                fork_generation: sys::fork::fork_generation(),
-            });
+            }));
         }
-        Err(Error::ProcessTableFull { slots })
+        Ok(if in_transit {
+            Scan::InTransit
+        } else {
+            Scan::Full
+        })
     }
 
     /// Frees this process's own entry (owner still holds the byte lock).
@@ -286,6 +348,21 @@ impl Mapping {
         e.state.store(FREE, Ordering::Release);
     }
 
+    /// Whether entry `idx` is held right now by a live process, as its
+    /// registered owner (`LIVE`) or as the reaper at work on it
+    /// (`REAPING`), and that process's pid (the entry's pid word names the
+    /// holder in both cases). `None` if nobody holds it.
+    pub fn entry_holder(&self, idx: u32) -> Result<Option<i32>> {
+        let e = self.proc_entry(idx)?;
+        let st = e.state_raw();
+        if st != LIVE && st != REAPING {
+            return Ok(None);
+        }
+        let held = sys::lock::ofd_is_locked_byte(self.probe_fd(), LOCK_BASE + u64::from(idx))
+            .map_err(|e| io_err(self, "probe liveness lock", e))?;
+        Ok(held.then(|| e.pid()))
+    }
+
     /// Whether the process registered at `idx` is alive: the entry is `LIVE`
     /// and some open file description holds its byte lock (kernel-backed; a
     /// dead process's lock is gone). `BadRegion` if `idx` is out of range.
@@ -309,9 +386,23 @@ impl Mapping {
     /// idempotent per owner id. Entries with a scribbled state are reaped too
     /// if nobody holds them, and reported as `BadRegion` after the scan.
     pub fn reap_dead(&self, release: &mut dyn FnMut(u32, u32)) -> Result<u32> {
-        let fd = sys::file::reopen_fd(self.region().fd())
+        self.reap_dead_checked(&mut |idx, owner| {
+            release(idx, owner);
+            Ok(())
+        })
+    }
+
+    /// Like [`reap_dead`](Mapping::reap_dead), for a `release` that can
+    /// fail: an entry whose `release` fails is *not* freed (it stays
+    /// `REAPING`, unclaimed, with its owner id), so that a later reaper
+    /// tries again and nothing the dead process held is orphaned. The first
+    /// such error is returned after the scan.
+    pub fn reap_dead_checked(
+        &self,
+        release: &mut dyn FnMut(u32, u32) -> Result<()>,
+    ) -> Result<u32> {
+        let claim = LockFd::open(|| sys::file::reopen_fd(self.region().fd()))
             .map_err(|e| io_err(self, "reopen region for reaping", e))?;
-        let claim = LockFd::new(fd).map_err(|e| io_err(self, "record reaper fd", e))?;
         let mut reaped = 0;
         let mut bad: Option<Error> = None;
         for idx in 0..self.process_slots() {
@@ -335,10 +426,22 @@ impl Mapping {
                     )));
                 }
                 e.state.store(REAPING, Ordering::Release);
+                // While it holds the claim, the entry names the reaper: an
+                // object lock taken inside `release` then belongs to a
+                // process the table knows (see `holds_entry`).
+                e.pid.store(sys::file::getpid(), Ordering::Relaxed);
                 let owner = ProcId::encode(idx, e.generation());
-                release(idx, owner);
-                self.finish_free(e);
-                reaped += 1;
+                match release(idx, owner) {
+                    Ok(()) => {
+                        self.finish_free(e);
+                        reaped += 1;
+                    }
+                    Err(err) => {
+                        // Keep the entry (and the owner id its holdings carry)
+                        // for a later reaper.
+                        bad.get_or_insert(err);
+                    }
+                }
             }
             sys::lock::ofd_unlock_byte(claim.fd(), off)
                 .map_err(|e| io_err(self, "release process entry", e))?;
@@ -348,6 +451,19 @@ impl Mapping {
             Some(e) => Err(e),
             None => Ok(reaped),
         }
+    }
+
+    /// Takes the object lock `n` (an OFD lock on byte [`OBJECT_LOCKS`]` +
+    /// n` of the region file, through a new open file description), waiting
+    /// at most `timeout`; released when the guard drops or the process
+    /// dies. For rare region-wide critical sections, such as repairing a
+    /// corrupt in-region lock.
+    pub fn lock_object_byte(&self, n: u32, timeout: std::time::Duration) -> Result<ObjectLock> {
+        let fd = LockFd::open(|| sys::file::reopen_fd(self.region().fd()))
+            .map_err(|e| io_err(self, "reopen region for an object lock", e))?;
+        sys::lock::ofd_lock_byte_wait(fd.fd(), OBJECT_LOCKS + u64::from(n), timeout)
+            .map_err(|e| io_err(self, "object lock", e))?;
+        Ok(ObjectLock { _fd: fd })
     }
 
     /// Every non-free entry with its liveness, for stats and the CLI.

@@ -87,9 +87,15 @@ impl RegionView {
         let io = |op, e| Error::io(op, Some(path.to_path_buf()), e);
         let fd = sys::file::open_read_only(path).map_err(|e| io("open", e))?;
         let header = {
-            sys::lock::flock_shared(fd.as_fd()).map_err(|e| io("flock shared", e))?;
+            sys::lock::flock_wait(fd.as_fd(), false, super::create::BIND_LOCK_WAIT)
+                .map_err(|e| io("flock shared", e))?;
             let _unlock = SharedFlock(fd.as_fd());
             let size = sys::file::file_size(fd.as_fd()).map_err(|e| io("fstat", e))?;
+            if size == 0 {
+                // An empty file is what a creator makes first: the next
+                // binder initialises it.
+                return Ok(Probe::Uninitialised);
+            }
             let mut buf = [0u8; std::mem::size_of::<RawHeader>()];
             let n = usize::try_from(size).map_or(buf.len(), |s| s.min(buf.len()));
             sys::file::read_exact_at(fd.as_fd(), &mut buf[..n], 0)

@@ -117,6 +117,31 @@ fn spec_params(max: u32) -> [u64; 8] {
     [u64::from(max), OBJECT_REV, 0, 0, 0, 0, 0, 0]
 }
 
+/// The retain check of a scheduler mapping: does `me` hold a cell?
+fn holds_cells(map: &Mapping, me: crate::region::ProcId) -> bool {
+    let Some(max) = u32::try_from(map.header().params[0])
+        .ok()
+        .filter(|&m| m <= MAX_SHARED_SLOTS)
+    else {
+        return false;
+    };
+    if map.object_len() < object_size(max) {
+        return false;
+    }
+    // SAFETY: `max` u32s at CELLS_OFF lie inside the object area (its length
+    // was just checked against the layout), 4-aligned; atomics are valid for
+    // any bits; the reference does not outlive `map`.
+    let cells = unsafe {
+        std::slice::from_raw_parts(
+            map.object_ptr().add(CELLS_OFF) as *const AtomicU32,
+            max as usize,
+        )
+    };
+    cells
+        .iter()
+        .any(|c| c.load(Ordering::SeqCst) & !COUNTED == me.owner)
+}
+
 /// A bound shared slot table, as seen by one registered process.
 #[derive(Debug)]
 pub(crate) struct SharedSlots {
@@ -211,6 +236,10 @@ impl SharedSlots {
             s.reg.mapping().me_reaping(&mut release)?
         };
         s.reg.join(me);
+        // Slots belong to the process, not to a handle: if the last handle
+        // goes while this process still holds cells (a forgotten permit),
+        // its registration stays until the process exits.
+        s.reg.mapping().set_retain_check(holds_cells);
         if max > 0 {
             s.hint
                 .store(me.idx.wrapping_mul(7) % max, Ordering::Relaxed);

@@ -65,7 +65,8 @@ pub fn access_mode(fd: BorrowedFd<'_>) -> io::Result<AccessMode> {
     })
 }
 
-/// Creates an anonymous memory file (`memfd_create`, `MFD_CLOEXEC`).
+/// Creates an anonymous memory file (`memfd_create`, `MFD_CLOEXEC |
+/// MFD_ALLOW_SEALING`).
 ///
 /// It is inherited across `fork` and closed on `exec`.
 pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
@@ -73,12 +74,54 @@ pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
     // SAFETY: `c` is a valid NUL-terminated string that outlives the call; the
     // flags are a valid combination.
-    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Seals a memfd against shrinking, and its seals against change
+/// (`F_ADD_SEALS`, `F_SEAL_SHRINK | F_SEAL_SEAL`): from then on no process,
+/// whatever fds it holds, can cut the file under a mapping (which would
+/// raise `SIGBUS` in every process touching the lost pages), or add a write
+/// seal that would stop new processes from mapping it. Growing stays allowed.
+pub fn seal_against_shrinking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: `fd` is live for the borrow; F_ADD_SEALS takes an int argument
+    // and has no memory effects.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes zeros over `[start, end)` (64 KiB at a time), without changing
+/// the file's size (the range must lie inside it).
+pub fn zero_range(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
+    let zeros = vec![0u8; 64 * 1024];
+    let mut at = start;
+    while at < end {
+        let n = (end - at).min(zeros.len() as u64) as usize;
+        write_all_at(fd, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// The file's `(st_dev, st_ino)`: its identity on this host for as long as
+/// some fd keeps it open.
+pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    with_file(fd, |f| f.metadata().map(|m| (m.dev(), m.ino())))
 }
 
 /// Opens `/proc/self/fd/N` for `fd`, which yields a NEW open file description

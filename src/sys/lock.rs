@@ -11,11 +11,17 @@
 //! **`flock`** locks the whole file, again per open file description; the
 //! region uses it around initialisation (exclusive) and validation (shared).
 //! OFD locks and `flock` locks are independent on Linux.
+//!
+//! Every wait here is bounded: another process can hold a lock on a file it
+//! can open for as long as it likes, so [`flock_wait`] and
+//! [`ofd_lock_byte_wait`] poll a non-blocking attempt with a growing nap
+//! (1 ms up to 32 ms) until a deadline, and report `TimedOut` after it.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
 
-fn byte_lock(kind: libc::c_short, offset: u64) -> io::Result<libc::flock> {
+fn range_lock(kind: libc::c_short, offset: u64, len: u64) -> io::Result<libc::flock> {
     let start = libc::off_t::try_from(offset).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -28,8 +34,17 @@ fn byte_lock(kind: libc::c_short, offset: u64) -> io::Result<libc::flock> {
     fl.l_type = kind;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     fl.l_start = start;
-    fl.l_len = 1;
+    fl.l_len = libc::off_t::try_from(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("lock length {len} exceeds off_t"),
+        )
+    })?;
     Ok(fl)
+}
+
+fn byte_lock(kind: libc::c_short, offset: u64) -> io::Result<libc::flock> {
+    range_lock(kind, offset, 1)
 }
 
 fn fcntl_lock(fd: BorrowedFd<'_>, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result<()> {
@@ -74,6 +89,50 @@ pub fn ofd_is_locked_byte(fd: BorrowedFd<'_>, offset: u64) -> io::Result<bool> {
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
+/// True if another open file description holds a lock on any byte of
+/// `[offset, offset + len)` (`F_OFD_GETLK` over the range; one syscall).
+pub fn ofd_is_locked_range(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<bool> {
+    let mut fl = range_lock(libc::F_WRLCK as libc::c_short, offset, len)?;
+    fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Polls `attempt` (which returns `Ok(true)` once it holds the lock) with
+/// naps growing from 1 ms to 32 ms until `timeout` has passed; then fails
+/// with `TimedOut`, naming `what`.
+fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut attempt: impl FnMut() -> io::Result<bool>,
+) -> io::Result<()> {
+    let start = Instant::now();
+    let mut nap = Duration::from_millis(1);
+    loop {
+        if attempt()? {
+            return Ok(());
+        }
+        let spent = start.elapsed();
+        if spent >= timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{what} held by another process for more than {} ms",
+                    timeout.as_millis()
+                ),
+            ));
+        }
+        std::thread::sleep(nap.min(timeout - spent));
+        nap = (nap * 2).min(Duration::from_millis(32));
+    }
+}
+
+/// Takes an exclusive OFD lock on the byte at `offset`, waiting at most
+/// `timeout` for another open file description to release it
+/// (`TimedOut` after that).
+pub fn ofd_lock_byte_wait(fd: BorrowedFd<'_>, offset: u64, timeout: Duration) -> io::Result<()> {
+    wait_for("a byte lock", timeout, || ofd_try_lock_byte(fd, offset))
+}
+
 fn flock_op(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
     loop {
         // SAFETY: `fd` is a live descriptor for the borrow; flock has no
@@ -89,15 +148,24 @@ fn flock_op(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Takes an exclusive `flock` on the whole file (blocking, retried on
-/// `EINTR`).
-pub fn flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<()> {
-    flock_op(fd, libc::LOCK_EX)
-}
-
-/// Takes a shared `flock` on the whole file (blocking, retried on `EINTR`).
-pub fn flock_shared(fd: BorrowedFd<'_>) -> io::Result<()> {
-    flock_op(fd, libc::LOCK_SH)
+/// Takes a `flock` on the whole file, exclusive or shared, waiting at most
+/// `timeout` for conflicting holders (`TimedOut` after that).
+pub fn flock_wait(fd: BorrowedFd<'_>, exclusive: bool, timeout: Duration) -> io::Result<()> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    let what = if exclusive {
+        "an exclusive flock"
+    } else {
+        "a conflicting flock"
+    };
+    wait_for(what, timeout, || match flock_op(fd, op) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    })
 }
 
 /// Releases this open file description's `flock`.
@@ -135,14 +203,34 @@ mod tests {
     }
 
     #[test]
-    fn flock_shared_and_exclusive() {
+    fn flock_shared_and_exclusive_and_bounded() {
+        let t = Duration::from_secs(5);
         let a = memfd_create("flocktest").unwrap();
         let b = reopen_fd(a.as_fd()).unwrap();
-        flock_shared(a.as_fd()).unwrap();
-        flock_shared(b.as_fd()).unwrap();
-        flock_unlock(a.as_fd()).unwrap();
+        flock_wait(a.as_fd(), false, t).unwrap();
+        flock_wait(b.as_fd(), false, t).unwrap();
+        // An exclusive lock waits for the shared holders, then gives up.
+        let e = flock_wait(a.as_fd(), true, Duration::from_millis(20)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("20 ms"), "{e}");
         flock_unlock(b.as_fd()).unwrap();
-        flock_exclusive(a.as_fd()).unwrap();
+        flock_wait(a.as_fd(), true, t).unwrap();
         flock_unlock(a.as_fd()).unwrap();
+    }
+
+    #[test]
+    fn range_probe_and_bounded_byte_lock() {
+        let a = memfd_create("rangetest").unwrap();
+        let b = reopen_fd(a.as_fd()).unwrap();
+        let probe = reopen_fd(a.as_fd()).unwrap();
+        let base = 1u64 << 32;
+        assert!(!ofd_is_locked_range(probe.as_fd(), base, 4096).unwrap());
+        assert!(ofd_try_lock_byte(a.as_fd(), base + 4000).unwrap());
+        assert!(ofd_is_locked_range(probe.as_fd(), base, 4096).unwrap());
+        assert!(!ofd_is_locked_range(probe.as_fd(), base, 4000).unwrap());
+        let e = ofd_lock_byte_wait(b.as_fd(), base + 4000, Duration::from_millis(10)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        drop(a);
+        ofd_lock_byte_wait(b.as_fd(), base + 4000, Duration::from_secs(5)).unwrap();
     }
 }

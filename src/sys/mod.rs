@@ -9,18 +9,23 @@
 //! - [`lock`]: liveness locks (OFD byte locks) and whole-file `flock`.
 //! - [`file`](mod@file): opening, creating, sizing, reopening and mapping region files
 //!   and memfds; `getpid`.
-//! - [`fork`]: the `pthread_atfork` child handler that drops the library's
-//!   liveness locks in a forked child.
+//! - [`fork`]: the `pthread_atfork` handlers that drop the library's
+//!   liveness locks in a forked child, and the fork gate that keeps a lock
+//!   fd from being copied before it is recorded.
 //!
 //! - [`signal`]: SIGINT/SIGTERM as a flag for long-running programs.
 //! - [`robust_mutex`]: a process-shared robust pthread mutex for the
-//!   fair-share ledger (`EOWNERDEAD` recovery).
+//!   fair-share ledger (`EOWNERDEAD` recovery, bounded waits, repair of a
+//!   corrupt lock word).
+//! - [`proc`]: whether a thread id names a live thread, and whether its
+//!   process maps a file (`/proc`).
 
 pub mod clock;
 pub mod file;
 pub mod fork;
 pub mod futex;
 pub mod lock;
+pub mod proc;
 pub mod robust_mutex;
 pub mod signal;
 
