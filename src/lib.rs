@@ -88,6 +88,7 @@ pub mod priority;
 pub mod region;
 pub mod scheduler;
 pub mod stall;
+mod sync;
 pub mod sys;
 
 pub use error::{Error, Result};

@@ -11,7 +11,7 @@
 //! and reopens the interval if it is not empty, so an interval is never lost
 //! for longer than that race.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::sys::monotonic_ns;
 

@@ -46,7 +46,7 @@
 //! it: a force-through is allowed only while the bucket is not in debt, so
 //! debt stays below one request (2³¹). All sums stay below 2⁶³.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Nanoseconds per second.
 const NS: u64 = 1_000_000_000;

@@ -25,9 +25,10 @@
 //! at an in-process level are woken at their instant by the process's one
 //! limiter timer (`timer.rs`); at a shared root, by the process's helper.
 
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bucket::{Gcra, Mode, Refused};

@@ -20,7 +20,7 @@
 //! moving to `CLOCK_MONOTONIC` (a TSC that stopped or jumped) re-bases it
 //! the same way.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use super::bucket::Gcra;
 use crate::error::{Error, Result};
@@ -57,7 +57,9 @@ pub(crate) struct ParamBlock {
     slots: [ParamSlot; 2],
 }
 
+#[cfg(not(shuttle))]
 const _: () = assert!(std::mem::size_of::<ParamSlot>() == 128);
+#[cfg(not(shuttle))]
 const _: () = assert!(std::mem::size_of::<ParamBlock>() == 384);
 
 /// A consistent snapshot of the parameters.
@@ -123,7 +125,7 @@ impl ParamBlock {
             if slot.gen.load(Ordering::Relaxed) != a >> 1
                 || self.active.load(Ordering::Relaxed) != a
             {
-                std::hint::spin_loop();
+                crate::sync::spin();
                 continue;
             }
             return validate(rate, cap, base_ns, base_v, tsc_on, tsc);
@@ -160,7 +162,9 @@ impl ParamBlock {
                         {
                             break;
                         }
-                        std::thread::yield_now();
+                        crate::sync::yield_now();
+                    } else {
+                        crate::sync::spin();
                     }
                 }
             }

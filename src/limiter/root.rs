@@ -41,9 +41,10 @@
 //! debt, however many processes and child limiters there are; and none goes
 //! into debt on top of debt.
 
+use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::shared::SharedBucket;

@@ -9,7 +9,7 @@
 //! limiter unregisters itself. After `fork` the child starts its own
 //! thread (the lock is a [`ForkSafeMutex`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 

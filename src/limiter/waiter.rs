@@ -2,8 +2,9 @@
 //! may do now (written once: the in-process levels and the region's root
 //! both apply it).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::Mutex;
+use std::sync::Arc;
 use std::task::Waker;
 
 use super::bucket::{Gcra, Mode, Refused};

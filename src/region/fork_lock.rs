@@ -21,8 +21,8 @@
 //! Threads of one process wait for each other on the word with a futex (the
 //! critical sections are a few syscalls long).
 
+use crate::sync::atomic::{AtomicU32, Ordering};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::sys;

@@ -27,8 +27,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMSCHED");
 pub const LAYOUT_VERSION: u32 = 2;
 /// Size of the header page.
 pub const HEADER_SIZE: u32 = 4096;
-/// Size of one process-table entry.
-pub const PROC_ENTRY_SIZE: u64 = 256;
+/// Size of one process-table entry (its type's size: 256 bytes, asserted
+/// in `proc_table.rs`; larger under the model checker).
+pub const PROC_ENTRY_SIZE: u64 = std::mem::size_of::<super::proc_table::ProcEntry>() as u64;
 /// Upper bound on `process_slots`.
 pub const MAX_PROCESS_SLOTS: u32 = 4096;
 /// Upper bound on an object's size (1 GiB).

@@ -27,9 +27,10 @@
 //! region's gate and takes cells; waiting, ordering and fairness across
 //! processes are the root's (see `root.rs`).
 
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::lottery::Lottery;

@@ -50,10 +50,11 @@
 //! designation, so nobody waits on a dead waiter for more than one reap
 //! interval.
 
+use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::lottery::pick_tier;

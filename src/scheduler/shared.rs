@@ -43,7 +43,7 @@
 //! running count whether any cell is free before scanning further, so a
 //! full table costs O(processes) per attempt, not O(max).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::stats::SharedStats;
@@ -94,6 +94,7 @@ pub(crate) struct SchedHeader {
     _pad: [u64; 12],
 }
 
+#[cfg(not(shuttle))]
 const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
 
 impl SchedHeader {
@@ -107,10 +108,11 @@ impl SchedHeader {
 }
 
 pub(crate) const HEADER_OFF: usize = REGISTRY_SIZE;
-pub(crate) const CELLS_OFF: usize = HEADER_OFF + 128;
+pub(crate) const CELLS_OFF: usize = HEADER_OFF + std::mem::size_of::<SchedHeader>();
 
 fn object_size(max: u32) -> usize {
-    CELLS_OFF + (max as usize * 4).div_ceil(128).max(1) * 128
+    let cells = max as usize * std::mem::size_of::<AtomicU32>();
+    CELLS_OFF + cells.div_ceil(128).max(1) * 128
 }
 
 fn spec_params(max: u32) -> [u64; 8] {
@@ -404,9 +406,9 @@ impl SharedSlots {
                         {
                             break;
                         }
-                        std::thread::yield_now();
+                        crate::sync::yield_now();
                     } else {
-                        std::hint::spin_loop();
+                        crate::sync::spin();
                     }
                 }
             }

@@ -6,7 +6,7 @@
 //! references, using only their loads, so the layout is stated once, in
 //! `shared.rs` and `registry.rs`.
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 
 use super::shared::{
     SchedHeader, BLOCKED, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV,

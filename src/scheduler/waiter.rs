@@ -11,7 +11,7 @@
 //! waker that re-enters the scheduler (or panics) cannot deadlock it or
 //! leave it half-updated.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::task::Waker;
 

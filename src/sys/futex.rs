@@ -10,7 +10,7 @@
 //! The timeout of `FUTEX_WAIT` is relative and measured on
 //! `CLOCK_MONOTONIC`, so wall-clock changes do not stretch or cut a wait.
 
-use std::sync::atomic::AtomicU32;
+use crate::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// How a [`futex_wait`] ended. Every outcome may be spurious from the
