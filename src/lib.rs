@@ -87,9 +87,21 @@ pub mod pressure;
 pub mod priority;
 pub mod region;
 pub mod scheduler;
+#[doc(hidden)]
 pub mod stall;
 mod sync;
+// The only module with syscalls: not part of the API (hidden from the docs,
+// reachable for the crate's own tests; it may change in any release). The
+// clock users need is [`clock`].
+#[doc(hidden)]
 pub mod sys;
+
+/// Time as shmsched reads it: `CLOCK_MONOTONIC`, the clock every process of
+/// a host shares (FairShare's `now` and `started_at_ms` are on it), and the
+/// TSC calibration a limiter region may share.
+pub mod clock {
+    pub use crate::sys::clock::{monotonic_ms, monotonic_ns, TscClock};
+}
 
 pub use error::{Error, Result};
 pub use priority::Priority;

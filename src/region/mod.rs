@@ -21,11 +21,19 @@
 //! page past the new end of file gets `SIGBUS` (see the README's
 //! guarantees).
 
+// The mechanism below the objects: not part of the API (hidden from the
+// docs, reachable for the crate's own tests and tools; it may change in any
+// release).
+#[doc(hidden)]
 pub mod create;
 pub(crate) mod fork_lock;
+#[doc(hidden)]
 pub mod layout;
+#[doc(hidden)]
 pub mod mapping;
+#[doc(hidden)]
 pub mod proc_table;
+#[doc(hidden)]
 pub mod registry;
 mod view;
 
@@ -35,12 +43,16 @@ use std::sync::{Arc, Weak};
 
 use fork_lock::ForkSafeMutex;
 
+#[doc(hidden)]
 pub use create::{ObjectInit, ObjectSpec, TryInit, BIND_LOCK_WAIT};
-pub use layout::{HeaderInfo, ObjectKind, MAX_PROCESS_SLOTS};
+pub use layout::{HeaderInfo, ObjectKind, LAYOUT_VERSION, MAX_PROCESS_SLOTS};
+#[doc(hidden)]
 pub use mapping::Mapping;
-pub use proc_table::{
-    ObjectLock, ProcEntry, ProcId, ProcState, ProcSummary, LOCK_BASE, OBJECT_LOCKS, OBJ_WORDS,
-};
+#[doc(hidden)]
+pub use proc_table::{ObjectLock, ProcEntry, LOCK_BASE, OBJECT_LOCKS, OBJ_WORDS};
+pub use proc_table::{ProcId, ProcState, ProcSummary};
+pub use registry::Lease;
+#[doc(hidden)]
 pub use registry::SLEEPERS;
 pub use view::{Probe, RegionView};
 
@@ -346,6 +358,10 @@ impl Region {
     ///
     /// All objects of one process bound through clones of one `Region` share
     /// one `Mapping` (one registration).
+    ///
+    /// Internal: objects bind through their own constructors
+    /// (`Scheduler::shared`, `Limiter::shared`, `FairShare::shared`).
+    #[doc(hidden)]
     pub fn bind(&self, kind: ObjectKind, spec: Option<&ObjectSpec<'_>>) -> Result<Arc<Mapping>> {
         let mut cache = self.inner.bound.lock();
         if let Some(m) = cache.upgrade() {
