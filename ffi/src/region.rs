@@ -3,9 +3,8 @@
 //!
 //! Anonymous regions and regions opened from a descriptor keep a
 //! descriptor of their own (`fd`) so that `shmsched_region_dup_fd` can hand
-//! one to a program the caller `exec`s. The library's `Region` is opened on
-//! `/proc/self/fd/N` of that descriptor, which gives it a new open file
-//! description of the same file (its liveness locks are then its own).
+//! one to a program the caller `exec`s (the library's `Region` takes its
+//! liveness locks on open file descriptions of its own).
 
 use std::ffi::c_char;
 use std::fs::File;
@@ -139,10 +138,6 @@ fn options(mode: u32, process_slots: u32) -> RegionOptions {
     }
 }
 
-fn proc_path(fd: &OwnedFd) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
-}
-
 fn finish(r: shmsched_region, out: Out<*mut shmsched_region>) -> Result<(), Fail> {
     crate::process::install_fork_handler()?;
     r.check_version()?;
@@ -248,20 +243,15 @@ pub unsafe extern "C" fn shmsched_region_anonymous(
         // SAFETY: the caller's contract.
         let out = unsafe { Out::new(out, "out") }?;
         let opts = options(0, process_slots);
-        // SAFETY: the name is a NUL-terminated literal and the flags valid.
-        let raw = unsafe { libc::memfd_create(c"shmsched".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(Fail::from(Error::Io {
-                op: "memfd_create",
+        let region = Region::anonymous_with(opts)?;
+        // Our own descriptor of the memfd, for `shmsched_region_dup_fd`.
+        let fd = region.as_fd().try_clone_to_owned().map_err(|e| {
+            Fail::from(Error::Io {
+                op: "dup",
                 path: None,
-                source: std::io::Error::last_os_error(),
-            }));
-        }
-        // SAFETY: `raw` was just returned by the kernel and nobody else owns it.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-        // An existing path: `open_or_create_with` opens it (a new open file
-        // description of the memfd) and keeps `opts` for initialisation.
-        let region = Region::open_or_create_with(&proc_path(&fd), opts)?;
+                source: e,
+            })
+        })?;
         finish(shmsched_region::new(region, Some(fd)), out)
     })
 }
@@ -287,8 +277,15 @@ pub unsafe extern "C" fn shmsched_region_open_fd(
         // SAFETY: the caller's contract.
         let out = unsafe { Out::new(out, "out") }?;
         let own = dup_checked(fd)?;
-        let region = Region::open(&proc_path(&own))?;
-        finish(shmsched_region::new(region, Some(own)), out)
+        let keep = own.try_clone().map_err(|e| {
+            Fail::from(Error::Io {
+                op: "dup",
+                path: None,
+                source: e,
+            })
+        })?;
+        let region = Region::from_fd(own)?;
+        finish(shmsched_region::new(region, Some(keep)), out)
     })
 }
 
