@@ -1068,6 +1068,30 @@ fn sigkill_during_hand_offs_never_stalls_the_region() {
 fn weighted_waiter_reclaims_the_units_of_a_dead_holder() {
     let _s = serial();
     let fx = Fx::new("sweighted", 4);
+    // The control: D holds all 4 and dies; a waiter of 1 finds the budget
+    // full and reclaims by itself.
+    let mut d = fx.agent("doomed holder D0", "4");
+    d.send("acqn d0 normal 4");
+    got_at(&mut d, "d0", 5 * SEC);
+    d.sigkill();
+    let mut w = fx.agent("waiter W0", "4");
+    w.send("acq w0 normal 1000");
+    let (kind, line) = w.expect_any(&["got w0 ", "err w0 "], 5 * SEC);
+    assert_eq!(
+        kind, 0,
+        "a waiter of 1 beside a dead holder of all 4: {line}"
+    );
+    let control = ms(nums(&line)[1]);
+    w.send("rel w0");
+    w.expect("rel", 5 * SEC);
+    w.done();
+    eprintln!(
+        "dead holder of all 4: a waiter of 1 reclaimed them and was served in {control:.1} ms"
+    );
+    assert!(
+        control <= 200.0,
+        "a waiter of 1 waited {control:.0} ms beside a dead holder"
+    );
     let mut d = fx.agent("doomed holder D", "4");
     d.send("acqn d normal 2");
     got_at(&mut d, "d", 5 * SEC);
@@ -1396,4 +1420,35 @@ fn stalled_designee_does_not_hold_back_a_higher_priority() {
              only a stalled designee at Normal waits"
         );
     }
+}
+
+/// `SharedStats::waiters` is documented as "tasks waiting in live
+/// processes": a SIGKILLed waiter is not one, reaped or not.
+#[test]
+fn shared_waiters_gauge_counts_live_processes_only() {
+    let _s = serial();
+    let fx = Fx::new("sgauge", 1);
+    let mut h = fx.agent("holder H", "1");
+    h.send("acq h normal");
+    got_at(&mut h, "h", 5 * SEC);
+    let mut d = fx.agent("doomed waiter D", "1");
+    d.send("acq d high");
+    fx.until_waiting(Priority::High, 1);
+    d.sigkill();
+    let st = fx.me.stats().shared.unwrap();
+    eprintln!(
+        "after SIGKILL of the only waiter, before any reap: waiters {:?}, processes {}",
+        st.waiters, st.processes
+    );
+    h.send("rel h");
+    h.expect("rel", 5 * SEC);
+    h.done();
+    fx.me.reap().unwrap();
+    fx.close();
+    assert_eq!(
+        st.waiters, [0; 7],
+        "the gauge of waiters in live processes counts a SIGKILLed one until it is reaped \
+         (processes alive: {})",
+        st.processes
+    );
 }
