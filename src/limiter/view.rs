@@ -65,7 +65,14 @@ impl RegionView {
                 Refused::Corrupt { tat, v } => super::corrupt_error(tat, v),
                 Refused::Until(v) => super::corrupt_error(u64::MAX, v),
             })?;
-        let waiters = reg.waiter_counts(|idx| self.entry(idx).ok(), self.header().process_slots);
+        let waiters = reg.waiter_counts(
+            |idx| {
+                self.entry(idx)
+                    .ok()
+                    .filter(|_| self.is_alive(idx).unwrap_or(false))
+            },
+            self.header().process_slots,
+        );
         let (wakes, _, _) = reg.counters();
         let shared = shared_stats(
             state,

@@ -729,10 +729,14 @@ impl Registry {
         best.map(|(_, f)| f)
     }
 
-    /// Waiters published per tier, summed over the processes that publish.
+    /// Waiters published per tier, summed over the live processes that
+    /// publish (a dead process's words stay until it is reaped; its waiters
+    /// are not waiting). One liveness probe per publishing process.
     pub fn waiter_counts(&self) -> [u64; LEVELS] {
-        self.area()
-            .waiter_counts(|idx| self.entry(idx), self.map.process_slots())
+        self.area().waiter_counts(
+            |idx| self.entry(idx).filter(|_| self.alive(idx)),
+            self.map.process_slots(),
+        )
     }
 
     // ---- designation ---------------------------------------------------

@@ -287,9 +287,12 @@ impl SharedRoot {
         }
     }
 
-    /// A backstop wake: the budget may be held by dead processes.
+    /// A backstop wake: a waiter has waited a whole reap interval. Dead
+    /// processes may hold units it needs (all of them, or just enough that
+    /// what is free is less than it needs): look for them (at most once per
+    /// reap interval, region-wide).
     fn on_backstop(&self) {
-        if self.slots.full() && self.slots.maybe_reap() > 0 {
+        if self.slots.maybe_reap() > 0 {
             self.serve_now(false);
         }
     }
@@ -417,6 +420,16 @@ impl SharedRoot {
                 continue;
             };
             if d.taking {
+                // Its process is taking cells for it now; unless that process
+                // died in the middle (then it is reaped, which frees what it
+                // took and clears the designation).
+                if d.idx != me
+                    && (eager_probe || reg.probe_due(PROBE_INTERVAL_NS))
+                    && !reg.alive(d.idx)
+                {
+                    let _ = self.slots.reap();
+                    continue;
+                }
                 return;
             }
             if !d.lottery && self.outranked(&d) {
@@ -434,6 +447,14 @@ impl SharedRoot {
                     self.republish(q, d.tier);
                     continue;
                 };
+                if !d.lottery && w.cap < self.slots.max() && !(self.fits())(w.need, w.cap) {
+                    // Its cap does not admit it now (units freed since it was
+                    // designated went to others): the designation goes to the
+                    // oldest waiter whose cap does; it is designated again
+                    // when its cap admits it.
+                    self.end_designation(&d);
+                    continue;
+                }
                 let taking = Designee { taking: true, ..d };
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
@@ -469,7 +490,12 @@ impl SharedRoot {
                 }
             }
             // Another process's designee.
-            if !reg.still_front(&d) {
+            let Some(front) = reg.front_of(d.idx, d.tier).filter(|f| f.ticket == d.ticket) else {
+                self.end_designation(&d);
+                continue;
+            };
+            if !d.lottery && front.cap < self.slots.max() && !(self.fits())(front.need, front.cap) {
+                // Its cap does not admit it now: pass the designation on.
                 self.end_designation(&d);
                 continue;
             }
@@ -574,10 +600,19 @@ impl SharedRoot {
     /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
     /// above waits anywhere (after reaping dead ones) and capacity is free.
     pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
-        let blocked = GATE_STRICT | at_or_above(tier);
-        if self.reg().gate() & blocked != 0 {
+        // A strict hand-off holds back the tiers at or below a non-lottery
+        // designee's (a lottery pick holds back every tier).
+        let blocked = |g: u64| {
+            g & at_or_above(tier) != 0
+                || (g & GATE_STRICT != 0
+                    && self
+                        .reg()
+                        .designee()
+                        .is_none_or(|d| d.lottery || d.tier >= tier))
+        };
+        if blocked(self.reg().gate()) {
             self.serve_now(true);
-            if self.reg().gate() & blocked != 0 {
+            if blocked(self.reg().gate()) {
                 return None;
             }
         }

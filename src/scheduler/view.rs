@@ -73,7 +73,14 @@ impl RegionView {
             .filter(|&&c| c != 0 && c != BLOCKED)
             .count() as u32;
         let reg = self.object_atomics::<RegistryArea>(0)?;
-        let waiters = reg.waiter_counts(|idx| self.entry(idx).ok(), self.header().process_slots);
+        let waiters = reg.waiter_counts(
+            |idx| {
+                self.entry(idx)
+                    .ok()
+                    .filter(|_| self.is_alive(idx).unwrap_or(false))
+            },
+            self.header().process_slots,
+        );
         let (wakes, reaped, strict) = reg.counters();
         Ok(SharedStats {
             running,
