@@ -69,6 +69,8 @@ fn main() -> ExitCode {
     let opts = app::load::LoadOpts {
         seconds: SECONDS,
         conns: 16,
+        accept_pause_ms: 1.0,
+        paths: app::server::PATHS.iter().map(|p| p.to_string()).collect(),
         workers: 6,
         cap: 4,
         backend_ms: 2.0,

@@ -10,8 +10,10 @@
 //! state — an anonymous region (`Region::anonymous()`, a memfd) holding a
 //! `Scheduler` with a cap of 4, or with `--gate sem` a POSIX semaphore in
 //! anonymous shared memory — and forks 6 workers (`--workers`). Each worker
-//! accepts on the shared socket and serves HTTP/1.1 keep-alive connections,
-//! a thread per connection, so one worker holds several slots and has
+//! accepts on the shared socket (pausing 1 ms after each accept, so that a
+//! burst of connects spreads over the workers; `--accept-pause-ms 0` leaves
+//! it to the kernel, which often hands a whole burst to one worker) and
+//! serves HTTP/1.1 keep-alive connections, a thread per connection, so one worker holds several slots and has
 //! several requests waiting at once. Requests are parsed with `httparse`.
 //! `GET /high`, `/normal` and `/low` take a slot at priority `High`,
 //! `Normal` and `Low` for a simulated 2 ms backend call (`--backend-ms`),
@@ -105,6 +107,12 @@ pub struct Args {
     /// Duration of the simulated backend call, in milliseconds.
     #[arg(long, default_value_t = 2.0)]
     pub backend_ms: f64,
+    /// A worker's pause after each accepted connection, in milliseconds, so
+    /// that a burst of connects spreads over the workers (0: each goes to
+    /// whichever worker the kernel wakes, often one worker takes a whole
+    /// burst).
+    #[arg(long, default_value_t = 1.0)]
+    pub accept_pause_ms: f64,
     /// Serving: stop after this many seconds (default: at SIGINT or
     /// SIGTERM). Load test: seconds of load per gate (default 10).
     #[arg(long)]
@@ -113,6 +121,9 @@ pub struct Args {
     /// one per path).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub conns: u32,
+    /// Load test: the paths wrk requests, one wrk process per entry.
+    #[arg(long, value_delimiter = ',', default_value = "/high,/normal,/low")]
+    pub paths: Vec<String>,
     /// Load test: also write both runs (server summaries, wrk figures,
     /// checks) as one JSON object to this file.
     #[arg(long)]
@@ -157,10 +168,29 @@ fn main() -> ExitCode {
 }
 
 fn validate(a: &Args) -> Result<(), String> {
+    if a.paths.is_empty() || a.paths.len() > 16 {
+        return Err("--paths takes 1 to 16 paths".into());
+    }
+    if let Some(p) = a
+        .paths
+        .iter()
+        .find(|p| !server::PATHS.contains(&p.as_str()))
+    {
+        return Err(format!(
+            "--paths: {p:?} is not served (expected {})",
+            server::PATHS.join(", ")
+        ));
+    }
     if !(a.backend_ms.is_finite() && (0.0..=10_000.0).contains(&a.backend_ms)) {
         return Err(format!(
             "--backend-ms {} out of range 0..=10000",
             a.backend_ms
+        ));
+    }
+    if !(a.accept_pause_ms.is_finite() && (0.0..=1000.0).contains(&a.accept_pause_ms)) {
+        return Err(format!(
+            "--accept-pause-ms {} out of range 0..=1000",
+            a.accept_pause_ms
         ));
     }
     if let Some(s) = a.seconds {

@@ -310,6 +310,7 @@ struct Ctx {
     gate: WorkerGate,
     shared: &'static Shared,
     backend: Duration,
+    accept_pause: Duration,
     samples: Mutex<Samples>,
     connections: AtomicU64,
     other_requests: AtomicU64,
@@ -596,9 +597,15 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
                     .name("conn".into())
                     .stack_size(256 << 10)
                     .spawn(move || serve_conn(&c, stream));
-                if spawned.is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                // A short pause before the next accept, so that a burst of
+                // connects spreads over the workers (like a prefork server
+                // that accepts one connection per process at a time) rather
+                // than going to whichever worker happens to be running.
+                std::thread::sleep(if spawned.is_ok() {
+                    ctx.accept_pause
+                } else {
+                    Duration::from_millis(10)
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => std::thread::sleep(Duration::from_millis(10)), // EMFILE, ECONNABORTED, …
@@ -669,6 +676,7 @@ fn worker_run(
         gate,
         shared,
         backend: Duration::from_secs_f64(a.backend_ms / 1000.0),
+        accept_pause: Duration::from_secs_f64(a.accept_pause_ms / 1000.0),
         samples: Mutex::new(Samples::default()),
         connections: AtomicU64::new(0),
         other_requests: AtomicU64::new(0),
