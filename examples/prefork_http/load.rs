@@ -263,7 +263,7 @@ fn run_gate(exe: &Path, o: &LoadOpts, gate: Gate, script: &Path) -> Result<GateR
                 .arg(format!("http://{addr}{path}"))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped()),
+                .stderr(Stdio::inherit()),
         )
         .map_err(|e| format!("spawn wrk: {e}"))?;
         wrks.push((path, w));

@@ -13,8 +13,9 @@
 //! accepts on the shared socket (pausing 1 ms after each accept, so that a
 //! burst of connects spreads over the workers; `--accept-pause-ms 0` leaves
 //! it to the kernel, which often hands a whole burst to one worker) and
-//! serves HTTP/1.1 keep-alive connections, a thread per connection, so one worker holds several slots and has
-//! several requests waiting at once. Requests are parsed with `httparse`.
+//! serves HTTP/1.1 keep-alive connections, a thread per connection, so one
+//! worker holds several slots and has several requests waiting at once.
+//! Requests are parsed with `httparse`.
 //! `GET /high`, `/normal` and `/low` take a slot at priority `High`,
 //! `Normal` and `Low` for a simulated 2 ms backend call (`--backend-ms`),
 //! then answer; any other path is a 404 that takes no slot.
@@ -117,8 +118,7 @@ pub struct Args {
     /// SIGTERM). Load test: seconds of load per gate (default 10).
     #[arg(long)]
     pub seconds: Option<f64>,
-    /// Load test: wrk keep-alive connections per path (three wrk processes,
-    /// one per path).
+    /// Load test: keep-alive connections of each wrk process.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub conns: u32,
     /// Load test: the paths wrk requests, one wrk process per entry.
