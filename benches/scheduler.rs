@@ -84,6 +84,25 @@ fn acquire_release(c: &mut Criterion) {
         });
     }
 
+    // How the shared pair scales with the region's max, uncapped and with a
+    // cap on the acquiring priority (a capped pair takes its cells under the
+    // region's cap lock, so it must not grow with the max either).
+    for max in [1u32, 1024, 65_536] {
+        let region = Region::anonymous().expect("region");
+        let s = Scheduler::shared(&region, max).expect("shared scheduler");
+        g.bench_function(format!("shmsched_shared_max{max}"), |b| {
+            b.iter(|| drop(black_box(s.acquire(Priority::Normal).expect("acquire"))))
+        });
+    }
+    for max in [2u32, 1024, 65_536] {
+        let region = Region::anonymous().expect("region");
+        let s = Scheduler::shared(&region, Concurrency::max(max).normal(max / 2))
+            .expect("shared scheduler");
+        g.bench_function(format!("shmsched_shared_capped_max{max}"), |b| {
+            b.iter(|| drop(black_box(s.acquire(Priority::Normal).expect("acquire"))))
+        });
+    }
+
     {
         let root = Scheduler::new(PERMITS).expect("scheduler");
         let child1 = root.child(CHILD_PERMITS).expect("child");

@@ -7,6 +7,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::region::ObjectKind;
+
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -33,6 +35,24 @@ pub enum Error {
     /// The region exists but holds different parameters from the ones asked
     /// for (for example another `max`).
     Mismatch(String),
+    /// The region holds another kind of object than the one asked for (a
+    /// limiter opened as a scheduler, say).
+    WrongKind {
+        /// What the region holds.
+        found: ObjectKind,
+        /// What was asked for.
+        expected: ObjectKind,
+    },
+    /// The region was laid out by a build with another layout version
+    /// ([`LAYOUT_VERSION`](crate::region::LAYOUT_VERSION)): processes of
+    /// both builds cannot share it. Finish the old processes, remove the
+    /// region, and let the new build create it.
+    VersionMismatch {
+        /// The region's layout version.
+        found: u32,
+        /// The version this build reads and writes.
+        expected: u32,
+    },
     /// The region's process table is full.
     ProcessTableFull {
         /// Number of process slots in the region.
@@ -69,6 +89,17 @@ impl fmt::Display for Error {
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::BadRegion(m) => write!(f, "bad region: {m}"),
             Error::Mismatch(m) => write!(f, "region mismatch: {m}"),
+            Error::WrongKind { found, expected } => write!(
+                f,
+                "region mismatch: the region holds a {} but a {} was asked for",
+                found.name(),
+                expected.name()
+            ),
+            Error::VersionMismatch { found, expected } => write!(
+                f,
+                "bad region: layout version {found} but this build reads version {expected} \
+                 (remove the region once its old processes have finished)"
+            ),
             Error::ProcessTableFull { slots } => write!(
                 f,
                 "the region's process table is full ({slots} processes attached); \

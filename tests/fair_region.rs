@@ -122,8 +122,8 @@ fn attach_needs_an_initialised_fair_share_region() {
     let region = Region::anonymous().unwrap();
     drop(region.bind(ObjectKind::Scheduler, Some(&spec)).unwrap());
     match FairShare::shared(&region, &cfg2()) {
-        Err(Error::Mismatch(m)) => assert!(m.contains("scheduler"), "{m}"),
-        other => panic!("expected Mismatch, got {other:?}"),
+        Err(e @ Error::WrongKind { .. }) => assert!(e.to_string().contains("scheduler"), "{e}"),
+        other => panic!("expected WrongKind, got {other:?}"),
     }
 }
 

@@ -176,7 +176,7 @@ fn region_rate_is_validated_and_attach_joins_it() {
     let _s = shmsched::scheduler::Scheduler::shared(&r2, 4).unwrap();
     assert!(matches!(
         Limiter::attach(&r2).unwrap_err(),
-        Error::Mismatch(_)
+        Error::WrongKind { .. }
     ));
 }
 

@@ -60,7 +60,7 @@ fn scheduler_view_equals_the_attached_stats() {
     assert_eq!(procs[0].1, 2);
     assert_eq!(procs, sched.processes().unwrap());
     // A view of the wrong kind says so.
-    assert!(matches!(view.limiter_stats(), Err(Error::Mismatch(_))));
+    assert!(matches!(view.limiter_stats(), Err(Error::WrongKind { .. })));
 
     drop(held);
     for w in waiters {
@@ -87,7 +87,10 @@ fn limiter_view_equals_the_attached_stats() {
         (s.forced, s.waiters, s.processes, s.wakes, s.tsc),
         (a.forced, a.waiters, a.processes, a.wakes, a.tsc)
     );
-    assert!(matches!(view.scheduler_stats(), Err(Error::Mismatch(_))));
+    assert!(matches!(
+        view.scheduler_stats(),
+        Err(Error::WrongKind { .. })
+    ));
 }
 
 /// Child role: adopt the region fd whose number is in the args, attach a

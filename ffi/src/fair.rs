@@ -9,7 +9,6 @@ use std::sync::{Mutex, MutexGuard};
 use shmsched::fair::{
     FairConfig, FairShare, RefusalReason, SharedFairShare, DEFAULT_LEASE_CAPACITY,
 };
-use shmsched::region::ObjectKind;
 
 use crate::args::{self, handle, text, Out};
 use crate::process;
@@ -159,9 +158,7 @@ pub unsafe extern "C" fn shmsched_fair_shared(
         } else {
             lease_capacity as usize
         };
-        let fair = r.bind(ObjectKind::FairShare, |region| {
-            FairShare::shared_with_capacity(region, &cfg, cap)
-        })?;
+        let fair = r.bind(|region| FairShare::shared_with_capacity(region, &cfg, cap))?;
         make(fair, out)
     })
 }
@@ -184,7 +181,7 @@ pub unsafe extern "C" fn shmsched_fair_attach(
     boundary(|| {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let fair = r.bind(ObjectKind::FairShare, FairShare::attach)?;
+        let fair = r.bind(FairShare::attach)?;
         make(fair, out)
     })
 }

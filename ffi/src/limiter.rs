@@ -5,7 +5,6 @@ use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
 use shmsched::limiter::{Grant, Limiter, LimiterStats};
-use shmsched::region::ObjectKind;
 
 use crate::args::{self, handle, Out};
 use crate::process;
@@ -98,9 +97,7 @@ pub unsafe extern "C" fn shmsched_limiter_shared(
     boundary(|| {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let lim = r.bind(ObjectKind::Limiter, |region| {
-            Limiter::shared(region, tokens_per_second)
-        })?;
+        let lim = r.bind(|region| Limiter::shared(region, tokens_per_second))?;
         make(lim, out)
     })
 }
@@ -122,7 +119,7 @@ pub unsafe extern "C" fn shmsched_limiter_attach(
     boundary(|| {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let lim = r.bind(ObjectKind::Limiter, Limiter::attach)?;
+        let lim = r.bind(Limiter::attach)?;
         make(lim, out)
     })
 }

@@ -9,9 +9,7 @@
 use std::ffi::c_char;
 use std::fs::File;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileExt;
 
-use shmsched::region::layout::{self, ObjectKind, RawHeader, LAYOUT_VERSION};
 use shmsched::region::{Region, RegionOptions};
 use shmsched::Error;
 
@@ -64,65 +62,39 @@ impl shmsched_region {
         }
     }
 
-    /// The layout version written in the region's header, if it carries
-    /// our magic and its initialisation completed (read without the lock:
-    /// the version field is written once, before the ready mark).
-    fn raw_layout_version(&self) -> Option<u32> {
-        let file = match &self.fd {
-            Some(fd) => File::from(fd.try_clone().ok()?),
-            None => File::open(self.region.path()?).ok()?,
-        };
-        let mut buf = [0u8; std::mem::size_of::<RawHeader>()];
-        file.read_exact_at(&mut buf, 0).ok()?;
-        let raw = layout::raw_from_bytes(&buf);
-        (raw.magic == layout::MAGIC && raw.ready == layout::READY).then_some(raw.layout_version)
-    }
-
     /// Fails with `VersionMismatch` if the region was written with another
-    /// layout version.
+    /// layout version (other header problems surface when an object binds).
     fn check_version(&self) -> Result<(), Fail> {
-        match self.raw_layout_version() {
-            Some(v) if v != LAYOUT_VERSION => Err(Fail::new(
-                shmsched_status::VersionMismatch,
-                format!(
-                    "bad region: {} has layout version {v}, and this library (C ABI version \
-                     {SHMSCHED_ABI_VERSION}) reads layout version {LAYOUT_VERSION}",
-                    self.label()
-                ),
-            )),
+        match self.region.info() {
+            Err(e @ Error::VersionMismatch { .. }) => Err(self.fail(e)),
             _ => Ok(()),
         }
     }
 
-    /// Binds an object of `kind` with `f`, telling a wrong kind and another
-    /// layout version apart from other mismatches and corruption.
+    /// Binds an object with `f`; a wrong kind and another layout version
+    /// come back as their own statuses (the library's typed errors).
     pub(crate) fn bind<T>(
         &self,
-        kind: ObjectKind,
         f: impl FnOnce(&Region) -> shmsched::Result<T>,
     ) -> Result<T, Fail> {
-        f(&self.region).map_err(|e| self.classify(kind, e))
+        f(&self.region).map_err(|e| self.fail(e))
     }
 
+    /// A library error as a status, naming this region and the C ABI
+    /// version where the layout version is the problem.
     #[cold]
-    fn classify(&self, kind: ObjectKind, e: Error) -> Fail {
-        let mut fail = Fail::from(e);
-        match fail.status {
-            shmsched_status::Mismatch => {
-                if let Ok(Some(info)) = self.region.info() {
-                    if info.kind != kind {
-                        fail.status = shmsched_status::WrongKind;
-                    }
-                }
-            }
-            shmsched_status::BadRegion => {
-                if let Err(v) = self.check_version() {
-                    fail.status = v.status;
-                }
-            }
-            _ => {}
+    fn fail(&self, e: Error) -> Fail {
+        match e {
+            Error::VersionMismatch { found, expected } => Fail::new(
+                shmsched_status::VersionMismatch,
+                format!(
+                    "bad region: {} has layout version {found}, and this library (C ABI version \
+                     {SHMSCHED_ABI_VERSION}) reads layout version {expected}",
+                    self.label()
+                ),
+            ),
+            e => Fail::from(e),
         }
-        fail
     }
 }
 
@@ -452,13 +424,7 @@ pub unsafe extern "C" fn shmsched_region_get_info(
                 reserved: 0,
             },
             Ok(None) => shmsched_region_info::default(),
-            Err(e) => {
-                let mut fail = Fail::from(e);
-                if let Err(v) = r.check_version() {
-                    fail.status = v.status;
-                }
-                return Err(fail);
-            }
+            Err(e) => return Err(r.fail(e)),
         };
         // SAFETY: the caller's contract; the struct has no padding.
         unsafe { args::write_sized(out, info, |i, n| i.size = n) }

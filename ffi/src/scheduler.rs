@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shmsched::priority::LEVELS;
-use shmsched::region::ObjectKind;
 use shmsched::scheduler::{Concurrency, QueueStats, Scheduler, SchedulerStats};
 use shmsched::Priority;
 
@@ -215,9 +214,7 @@ pub unsafe extern "C" fn shmsched_scheduler_shared_with(
                 Out::new(out, "out")?,
             )
         };
-        let sched = r.bind(ObjectKind::Scheduler, |region| {
-            Scheduler::shared(region, c.to_library())
-        })?;
+        let sched = r.bind(|region| Scheduler::shared(region, c.to_library()))?;
         make(sched, out)
     })
 }
@@ -239,7 +236,7 @@ pub unsafe extern "C" fn shmsched_scheduler_attach(
     boundary(|| {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let sched = r.bind(ObjectKind::Scheduler, Scheduler::attach)?;
+        let sched = r.bind(Scheduler::attach)?;
         make(sched, out)
     })
 }

@@ -202,6 +202,8 @@ pub(crate) fn status_of(e: &Error) -> shmsched_status {
         Error::InvalidArgument(_) => S::InvalidArgument,
         Error::BadRegion(_) => S::BadRegion,
         Error::Mismatch(_) => S::Mismatch,
+        Error::WrongKind { .. } => S::WrongKind,
+        Error::VersionMismatch { .. } => S::VersionMismatch,
         Error::ProcessTableFull { .. } => S::ProcessTableFull,
         Error::Disposed => S::Disposed,
         Error::ZeroConcurrency => S::ZeroConcurrency,

@@ -23,10 +23,10 @@ impl RegionView {
     fn check_limiter(&self) -> Result<()> {
         let h = self.header();
         if h.kind != ObjectKind::Limiter {
-            return Err(Error::Mismatch(format!(
-                "the region holds a {}, not a limiter",
-                h.kind.name()
-            )));
+            return Err(Error::WrongKind {
+                found: h.kind,
+                expected: ObjectKind::Limiter,
+            });
         }
         if h.params[1] != OBJECT_REV {
             return Err(Error::BadRegion(format!(

@@ -239,11 +239,10 @@ pub(super) fn check_against(
     spec: Option<&ObjectSpec<'_>>,
 ) -> Result<()> {
     if h.kind != kind {
-        return Err(Error::Mismatch(format!(
-            "the region holds a {} but a {} was asked for",
-            h.kind.name(),
-            kind.name()
-        )));
+        return Err(Error::WrongKind {
+            found: h.kind,
+            expected: kind,
+        });
     }
     if let Some(s) = spec {
         if s.kind != kind {

@@ -254,10 +254,10 @@ pub fn decode_and_validate(
         return Ok(HeaderState::Uninitialised);
     }
     if raw.layout_version != LAYOUT_VERSION {
-        return Err(Error::BadRegion(format!(
-            "layout version {} but this build reads version {LAYOUT_VERSION}",
-            raw.layout_version
-        )));
+        return Err(Error::VersionMismatch {
+            found: raw.layout_version,
+            expected: LAYOUT_VERSION,
+        });
     }
     if raw.header_size != HEADER_SIZE {
         return Err(Error::BadRegion(format!(

@@ -21,10 +21,10 @@ impl RegionView {
     fn scheduler_max(&self) -> Result<u32> {
         let h = self.header();
         if h.kind != ObjectKind::Scheduler {
-            return Err(Error::Mismatch(format!(
-                "the region holds a {}, not a scheduler",
-                h.kind.name()
-            )));
+            return Err(Error::WrongKind {
+                found: h.kind,
+                expected: ObjectKind::Scheduler,
+            });
         }
         if h.params[1] != OBJECT_REV {
             return Err(Error::BadRegion(format!(

@@ -160,7 +160,10 @@ impl CliError {
                 std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
                 _ => ErrorKind::Other,
             },
-            shmsched::Error::BadRegion(_) | shmsched::Error::Mismatch(_) => ErrorKind::BadRegion,
+            shmsched::Error::BadRegion(_)
+            | shmsched::Error::Mismatch(_)
+            | shmsched::Error::WrongKind { .. }
+            | shmsched::Error::VersionMismatch { .. } => ErrorKind::BadRegion,
             shmsched::Error::InvalidArgument(_) => ErrorKind::InvalidInput,
             _ => ErrorKind::Other,
         };
