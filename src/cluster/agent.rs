@@ -123,10 +123,12 @@ impl Shared {
 ///
 /// Run one in several processes of a host for takeover: only the holder of
 /// the region's agent lock renews; the others stand by. Every agent of one
-/// region must be configured alike.
+/// region must be configured alike; a process runs at most one agent per
+/// region (the lock is the process's).
 pub struct Agent {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    rid: String,
 }
 
 impl std::fmt::Debug for Agent {
@@ -147,22 +149,31 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
-/// `HOSTNAME:` and the region's path, or its creator's pid and creation
-/// time for an anonymous region.
+/// The region's identity on this host: its path, or its creator's pid and
+/// creation time for an anonymous region.
+fn region_id(target: &Target) -> Result<String, ClusterError> {
+    let map = target.registry()?.mapping();
+    Ok(match map.region().path() {
+        Some(p) => p.display().to_string(),
+        None => {
+            let h = map.header();
+            format!("memfd-{}-{}", h.created_pid, h.created_at_unix_ms)
+        }
+    })
+}
+
+/// The regions this process runs an agent on (the agent lock is per
+/// process, so one agent per region per process).
+static RUNNING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// `HOSTNAME:` and the region's identity.
 fn default_host(target: &Target) -> Result<String, ClusterError> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".into());
-    let map = target.registry()?.mapping();
-    let region = match map.region().path() {
-        Some(p) => p.display().to_string(),
-        None => {
-            let h = map.header();
-            format!("memfd-{}-{}", h.created_pid, h.created_at_unix_ms)
-        }
-    };
+    let region = region_id(target)?;
     let id: String = format!("{name}:{region}")
         .chars()
         .map(|c| if c.is_whitespace() { '_' } else { c })
@@ -197,6 +208,17 @@ impl Agent {
             None => default_host(&target)?,
         };
         let client = BudgetClient::new(&cfg.redis_url, &cfg.budget, cfg.renew_every)?;
+        let rid = region_id(&target)?;
+        {
+            let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+            if running.contains(&rid) {
+                return Err(ClusterError::Config(format!(
+                    "an agent already runs on region {rid} in this process (one per region and \
+                     process: the agent lock belongs to the process)"
+                )));
+            }
+            running.push(rid.clone());
+        }
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -234,16 +256,29 @@ impl Agent {
             peak: 0,
             consumed_at: None,
         };
+        let unlist = |rid: &str| {
+            RUNNING
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|r| r != rid);
+        };
         // Become the agent (or a standby) now, so that a region without a
         // lease is at its safe capacity when this returns.
-        run.claim()?;
+        if let Err(e) = run.claim() {
+            unlist(&rid);
+            return Err(e);
+        }
         let thread = std::thread::Builder::new()
             .name("shmsched-agent".into())
             .spawn(move || run.main())
-            .map_err(|e| ClusterError::Config(format!("spawning the agent thread: {e}")))?;
+            .map_err(|e| {
+                unlist(&rid);
+                ClusterError::Config(format!("spawning the agent thread: {e}"))
+            })?;
         Ok(Agent {
             shared,
             thread: Some(thread),
+            rid,
         })
     }
 
@@ -263,6 +298,10 @@ impl Agent {
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+            RUNNING
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|r| *r != self.rid);
         }
     }
 }
