@@ -770,3 +770,111 @@ fn library_agent_in_process_and_standby_roles() {
     let e = Agent::start(&lim, cfg).unwrap_err().to_string();
     assert!(e.contains("safe_capacity"), "{e}");
 }
+
+#[test]
+fn cli_agent_stat_and_status_show_the_lease() {
+    if role().is_some() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(srv) = RedisServer::start("cli") else {
+        return;
+    };
+    let exe = env!("CARGO_BIN_EXE_shmsched");
+    let b = budget(&srv, 5, 0, 0);
+    let host = Host::new("cli", 8, false);
+    let mut agent = std::process::Command::new(exe)
+        .args(["cluster", "agent", "--redis", &b.url, "--budget", &b.name])
+        .args(["--capacity", "5", "--renew-ms", "100", &host.name])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = agent.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let t0 = Instant::now();
+    let mut lines = vec![];
+    let kill = |agent: &mut std::process::Child| {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    };
+    loop {
+        if t0.elapsed() > Duration::from_secs(20) {
+            kill(&mut agent);
+            panic!("no normal lease within 20 s: {lines:?}");
+        }
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+            lines.push(l.clone());
+            if l.contains("mode normal") {
+                break;
+            }
+        }
+    }
+    assert!(lines[0].starts_with("active host "), "{lines:?}");
+    let stat = |args: &[&str]| {
+        let o = std::process::Command::new(exe)
+            .arg("stat")
+            .args(args)
+            .arg(&host.name)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let j: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+    let c = &j["cluster"];
+    assert_eq!(c["mode"], "normal", "{j}");
+    assert!(c["token"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(
+        c["agent_pid"].as_i64().unwrap(),
+        i64::from(agent.id() as i32)
+    );
+    assert!(c["deadline_unix_ms"].as_u64().unwrap() > 0);
+    let human = stat(&[]);
+    assert!(
+        human.contains("lease ") && human.contains("mode normal"),
+        "{human}"
+    );
+    let prom = stat(&["--prometheus"]);
+    assert!(prom.contains("shmsched_cluster_lease_grant{"), "{prom}");
+    assert!(prom.contains("shmsched_cluster_lease_mode{") && prom.contains("mode=\"normal\""));
+    let o = std::process::Command::new(exe)
+        .args(["cluster", "status", "--redis", &b.url, "--budget", &b.name])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && status.contains(&host.name),
+        "{status}"
+    );
+    // SIGTERM: the agent lowers the region to its safe capacity and exits 0.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(s) = agent.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            kill(&mut agent);
+            panic!("the agent did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success(), "{code:?}");
+    assert_eq!(host.read().1, 0, "back to the safe capacity");
+    assert_eq!(host.cluster().unwrap().mode, LeaseMode::Lapsed);
+    // Bad input names the value.
+    let o = std::process::Command::new(exe)
+        .args(["cluster", "agent", "--redis", &b.url, "--budget", "a{b}"])
+        .args(["--capacity", "5", &host.name])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a{b}"));
+}
