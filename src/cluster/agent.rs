@@ -149,15 +149,21 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
-/// The region's identity on this host: its path, or its creator's pid and
-/// creation time for an anonymous region.
+/// The region's identity on this host: its path, or for an anonymous
+/// region its memfd's inode, its creator's pid and its creation time.
 fn region_id(target: &Target) -> Result<String, ClusterError> {
     let map = target.registry()?.mapping();
     Ok(match map.region().path() {
         Some(p) => p.display().to_string(),
         None => {
+            // A memfd: its inode tells it apart from every other region, in
+            // every process that shares it.
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::MetadataExt;
+            let fd = map.region().as_fd().as_raw_fd();
+            let ino = std::fs::metadata(format!("/proc/self/fd/{fd}")).map_or(0, |m| m.ino());
             let h = map.header();
-            format!("memfd-{}-{}", h.created_pid, h.created_at_unix_ms)
+            format!("memfd-{ino}-{}-{}", h.created_pid, h.created_at_unix_ms)
         }
     })
 }

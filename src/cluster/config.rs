@@ -56,7 +56,8 @@ pub struct AgentConfig {
     pub drain: Duration,
     /// This host's id in the budget; unique per region across the cluster.
     /// Default: `HOSTNAME:` followed by the region's path (or, for an
-    /// anonymous region, its creator's pid and creation time).
+    /// anonymous region, its memfd's inode, creator's pid and creation
+    /// time).
     pub host: Option<String>,
 }
 
