@@ -764,6 +764,9 @@ fn library_agent_in_process_and_standby_roles() {
         .unwrap_err()
         .to_string()
         .contains("-1"));
+    let child = sched.child(2).unwrap();
+    let e = Agent::start(&child, cfg.clone()).unwrap_err().to_string();
+    assert!(e.contains("root"), "{e}");
     let local = Scheduler::new(3).unwrap();
     assert!(Agent::start(&local, cfg.clone()).is_err());
     let lim = Limiter::shared(&Region::anonymous().unwrap(), 100).unwrap();

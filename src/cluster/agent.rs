@@ -202,6 +202,13 @@ impl Agent {
         let target = target.into();
         cfg.validate()?;
         target.registry()?;
+        if !target.is_root() {
+            return Err(ClusterError::Config(
+                "an agent moves the region's own budget: start it on the root handle \
+                 (Scheduler::shared/attach, Limiter::shared/attach), not on a child"
+                    .into(),
+            ));
+        }
         if target.is_limiter() && cfg.safe_capacity == 0 {
             return Err(ClusterError::Config(
                 "a Limiter's safe_capacity must be at least 1 (a rate cannot be 0): set \

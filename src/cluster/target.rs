@@ -162,6 +162,15 @@ impl Target {
         }
     }
 
+    /// True if the handle is the region's root (a child has no region-wide
+    /// figures of its own).
+    pub(crate) fn is_root(&self) -> bool {
+        match self {
+            Target::Scheduler(s) => s.stats().shared.is_some(),
+            Target::Limiter(l) => l.parent().is_none() && l.stats().shared.is_some(),
+        }
+    }
+
     /// True for a limiter.
     pub(crate) fn is_limiter(&self) -> bool {
         matches!(self, Target::Limiter(_))
