@@ -65,6 +65,8 @@
 //! - [`io`]: `Read`/`Write` adapters throttled by a [`limiter::Limiter`], and
 //!   file operations gated by a [`scheduler::Scheduler`].
 //! - [`pressure`]: a PSI-style stall signal computed from stats.
+//! - [`cluster`]: a cluster-wide budget leased from Redis by one agent per
+//!   region, moving a shared Scheduler's ceiling or Limiter's rate.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -79,6 +81,7 @@ compile_error!(
      (see docs/operations.md, \"Platform\")"
 );
 
+pub mod cluster;
 pub mod error;
 pub mod fair;
 pub mod io;

@@ -187,20 +187,28 @@ fn a_scribbled_bucket_word_is_an_error_not_a_hang() {
     let region = Region::create(&name).unwrap();
     let lim = Limiter::shared(&region, 1000).unwrap();
     // The bucket word opens the limiter's state line, after the wait
-    // registry (1,408 bytes).
-    let off = region.info().unwrap().unwrap().object_offset + 1408;
+    // registry.
+    let off = region.info().unwrap().unwrap().object_offset;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(path_of(&name))
         .unwrap();
-    f.write_all_at(&u64::MAX.to_ne_bytes(), off).unwrap();
+    f.write_all_at(
+        &u64::MAX.to_ne_bytes(),
+        off + shmsched::region::registry::REGISTRY_SIZE as u64,
+    )
+    .unwrap();
     let e = lim.consume(1, Priority::Normal).unwrap_err();
     assert!(matches!(e, Error::BadRegion(_)), "{e:?}");
     assert!(e.to_string().contains(&u64::MAX.to_string()), "{e}");
     assert!(lim.try_consume(1).is_err());
     assert!(lim.tokens().is_err());
     // Repaired by hand (the word back to a sane value), it works again.
-    f.write_all_at(&0u64.to_ne_bytes(), off).unwrap();
+    f.write_all_at(
+        &0u64.to_ne_bytes(),
+        off + shmsched::region::registry::REGISTRY_SIZE as u64,
+    )
+    .unwrap();
     lim.consume(1, Priority::Normal).unwrap();
 }
 

@@ -9,6 +9,8 @@
 //!   `stat --prometheus` and `serve` expose them as Prometheus metrics.
 //! - `reap REGION`: returns dead processes' slots now (needs write access).
 //! - `fair replay LOG`: replays a fair-share call log (`docs/fair-share.md`).
+//! - `cluster agent REGION`, `cluster status`: a region's share of a
+//!   cluster-wide budget leased from Redis, and the budget as Redis holds it.
 //!
 //! Exit codes: 0 success, 1 an error (printed as `shmsched: error: …`, or
 //! as a JSON object with `--json`), 2 a usage error, 128 + N when stopped
@@ -16,6 +18,7 @@
 //! SIGTERM), 141 when standard output is a closed pipe (as a program killed
 //! by SIGPIPE, but quietly).
 
+mod cluster;
 mod demo;
 mod fair;
 mod ls;
@@ -65,6 +68,9 @@ enum Command {
     /// Fair-share tools.
     #[command(subcommand)]
     Fair(FairCommand),
+    /// A cluster-wide budget leased from Redis.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Internal: one demo worker (spawned by `demo`).
     #[command(hide = true)]
     DemoWorker(worker::WorkerArgs),
@@ -79,6 +85,8 @@ impl Command {
             Command::Reap(a) => a.json,
             Command::Ls(a) => a.json,
             Command::Demo(a) => a.json,
+            Command::Cluster(ClusterCommand::Agent(a)) => a.json,
+            Command::Cluster(ClusterCommand::Status(a)) => a.json,
             _ => false,
         }
     }
@@ -92,6 +100,18 @@ enum FairCommand {
     /// line) or the log is empty; a call the ledger refuses as misuse is an
     /// answer, printed on its line.
     Replay(ReplayArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Lease this region's share of a cluster-wide budget from Redis and
+    /// move the region to it (a shared scheduler's ceiling, a limiter's
+    /// rate) until SIGINT or SIGTERM; prints a line per change. Run it in
+    /// two processes for takeover (the second stands by).
+    Agent(cluster::AgentArgs),
+    /// Print a budget as Redis holds it: capacity, mode, live hosts with
+    /// their grants.
+    Status(cluster::StatusArgs),
 }
 
 /// Arguments of `fair replay`.
@@ -200,6 +220,8 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::serve(a),
         Command::Reap(a) => stat::reap(a),
         Command::Fair(FairCommand::Replay(a)) => fair::replay(&a.log),
+        Command::Cluster(ClusterCommand::Agent(a)) => cluster::agent(a),
+        Command::Cluster(ClusterCommand::Status(a)) => cluster::status(a),
         Command::DemoWorker(a) => worker::run(a),
     };
     match r {

@@ -80,6 +80,13 @@ struct Families {
     deficit: FloatCounter,
     overrun: IntGauge,
     reaped_leases: IntCounter,
+    lease_grant: IntGauge,
+    lease_safe: IntGauge,
+    lease_deadline: FloatGauge,
+    lease_mode: IntGauge,
+    lease_renewals: IntCounter,
+    lease_failures: IntCounter,
+    agent_up: IntGauge,
 }
 
 impl Families {
@@ -109,6 +116,13 @@ impl Families {
             deficit: family(r, "shmsched_fair_deficit_unit_seconds", "Integral of (entitled - held) while a tenant was short, in unit-seconds"),
             overrun: family(r, "shmsched_fair_overrun_leases", "Leases held past their declared deadline (never freed silently)"),
             reaped_leases: family(r, "shmsched_fair_reaped_leases", "Leases released because the process holding them died"),
+            lease_grant: family(r, "shmsched_cluster_lease_grant", "Units of the cluster budget leased to this region (its level is safe + grant while leased)"),
+            lease_safe: family(r, "shmsched_cluster_lease_safe", "The region's safe capacity: its level without a lease"),
+            lease_deadline: family(r, "shmsched_cluster_lease_deadline_seconds", "When the lease lapses without renewal, Unix seconds (0 when not leased)"),
+            lease_mode: family(r, "shmsched_cluster_lease_mode", "Always 1; label mode: none, normal, learning or lapsed"),
+            lease_renewals: family(r, "shmsched_cluster_lease_renewals", "Successful lease renewals"),
+            lease_failures: family(r, "shmsched_cluster_lease_failures", "Failed lease renewal attempts"),
+            agent_up: family(r, "shmsched_cluster_agent_up", "1 if a live process holds the region's agent lock, else 0"),
         }
     }
 
@@ -162,6 +176,29 @@ impl Families {
                 self.forced.get_or_create(&l).inc_by(sh.forced);
                 self.wakes.get_or_create(&l).inc_by(sh.wakes);
             }
+        }
+        if let Some(c) = &v.cluster {
+            self.lease_grant
+                .get_or_create(&l)
+                .set(i64::try_from(c.lease.grant).unwrap_or(i64::MAX));
+            self.lease_safe
+                .get_or_create(&l)
+                .set(i64::try_from(c.lease.safe).unwrap_or(i64::MAX));
+            self.lease_deadline
+                .get_or_create(&l)
+                .set(c.lease.deadline_unix_ms as f64 / 1000.0);
+            self.lease_mode
+                .get_or_create(&labels(region, &[("mode", c.mode.name())]))
+                .set(1);
+            self.lease_renewals
+                .get_or_create(&l)
+                .inc_by(c.lease.renewals);
+            self.lease_failures
+                .get_or_create(&l)
+                .inc_by(c.lease.failures);
+            self.agent_up
+                .get_or_create(&l)
+                .set(i64::from(c.agent_alive));
         }
         if let Some(f) = &v.fair {
             self.ceiling.get_or_create(&l).set(f.config.ceiling);

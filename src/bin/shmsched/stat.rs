@@ -134,6 +134,8 @@ pub struct StatView {
     pub fair: Option<FairView>,
     /// Present for a limiter region.
     pub limiter: Option<LimView>,
+    /// The region's cluster lease, when an agent runs (or ran) on it.
+    pub cluster: Option<shmsched::cluster::ClusterView>,
     /// Why a part is missing, when one is.
     pub note: Option<String>,
 }
@@ -295,8 +297,12 @@ pub fn build(name: &str, v: &RegionView) -> Result<StatView, CliError> {
         scheduler: None,
         fair: None,
         limiter: None,
+        cluster: None,
         note: None,
     };
+    sv.cluster = v
+        .cluster()
+        .map_err(|e| CliError::new(ErrorKind::BadRegion, format!("region {name:?}: {e}")))?;
     match info.kind {
         ObjectKind::Scheduler => sv.scheduler = Some(sched_view(name, v)?),
         ObjectKind::Limiter => sv.limiter = Some(limiter_view(name, v)?),
@@ -393,6 +399,39 @@ fn print_limiter(o: &mut String, l: &LimiterStats) {
     }
 }
 
+fn print_cluster(o: &mut String, c: &shmsched::cluster::ClusterView) {
+    let l = &c.lease;
+    let agent = match (c.agent_pid, c.agent_alive) {
+        (Some(pid), true) => format!("agent pid {pid}"),
+        (Some(pid), false) => format!("agent pid {pid} (DEAD)"),
+        (None, _) => "no agent".to_string(),
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let deadline = if !c.mode.leased() {
+        "no deadline".to_string()
+    } else if c.expired {
+        format!(
+            "deadline passed {} ms ago (EXPIRED)",
+            now.saturating_sub(l.deadline_unix_ms)
+        )
+    } else {
+        format!("deadline in {} ms", l.deadline_unix_ms.saturating_sub(now))
+    };
+    let _ = writeln!(
+        o,
+        "lease       {} (mode {}): grant {} + safe {}, token {}, {deadline}, {} renewals, {} failures",
+        agent,
+        c.mode.name(),
+        l.grant,
+        l.safe,
+        l.token,
+        l.renewals,
+        l.failures
+    );
+}
+
 fn print_procs(o: &mut String, procs: &[Proc], slots: bool) {
     if procs.is_empty() {
         return;
@@ -441,6 +480,9 @@ fn human(v: &StatView) -> String {
     if let Some(note) = &v.note {
         let _ = writeln!(o, "note        {note}");
     }
+    if let Some(c) = &v.cluster {
+        print_cluster(&mut o, c);
+    }
     if let Some(f) = &v.fair {
         print_fair(&mut o, f);
     }
@@ -449,7 +491,15 @@ fn human(v: &StatView) -> String {
         print_procs(&mut o, &l.processes, false);
     }
     let Some(s) = &v.scheduler else { return o };
-    let _ = writeln!(o, "running     {} / {} max", s.running, s.max);
+    if s.shared.ceiling < s.max {
+        let _ = writeln!(
+            o,
+            "running     {} / {} ceiling ({} max)",
+            s.running, s.shared.ceiling, s.max
+        );
+    } else {
+        let _ = writeln!(o, "running     {} / {} max", s.running, s.max);
+    }
     let waiting: Vec<String> = s
         .waiters
         .iter()

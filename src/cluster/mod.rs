@@ -1,0 +1,246 @@
+//! Beyond one host: a cluster-wide budget leased from Redis, with local
+//! acquires unchanged.
+//!
+//! A service running on many hosts often needs one budget for the fleet
+//! (connections to a shared database, calls to a rate-limited API, a
+//! licence count). Here each host keeps its region exactly as before —
+//! acquires and consumes stay local, with no Redis on their path — and one
+//! process per region, the **agent**, leases a block of the cluster budget
+//! from Redis and moves the region to it: a [`Scheduler`]'s run-time
+//! ceiling ([`Scheduler::set_ceiling`]) or a [`Limiter`]'s rate
+//! ([`Limiter::set_rate`]; the bucket stays local).
+//!
+//! ```no_run
+//! use shmsched::cluster::{Agent, AgentConfig};
+//! use shmsched::region::Region;
+//! use shmsched::scheduler::Scheduler;
+//! use shmsched::Priority;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let region = Region::open_or_create("db-pool")?;
+//! let sched = Scheduler::shared(&region, 64)?; // at most 64 on this host
+//! // 100 connections for the whole fleet; this host takes its share.
+//! let agent = Agent::start(&sched, AgentConfig::new("redis://127.0.0.1/", "db", 100))?;
+//! let permit = sched.acquire(Priority::High)?; // local, as fast as ever
+//! # drop(permit); drop(agent);
+//! # Ok(()) }
+//! ```
+//!
+//! # The protocol
+//!
+//! - **Who renews.** Every process of a host may run an [`Agent`] on the
+//!   region; the one holding the region's agent lock (an owner id taken by
+//!   CAS, taken over when that process is dead by kernel liveness) renews,
+//!   the others stand by, take over when it dies, and act as a watchdog: a
+//!   lease left past its deadline by a stuck agent is lowered to the safe
+//!   capacity by a standby.
+//! - **Every renew period R** (default 1 s) the agent sends one script
+//!   call (`lease.lua`, under one hash tag, time from Redis' `TIME` only):
+//!   its *wants* per priority band (recent peak use plus queued demand),
+//!   what it *has* (what it may hold now), its weight, its safe capacity and
+//!   its fencing token. The script water-fills the pool over the hosts'
+//!   wants and answers with a grant, a deadline and the token. The grant
+//!   becomes the region's ceiling (safe + grant).
+//! - **Fencing.** Registering takes a new token (`HINCRBY`); a renewal with
+//!   any other token than the record's is refused, and the agent registers
+//!   again. A takeover always registers anew.
+//! - **Lapses.** The lease is valid for the TTL (default 10 R) from the
+//!   instant the host *sent* the request (its own monotonic clock, so
+//!   clock differences between hosts and Redis do not matter). Without a
+//!   renewal, the agent lowers the region to its safe capacity a drain
+//!   time (default TTL/4) before that deadline, so that holders of the
+//!   lapsing units have time to release before Redis gives them away.
+//! - **Learning mode.** When Redis lost its state (restart, failover to an
+//!   empty replica: the epoch key is missing) the script grants, for one
+//!   TTL, only what each host reports it has, so nobody grows while the
+//!   picture rebuilds; every lease from before the loss has lapsed or been
+//!   renewed by then.
+//!
+//! # What it guarantees
+//!
+//! Let C be the budget's capacity and S its safe reserve; the pool P = C −
+//! S is leased, and each host's safe capacity comes out of S (configure
+//! them so that they fit: the script refuses a host whose safe capacity
+//! would make the live hosts' sum exceed S).
+//!
+//! - **Σ what hosts may hold ≤ C.** In Redis, the sum over hosts of
+//!   max(grant, has) never exceeds P: a host being shrunk keeps min(has,
+//!   target) until its holders release, and its surplus goes to others only
+//!   after it reports the release. On the hosts, a ceiling is safe + grant
+//!   while leased and safe after a lapse; safe capacities fit in S. The one
+//!   exception is a holder that keeps a unit past its host's lapse by more
+//!   than the drain time: nothing is revoked, and Redis cannot know.
+//! - **An efficiency limiter after a failover.** A Redis failover to a
+//!   replica that lags can hand out grants from a stale picture: at most
+//!   one TTL of stale grants, since every host renews (and reports what it
+//!   has) within R and every lease lapses within a TTL. A failover to an
+//!   empty replica is a loss of state: learning mode.
+//! - **Redis down or stopped.** Hosts keep their grants until their
+//!   deadlines, then run on their safe capacities (default 0: fail closed)
+//!   until Redis answers again.
+//! - **A host that dies** stops renewing; its record expires after one TTL
+//!   and its units return to the pool.
+//!
+//! Limiters lease shares of the rate the same way; cross-host FairShare is
+//! out of scope for now.
+//!
+//! [`Scheduler`]: crate::scheduler::Scheduler
+//! [`Scheduler::set_ceiling`]: crate::scheduler::Scheduler::set_ceiling
+//! [`Limiter`]: crate::limiter::Limiter
+//! [`Limiter::set_rate`]: crate::limiter::Limiter::set_rate
+
+mod agent;
+mod client;
+mod config;
+mod target;
+mod view;
+
+pub use agent::{Agent, AgentStatus, Role};
+pub use client::{BudgetClient, BudgetState, HostRecord, RenewReply, RenewRequest, BANDS};
+pub use config::AgentConfig;
+pub use target::Target;
+pub use view::ClusterView;
+
+pub use crate::region::registry::Lease;
+
+use std::fmt;
+
+/// The mode of a lease, as recorded in the region ([`Lease::mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseMode {
+    /// No lease yet: the region runs on its safe capacity.
+    None,
+    /// Leased: the region runs on safe + grant.
+    Normal,
+    /// Leased while Redis relearns its state: the grant is what the host
+    /// had.
+    Learning,
+    /// The lease lapsed (or the agent stopped): the region runs on its safe
+    /// capacity.
+    Lapsed,
+}
+
+impl LeaseMode {
+    /// The word stored in the region.
+    pub fn to_word(self) -> u64 {
+        match self {
+            LeaseMode::None => 0,
+            LeaseMode::Normal => 1,
+            LeaseMode::Learning => 2,
+            LeaseMode::Lapsed => 3,
+        }
+    }
+
+    /// The mode a stored word means (an unknown word is an error naming it).
+    pub fn from_word(w: u64) -> Result<LeaseMode, ClusterError> {
+        Ok(match w {
+            0 => LeaseMode::None,
+            1 => LeaseMode::Normal,
+            2 => LeaseMode::Learning,
+            3 => LeaseMode::Lapsed,
+            w => {
+                return Err(ClusterError::BadRegion(format!(
+                    "lease mode word {w} is not one of 0..=3"
+                )))
+            }
+        })
+    }
+
+    /// Its name (`none`, `normal`, `learning`, `lapsed`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseMode::None => "none",
+            LeaseMode::Normal => "normal",
+            LeaseMode::Learning => "learning",
+            LeaseMode::Lapsed => "lapsed",
+        }
+    }
+
+    /// True while a grant is in force.
+    pub fn leased(self) -> bool {
+        matches!(self, LeaseMode::Normal | LeaseMode::Learning)
+    }
+}
+
+/// What can go wrong in the cluster tier. Messages name the bad value and
+/// the limit.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// A configuration value is out of range or malformed.
+    Config(String),
+    /// Redis could not be reached or answered with an error.
+    Redis(String),
+    /// Redis answered something the script never sends (a bad reply is an
+    /// error, never a panic).
+    BadReply(String),
+    /// The budget in Redis has another capacity or reserve than this agent.
+    Mismatch {
+        /// The budget's name.
+        budget: String,
+        /// What Redis holds: (capacity, reserve).
+        stored: (u64, u64),
+        /// What this agent was configured with: (capacity, reserve).
+        ours: (u64, u64),
+    },
+    /// The live hosts' safe capacities would exceed the budget's reserve.
+    SafeOverReserve {
+        /// The sum of the live hosts' safe capacities, this host included.
+        sum: u64,
+        /// The budget's safe reserve.
+        reserve: u64,
+    },
+    /// The region (or its handle) cannot carry an agent.
+    Region(crate::Error),
+    /// The lease words in a region are not valid.
+    BadRegion(String),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Config(m) => write!(f, "cluster config: {m}"),
+            ClusterError::Redis(m) => write!(f, "redis: {m}"),
+            ClusterError::BadReply(m) => write!(f, "bad reply from the lease script: {m}"),
+            ClusterError::Mismatch {
+                budget,
+                stored,
+                ours,
+            } => write!(
+                f,
+                "budget {budget:?} has capacity {} and safe reserve {} in Redis; this agent says \
+                 capacity {} and reserve {} (every agent of a budget must agree; to change it, \
+                 stop the agents and delete the budget's keys)",
+                stored.0, stored.1, ours.0, ours.1
+            ),
+            ClusterError::SafeOverReserve { sum, reserve } => write!(
+                f,
+                "the live hosts' safe capacities add up to {sum}, above the budget's safe reserve \
+                 {reserve}: lower safe_capacity or raise safe_reserve"
+            ),
+            ClusterError::Region(e) => write!(f, "region: {e}"),
+            ClusterError::BadRegion(m) => write!(f, "bad region: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClusterError::Region(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::Error> for ClusterError {
+    fn from(e: crate::Error) -> Self {
+        ClusterError::Region(e)
+    }
+}
+
+impl From<redis::RedisError> for ClusterError {
+    fn from(e: redis::RedisError) -> Self {
+        ClusterError::Redis(e.to_string())
+    }
+}

@@ -1,0 +1,252 @@
+//! The lease script against a real `redis-server`, call by call: fencing,
+//! water-filling by weight and band, the grant rule (Σ max(grant, has) ≤
+//! pool, a shrinking host keeps what it has), expiry, learning mode after a
+//! loss of state, refusals, and the reload after `SCRIPT FLUSH`.
+
+mod redis_util;
+
+use std::time::Duration;
+
+use redis_util::RedisServer;
+use shmsched::cluster::{BudgetClient, ClusterError, RenewReply, RenewRequest, BANDS};
+
+const T: Duration = Duration::from_secs(5);
+
+fn req(host: &str, token: u64, cap: u64, has: u64, want: u64, ttl_ms: u64) -> RenewRequest {
+    let mut wants = [0; BANDS];
+    wants[3] = want;
+    RenewRequest {
+        host: host.into(),
+        token,
+        capacity: cap,
+        reserve: 0,
+        weight: 1.0,
+        has,
+        safe: 0,
+        ttl_ms,
+        wants,
+        leave: false,
+    }
+}
+
+fn granted(r: RenewReply) -> (u64, u64, bool, u64) {
+    match r {
+        RenewReply::Granted {
+            grant,
+            token,
+            learning,
+            target,
+            ..
+        } => (grant, token, learning, target),
+        RenewReply::Stale { .. } => panic!("unexpected stale"),
+    }
+}
+
+/// Ends the learning mode a fresh budget starts in: registers a throwaway
+/// host with a short TTL and waits it out.
+fn past_learning(c: &mut BudgetClient, cap: u64) {
+    let r = granted(c.renew(&req("warmup", 0, cap, 0, 0, 50), T).unwrap());
+    assert!(r.2, "a new budget starts in learning mode");
+    std::thread::sleep(Duration::from_millis(80));
+}
+
+#[test]
+fn fencing_water_filling_and_the_grant_rule() {
+    let Some(srv) = RedisServer::start("script") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s1", T).unwrap();
+    past_learning(&mut c, 12);
+    let ttl = 60_000;
+    // Three hosts with unmet wants, equal weight: 4 each, given as they
+    // register (nothing is held elsewhere).
+    let (g, ta, l, tg) = granted(c.renew(&req("a", 0, 12, 0, 100, ttl), T).unwrap());
+    assert!(!l);
+    assert_eq!((g, tg), (12, 12), "alone, a gets the whole pool");
+    // b registers while a may hold 12: b gets nothing yet, its target is 6.
+    let (g, tb, _, tg) = granted(c.renew(&req("b", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (0, 6));
+    assert!(tb > ta, "tokens grow: {ta} then {tb}");
+    // a renews, has 12: it is shrunk to 6 but keeps holding 12 until its
+    // holders release; nothing is handed out meanwhile.
+    let (g, _, _, _) = granted(c.renew(&req("a", ta, 12, 12, 100, ttl), T).unwrap());
+    assert_eq!(g, 6);
+    let st = c.peek().unwrap();
+    assert_eq!(st.held(), 12);
+    let (g, _, _, _) = granted(c.renew(&req("b", tb, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(g, 0, "a has not released yet");
+    // a reports it released down to 6: b gets its 6.
+    granted(c.renew(&req("a", ta, 12, 6, 100, ttl), T).unwrap());
+    let (g, _, _, _) = granted(c.renew(&req("b", tb, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(g, 6);
+    // A third host: targets 4 each; shares move only as hosts release.
+    let (_, tc, _, tg) = granted(c.renew(&req("c", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(tg, 4);
+    let mut has = [("a", ta, 6u64), ("b", tb, 6), ("c", tc, 0)];
+    for _ in 0..4 {
+        for (h, t, hv) in has.iter_mut() {
+            let (g, _, _, _) = granted(c.renew(&req(h, *t, 12, *hv, 100, ttl), T).unwrap());
+            // The host applies its grant and its holders follow it.
+            *hv = g;
+            let st = c.peek().unwrap();
+            assert!(st.held() <= 12, "held {} > 12", st.held());
+            assert!(st.granted() <= 12);
+        }
+    }
+    assert_eq!(has.map(|h| h.2), [4, 4, 4]);
+    // Fencing: an old token is refused; the record stays the new owner's.
+    match c.renew(&req("a", ta - 1, 12, 4, 100, ttl), T).unwrap() {
+        RenewReply::Stale { .. } => {}
+        other => panic!("a stale token must be refused, got {other:?}"),
+    }
+    // Re-registering a host replaces its record (and fences the old token).
+    let (_, ta2, _, _) = granted(c.renew(&req("a", 0, 12, 4, 100, ttl), T).unwrap());
+    assert!(ta2 > tc);
+    assert!(matches!(
+        c.renew(&req("a", ta, 12, 4, 100, ttl), T).unwrap(),
+        RenewReply::Stale { .. }
+    ));
+    assert_eq!(c.peek().unwrap().hosts.len(), 3);
+    // A mismatched capacity is refused, naming both.
+    let e = c.renew(&req("d", 0, 13, 0, 1, ttl), T).unwrap_err();
+    assert!(matches!(e, ClusterError::Mismatch { .. }), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("capacity 12") && m.contains("capacity 13"),
+        "{m}"
+    );
+}
+
+#[test]
+fn weights_bands_and_equal_shares_within_one_unit() {
+    let Some(srv) = RedisServer::start("bands") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s2", T).unwrap();
+    past_learning(&mut c, 10);
+    let ttl = 60_000;
+    // Weights 3:1, both unmet: 7.5 and 2.5 -> whole units 8 and 2 (or 7/3).
+    let mut a = req("a", 0, 10, 0, 100, ttl);
+    a.weight = 3.0;
+    let (_, ta, _, _) = granted(c.renew(&a, T).unwrap());
+    let (_, tb, _, tgb) = granted(c.renew(&req("b", 0, 10, 0, 100, ttl), T).unwrap());
+    a.token = ta;
+    a.has = 10;
+    let (_, _, _, tga) = granted(c.renew(&a, T).unwrap());
+    assert_eq!(tga + tgb, 10);
+    assert!((7..=8).contains(&tga), "weight 3 of 4: {tga}");
+    // Bands: b's high-priority want is served before a's normal one.
+    let mut b = req("b", tb, 10, 0, 0, ttl);
+    b.wants[0] = 6;
+    a.wants = [0; BANDS];
+    a.wants[3] = 100;
+    let (_, _, _, tgb) = granted(c.renew(&b, T).unwrap());
+    assert_eq!(tgb, 6, "the high band comes first");
+    let (_, _, _, tga) = granted(c.renew(&a, T).unwrap());
+    assert_eq!(tga, 4);
+    // Seven equal hosts with unmet wants on 10 units: every target within
+    // one unit of 10/7, and they add up to 10.
+    let mut d = BudgetClient::new(&srv.url(), "s3", T).unwrap();
+    past_learning(&mut d, 10);
+    let mut targets = vec![];
+    for i in 0..7 {
+        granted(
+            d.renew(&req(&format!("h{i}"), 0, 10, 0, 5, ttl), T)
+                .unwrap(),
+        );
+    }
+    let st = d.peek().unwrap();
+    for h in &st.hosts {
+        let (_, _, _, tg) = granted(d.renew(&req(&h.host, h.token, 10, 0, 5, ttl), T).unwrap());
+        targets.push(tg);
+    }
+    assert_eq!(targets.iter().sum::<u64>(), 10, "{targets:?}");
+    assert!(targets.iter().all(|&t| (1..=2).contains(&t)), "{targets:?}");
+    // Wants below the fair share are met exactly, the rest shared out.
+    let mut e = BudgetClient::new(&srv.url(), "s4", T).unwrap();
+    past_learning(&mut e, 10);
+    granted(e.renew(&req("small", 0, 10, 0, 1, ttl), T).unwrap());
+    let (_, _, _, tg) = granted(e.renew(&req("big", 0, 10, 0, 100, ttl), T).unwrap());
+    assert_eq!(tg, 9);
+}
+
+#[test]
+fn expiry_learning_mode_and_safe_reserve() {
+    let Some(mut srv) = RedisServer::start("learn") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s5", T).unwrap();
+    // A new budget learns for one TTL: a host gets only what it has.
+    let (g, ta, l, _) = granted(c.renew(&req("a", 0, 10, 3, 10, 300), T).unwrap());
+    assert!(l);
+    assert_eq!(g, 3);
+    std::thread::sleep(Duration::from_millis(350));
+    // The record expired with the TTL: the token is stale now.
+    assert!(matches!(
+        c.renew(&req("a", ta, 10, 3, 10, 300), T).unwrap(),
+        RenewReply::Stale { .. }
+    ));
+    let (g, ta, l, _) = granted(c.renew(&req("a", 0, 10, 3, 10, 60_000), T).unwrap());
+    assert!(!l);
+    assert_eq!(g, 10);
+    // Redis loses its state: the old token is stale, and the budget
+    // relearns for one TTL: no host grows beyond what it has.
+    srv.restart();
+    let r = c.renew(&req("a", ta, 10, 10, 10, 300), T);
+    let r = match r {
+        Err(ClusterError::Redis(_)) => c.renew(&req("a", ta, 10, 10, 10, 300), T),
+        r => r,
+    };
+    assert!(matches!(r.unwrap(), RenewReply::Stale { .. }));
+    let (g, ta, l, _) = granted(c.renew(&req("a", 0, 10, 4, 10, 300), T).unwrap());
+    assert!(l, "after a loss of state the budget learns");
+    assert_eq!(g, 4, "learning grants what the host has");
+    let (g, _, l, _) = granted(c.renew(&req("b", 0, 10, 0, 10, 300), T).unwrap());
+    assert!(l);
+    assert_eq!(g, 0);
+    std::thread::sleep(Duration::from_millis(320));
+    let (g, _, l, _) = granted(c.renew(&req("a", 0, 10, 4, 10, 60_000), T).unwrap());
+    assert!(!l, "learning lasts one TTL");
+    assert!(g >= 4);
+    let _ = ta;
+    // Safe capacities must fit in the reserve.
+    let mut s = BudgetClient::new(&srv.url(), "s6", T).unwrap();
+    let mut r1 = req("x", 0, 10, 0, 1, 60_000);
+    r1.reserve = 3;
+    r1.safe = 2;
+    granted(s.renew(&r1, T).unwrap());
+    let mut r2 = req("y", 0, 10, 0, 1, 60_000);
+    r2.reserve = 3;
+    r2.safe = 2;
+    let e = s.renew(&r2, T).unwrap_err();
+    assert!(
+        matches!(e, ClusterError::SafeOverReserve { sum: 4, reserve: 3 }),
+        "{e}"
+    );
+}
+
+#[test]
+fn script_reloaded_after_script_flush() {
+    let Some(srv) = RedisServer::start("flush") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s7", T).unwrap();
+    granted(c.renew(&req("a", 0, 5, 0, 1, 60_000), T).unwrap());
+    assert_eq!(c.script_loads(), 1, "the first call loads the script");
+    let mut con = srv.con();
+    let exists: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(c.script_hash())
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(exists, vec![1]);
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    let st = c.peek().unwrap();
+    assert_eq!(c.script_loads(), 2, "reloaded after SCRIPT FLUSH");
+    assert_eq!(st.hosts.len(), 1);
+    // Keys share one hash tag (Redis Cluster puts them in one slot).
+    let keys = BudgetClient::keys("s7");
+    for k in &keys {
+        assert!(k.starts_with("{shmsched:s7}:"), "{k}");
+    }
+}
