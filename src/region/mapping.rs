@@ -56,7 +56,16 @@ struct Parked {
 /// Registrations parked by dropped mappings (see the module docs). A
 /// [`ForkSafeMutex`]: a child that inherits it locked takes it over and
 /// starts empty.
+#[cfg(not(shuttle))]
 static PARKED: ForkSafeMutex<Vec<Parked>> = ForkSafeMutex::new(Vec::new());
+
+// Under the model checker the lock's word is the checker's atomic, which
+// must be created inside an execution: one table per execution (dropped,
+// with the liveness locks it holds, when the execution ends).
+#[cfg(shuttle)]
+shuttle::lazy_static! {
+    static ref PARKED: ForkSafeMutex<Vec<Parked>> = ForkSafeMutex::new(Vec::new());
+}
 
 /// Takes this process's parked registration for the file `identity`, if
 /// any. Registrations inherited across fork are dropped (which does nothing
@@ -146,6 +155,10 @@ impl Mapping {
             .map_err(|e| Error::io("reopen region for probing", path(), e))?;
         let identity = sys::file::file_identity(region.fd())
             .map_err(|e| Error::io("fstat region", path(), e))?;
+        // The futex model keys the words of this mapping on (file, offset),
+        // as the kernel does (see `sys::futex::model`).
+        #[cfg(shuttle)]
+        sys::futex::model::map_range(map.as_ptr() as usize, map.len(), identity);
         Ok(Mapping {
             region,
             map,
@@ -346,6 +359,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        #[cfg(shuttle)]
+        sys::futex::model::unmap_range(self.map.as_ptr() as usize);
         let Some(r) = self.reg.lock().take() else {
             return;
         };
@@ -363,5 +378,29 @@ impl Drop for Mapping {
         }
         // Otherwise `r` drops here: its lock fd closes and the entry is
         // reaped like a dead process's.
+    }
+}
+
+/// A model-checker hook (`--cfg shuttle`, `tests/model.rs`): the death of
+/// the process that owns this mapping.
+#[cfg(shuttle)]
+impl Mapping {
+    /// Kills this mapping's process now if exactly `threads` of its threads
+    /// sleep in the futex model (all the threads it has left; 0 once they
+    /// have all returned): those threads never act again (they unwind with
+    /// [`sys::futex::model::Died`]), and its registration is dropped
+    /// without being parked, which closes its liveness lock: from then on
+    /// the kernel says it is dead, and whatever it held or published is
+    /// left for a reaper. The caller must drop its handles of the process
+    /// afterwards without using them. True if it died.
+    #[doc(hidden)]
+    pub fn model_die_if_parked(&self, threads: usize) -> bool {
+        if !sys::futex::model::kill_parked(self.map.as_ptr() as usize, threads) {
+            return false;
+        }
+        self.fast.store(0, Ordering::Release);
+        let reg = self.reg.lock().take();
+        drop(reg);
+        true
     }
 }

@@ -108,7 +108,13 @@ const SINCE_MAX: u64 = (1 << (64 - SINCE_SHIFT)) - 1;
 const MAP_WORDS: usize = crate::region::MAX_PROCESS_SLOTS as usize / 64;
 
 /// Minimum time between two scans for dead processes, region-wide.
+#[cfg(not(shuttle))]
 pub const REAP_INTERVAL_MS: u64 = 20;
+/// Under the model checker, no rate limit: a scan runs whenever one is
+/// asked for (a time-based limit would make which scans run depend on the
+/// host's speed, not on the schedule).
+#[cfg(shuttle)]
+pub const REAP_INTERVAL_MS: u64 = 0;
 
 /// The futex bit a waiter with `ticket` sleeps under (bit 31 is left to
 /// "everyone", see [`BITSET_ALL`]).

@@ -76,15 +76,37 @@ pub const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
 
 /// How long a designee may be overtaken by fresh arrivals before every
 /// fast path closes for it.
+#[cfg(not(shuttle))]
 pub const FAIR_AFTER: Duration = Duration::from_millis(1);
 
 /// A woken designee that has not taken free capacity for this long is
 /// checked for liveness.
+#[cfg(not(shuttle))]
 pub const PROBE_AFTER: Duration = Duration::from_millis(1);
 
 /// Minimum time between two liveness probes of a stalled designee,
 /// region-wide.
+#[cfg(not(shuttle))]
 const PROBE_INTERVAL_NS: u64 = 200_000;
+
+// Under the model checker these delays are 0, so that what they decide
+// depends on the schedule alone (not on how fast the host runs the model)
+// and every decision they guard is taken as early as it can be.
+
+/// How long a designee may be overtaken by fresh arrivals before every
+/// fast path closes for it (model checker: at once).
+#[cfg(shuttle)]
+pub const FAIR_AFTER: Duration = Duration::ZERO;
+
+/// A woken designee that has not taken free capacity for this long is
+/// checked for liveness (model checker: at once).
+#[cfg(shuttle)]
+pub const PROBE_AFTER: Duration = Duration::ZERO;
+
+/// Minimum time between two liveness probes of a stalled designee,
+/// region-wide (model checker: none).
+#[cfg(shuttle)]
+const PROBE_INTERVAL_NS: u64 = 0;
 
 /// Serve rounds per call: each round designates, grants or clears one
 /// designation, so this bounds the work one caller does for others.
