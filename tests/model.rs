@@ -224,7 +224,9 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
                 let mut rng = shuttle::rand::thread_rng();
                 for _ in 0..ops {
                     let prio = PRIOS[rng.gen_range(0..PRIOS.len())];
-                    let permit = match rng.gen_range(0..4) {
+                    let op = rng.gen_range(0..4);
+                    model::trace(format_args!("op {op} prio {prio:?}"));
+                    let permit = match op {
                         0 | 1 => Some(s.acquire(prio).unwrap()),
                         2 => s.try_acquire(prio),
                         _ => s.acquire_timeout(prio, Duration::ZERO).ok(),
@@ -261,6 +263,37 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
     }
 }
 
+/// The smallest hand-off: a holder in one process releases while a waiter
+/// in another is queued, designated, and tries to take. Timeouts off: the
+/// waiter must be woken by the release (or take the freed cell itself),
+/// never left for the backstop.
+#[test]
+fn release_races_designee_take() {
+    explore("release_races_designee_take", 3000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
+        let holder = {
+            let ps = ps.clone();
+            spawn("p0t0", move || {
+                let p = ps[0].sched.acquire(Priority::Normal).unwrap();
+                shuttle::thread::yield_now();
+                drop(p);
+            })
+        };
+        let waiter = {
+            let ps = ps.clone();
+            spawn("p1t0", move || {
+                drop(ps[1].sched.acquire(Priority::Normal).unwrap());
+            })
+        };
+        holder.join().unwrap();
+        waiter.join().unwrap();
+        for p in ps.iter() {
+            assert_quiescent(p, 1);
+        }
+    });
+}
+
 #[test]
 fn take_give_dispatch_max1_three_procs() {
     explore("take_give_dispatch_max1_three_procs", 3000, || mix(1, 3, 1, 3));
@@ -290,3 +323,4 @@ fn take_give_dispatch_max2_two_procs_two_threads() {
         || mix(2, 2, 2, 2),
     );
 }
+

@@ -239,6 +239,16 @@ pub mod model {
     use std::sync::Arc;
     use std::time::Duration;
 
+    /// Prints `msg` with the current model thread's name if `MODEL_TRACE`
+    /// is set (to follow a replayed schedule).
+    pub fn trace(msg: std::fmt::Arguments<'_>) {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON.get_or_init(|| std::env::var_os("MODEL_TRACE").is_some()) {
+            let t = shuttle::thread::current();
+            eprintln!("[{}] {msg}", t.name().unwrap_or("?"));
+        }
+    }
+
     /// The unwind payload of a thread whose process died (see the module
     /// docs).
     #[derive(Debug)]
@@ -368,12 +378,14 @@ pub mod model {
         if dead {
             die();
         }
+        trace(format_args!("futex wait {key:?} expected {expected} bits {bitset:#x}"));
         let state = Arc::new(AtomicU8::new(WAITING));
         let timed = {
             let mut t = table();
             // Checked under the lock every waker takes: atomic with respect
             // to a wake, as the kernel's check is.
             if word.load(Ordering::SeqCst) != expected {
+                trace(format_args!("futex wait: mismatch"));
                 return WaitResult::Mismatch;
             }
             t.sleepers.push(Sleeper {
@@ -391,13 +403,18 @@ pub mod model {
             shuttle::thread::yield_now();
             let mut t = table();
             match state.load(StdOrdering::SeqCst) {
-                WOKEN => WaitResult::Woken,
+                WOKEN => {
+                    trace(format_args!("futex wait: woken"));
+                    WaitResult::Woken
+                }
                 DEAD => {
                     drop(t);
+                    trace(format_args!("futex wait: dead"));
                     die()
                 }
                 _ => {
                     t.sleepers.retain(|s| !Arc::ptr_eq(&s.state, &state));
+                    trace(format_args!("futex wait: timed out"));
                     WaitResult::TimedOut
                 }
             }
@@ -408,9 +425,13 @@ pub mod model {
                 shuttle::thread::park();
                 let t = table();
                 match state.load(StdOrdering::SeqCst) {
-                    WOKEN => return WaitResult::Woken,
+                    WOKEN => {
+                        trace(format_args!("futex wait: woken"));
+                        return WaitResult::Woken;
+                    }
                     DEAD => {
                         drop(t);
+                        trace(format_args!("futex wait: dead"));
                         die()
                     }
                     _ => {}
@@ -425,6 +446,7 @@ pub mod model {
         let bits = bitset.max(1);
         let n = n.max(0) as usize;
         let mut woke = 0;
+        trace(format_args!("futex wake {key:?} bits {bitset:#x}"));
         table().sleepers.retain(|s| {
             if woke < n && s.key == key && s.bits & bits != 0 {
                 s.state.store(WOKEN, StdOrdering::SeqCst);
