@@ -482,9 +482,23 @@ impl SharedRoot {
                             notified: false,
                             ..d
                         };
-                        reg.swap_designee(&taking, Some(&back));
+                        let back_in = reg.swap_designee(&taking, Some(&back));
                         if fair_due(reg) {
                             reg.set_strict();
+                        }
+                        // A release that read the designation while it was
+                        // taking left what it freed to this take and woke
+                        // nobody; if it freed after the take looked, that
+                        // room is there now. The release frees before it
+                        // reads the designation, and this looks after the
+                        // swap above: one of the two sees the other, so
+                        // either that release serves the designee or this
+                        // takes again.
+                        if back_in
+                            && self.slots.free() >= u64::from(w.need)
+                            && self.fits()(w.need, cap)
+                        {
+                            continue;
                         }
                         return;
                     }

@@ -552,6 +552,17 @@ impl SharedSlots {
         }
     }
 
+    /// Cells free under the ceiling now, counted as [`full`](Self::full)
+    /// counts (asking does not start counting).
+    pub fn free(&self) -> u64 {
+        let taken = if self.counting() {
+            self.running()
+        } else {
+            u64::from(self.occupied())
+        };
+        u64::from(self.ceiling()).saturating_sub(taken)
+    }
+
     /// The effective ceiling: at most this many slots are held at once
     /// (≤ max; the max unless [`set_ceiling`](Self::set_ceiling) lowered it).
     pub fn ceiling(&self) -> u32 {
