@@ -44,6 +44,18 @@ fn env_f64(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
+thread_local! {
+    /// Coverage counters of the current test (its executions run on this
+    /// OS thread), printed after each scheduler's run.
+    static COVERAGE: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>> =
+        Default::default();
+}
+
+/// Counts one execution that reached `what` (printed by [`explore`]).
+fn cover(what: &'static str) {
+    COVERAGE.with(|c| *c.borrow_mut().entry(what).or_default() += 1);
+}
+
 /// Runs `f` under the random scheduler and under PCT (depth 3), each for
 /// `iters` executions (scaled by `MODEL_SCALE`) or `MODEL_SECONDS`,
 /// whichever comes first; or replays one schedule (`MODEL_REPLAY`).
@@ -70,8 +82,9 @@ fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
         } else {
             Runner::new(RandomScheduler::new(n), cfg.clone()).run(move || g())
         };
+        let cov = COVERAGE.with(|c| std::mem::take(&mut *c.borrow_mut()));
         eprintln!(
-            "model {name}: {done} executions ({}) in {:.1} s",
+            "model {name}: {done} executions ({}) in {:.1} s; {cov:?}",
             if pct { "PCT, depth 3" } else { "random" },
             t.elapsed().as_secs_f64()
         );
@@ -79,16 +92,17 @@ fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
 }
 
 /// Spawns a model thread of a process; a thread whose process died ends
-/// quietly (see the module docs).
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> shuttle::thread::JoinHandle<()> {
+/// quietly, with `None` (see the module docs).
+fn spawn<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> shuttle::thread::JoinHandle<Option<T>> {
     shuttle::thread::Builder::new()
         .name(name.into())
-        .spawn(move || {
-            if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-                if !e.is::<model::Died>() {
-                    std::panic::resume_unwind(e);
-                }
-            }
+        .spawn(move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(e) if e.is::<model::Died>() => None,
+            Err(e) => std::panic::resume_unwind(e),
         })
         .unwrap()
 }
@@ -183,7 +197,23 @@ fn assert_quiescent(p: &Proc, max: u32) {
     }
     assert_eq!(p.sched.global_running(), 0);
     assert!(shared.max == max);
+    if stats.total.deferred > 0 {
+        cover("a waiter queued (per process)");
+    }
+    if stats.total.cancelled > 0 {
+        cover("a queued waiter cancelled (per process)");
+    }
+    if shared.wakes > 0 {
+        cover("a cross-thread futex wake found a sleeper");
+    }
+    if shared.fair_handoffs > 0 {
+        cover("a fairness hand-off closed the fast paths");
+    }
+    if st.gate & GATE_COUNTING != 0 {
+        cover("counting on");
+    }
     if st.gate & GATE_STRICT != 0 {
+        cover("strict bit outlived its designee");
         // A fairness hand-off's strict bit can outlive its designee (a
         // releaser that read the designation before it ended closes the
         // fast paths after it ended): the next call that goes the slow way
@@ -336,3 +366,287 @@ fn take_give_dispatch_max2_two_procs_two_threads() {
     );
 }
 
+
+// ---- 2. priority across processes ----------------------------------------------
+
+/// A High waiter and a Low waiter in two processes behind a holder in a
+/// third, lottery off: once both are asleep (queued, published, served as
+/// far as they could be), the holder releases and no one else arrives; the
+/// High one must be granted first. Timeouts off.
+#[test]
+fn priority_across_processes() {
+    explore("priority_across_processes", 4000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(3, Concurrency::max(1)));
+        ps[0].sched.set_lottery(Some(7), false);
+        let held = ps[0].sched.acquire(Priority::Normal).unwrap();
+        let order = Arc::new(AtomicU32::new(0));
+        let waiter = |pi: usize, prio: Priority| {
+            let (ps, order) = (ps.clone(), order.clone());
+            spawn(&format!("p{pi}t0"), move || {
+                let permit = ps[pi].sched.acquire(prio).unwrap();
+                let rank = order.fetch_add(1, SeqCst);
+                drop(permit);
+                rank
+            })
+        };
+        let high = waiter(1, Priority::High);
+        let low = waiter(2, Priority::Low);
+        while ps[1].map.model_sleepers() == 0 || ps[2].map.model_sleepers() == 0 {
+            shuttle::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(high.join().unwrap(), Some(0), "the Low waiter was granted first");
+        assert_eq!(low.join().unwrap(), Some(1));
+        for p in ps.iter() {
+            assert_quiescent(p, 1);
+        }
+    });
+}
+
+// ---- 3. capped admissions and counting on demand -----------------------------------
+
+/// `max(2).low(1)` from two processes: a Low task is admitted only while
+/// nothing runs (the cap compares against the total running count). The
+/// region starts without counting; uncapped (Normal) takes before the
+/// first capped admission carry no count, and the first capped admission
+/// turns counting on, racing the uncapped takes.
+///
+/// Checked: never two Low holders; never a Low admission while another
+/// permit was held through the whole of its acquire call (then the running
+/// count it was admitted against missed that permit); counting on and
+/// every `held` word exact at the end. Timeouts off.
+#[test]
+fn capped_admissions_counting_on_demand() {
+    explore("capped_admissions_counting_on_demand", 4000, || {
+        model::set_timeouts(false);
+        let c = Concurrency::max(2).low(1);
+        let ps = Arc::new(sched_procs(2, c));
+        ps[0].sched.set_lottery(Some(7), false);
+        assert_eq!(ps[0].state().gate & GATE_COUNTING, 0);
+        // Per thread: odd while it holds a permit (bumped at both edges).
+        let holding: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+        let low_cs = Arc::new(AtomicU32::new(0));
+        // (process, priority, uses try_acquire)
+        let plan = [
+            (0, Priority::Normal, false),
+            (0, Priority::Low, false),
+            (1, Priority::Low, false),
+            (1, Priority::Normal, true),
+        ];
+        let mut hs = Vec::new();
+        for (ti, &(pi, prio, try_it)) in plan.iter().enumerate() {
+            let (ps, holding, low_cs) = (ps.clone(), holding.clone(), low_cs.clone());
+            hs.push(spawn(&format!("p{pi}t{ti}"), move || {
+                for _ in 0..2 {
+                    let before: Vec<u32> = holding.iter().map(|h| h.load(SeqCst)).collect();
+                    let permit = if try_it {
+                        ps[pi].sched.try_acquire(prio)
+                    } else {
+                        Some(ps[pi].sched.acquire(prio).unwrap())
+                    };
+                    let Some(permit) = permit else { continue };
+                    if prio == Priority::Low {
+                        for (j, h) in holding.iter().enumerate() {
+                            let b = before[j];
+                            assert!(
+                                j == ti || b % 2 == 0 || h.load(SeqCst) != b,
+                                "a Low task was admitted while thread {j} held a permit \
+                                 throughout (cap 1 against the total running count)"
+                            );
+                        }
+                        let n = low_cs.fetch_add(1, SeqCst) + 1;
+                        assert!(n <= 1, "{n} Low tasks hold permits under a Low cap of 1");
+                    }
+                    holding[ti].fetch_add(1, SeqCst);
+                    shuttle::thread::yield_now();
+                    holding[ti].fetch_add(1, SeqCst);
+                    if prio == Priority::Low {
+                        low_cs.fetch_sub(1, SeqCst);
+                    }
+                    drop(permit);
+                }
+            }));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_ne!(ps[0].state().gate & GATE_COUNTING, 0, "a capped admission turns counting on");
+        for p in ps.iter() {
+            assert_quiescent(p, 2);
+        }
+    });
+}
+
+/// The gate's counting bit.
+const GATE_COUNTING: u64 = 0x100;
+
+// ---- 4. death ------------------------------------------------------------------
+
+/// A process dies at a point the checker picks: while its one thread sleeps
+/// in the region (queued, maybe designated and woken), or after that
+/// thread got a slot and returned without releasing it (it dies holding a
+/// cell). Two other processes contend for the same slot meanwhile.
+/// Timeouts on (death is found by probes, liveness checks before a
+/// designation, and the backstop).
+///
+/// Checked: the survivors are served; the dead process's cell is freed
+/// exactly once (`reclaimed`), its entry reaped once, its publications and
+/// designation gone; every `held` word exact at the end.
+fn death(max: u32, survivors: usize) {
+    model::set_timeouts(true);
+    let ps = Arc::new(sched_procs(1 + survivors, Concurrency::max(max)));
+    let in_cs = Arc::new(AtomicU32::new(0));
+    let got_one = Arc::new(AtomicBool::new(false));
+    let victim_done = Arc::new(AtomicBool::new(false));
+    let victim = {
+        let (ps, got_one, done) = (ps.clone(), got_one.clone(), victim_done.clone());
+        spawn("p0t0", move || {
+            let permit = ps[0].sched.acquire(Priority::Normal).unwrap();
+            got_one.store(true, SeqCst);
+            std::mem::forget(permit);
+            done.store(true, SeqCst);
+        })
+    };
+    let mut hs = Vec::new();
+    for pi in 1..=survivors {
+        let (ps, in_cs) = (ps.clone(), in_cs.clone());
+        hs.push(spawn(&format!("p{pi}t0"), move || {
+            for prio in [Priority::High, Priority::Low] {
+                let permit = ps[pi].sched.acquire(prio).unwrap();
+                let n = in_cs.fetch_add(1, SeqCst) + 1;
+                assert!(n <= max);
+                shuttle::thread::yield_now();
+                in_cs.fetch_sub(1, SeqCst);
+                drop(permit);
+            }
+        }));
+    }
+    // The killer: the victim dies as soon as the checker runs this while
+    // the victim's thread sleeps, or once it has returned.
+    loop {
+        if victim_done.load(SeqCst) {
+            assert!(ps[0].die_if_parked(0));
+            cover("victim died holding a cell, its thread done");
+            break;
+        }
+        if ps[0].die_if_parked(1) {
+            cover("victim died while its thread slept");
+            break;
+        }
+        shuttle::thread::yield_now();
+    }
+    match ps[1].state().designee {
+        Some(d) if d.0 == 0 => cover("victim designated just after its death"),
+        _ => {}
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    victim.join().unwrap();
+    let live = &ps[1];
+    live.sched.reap().unwrap();
+    let shared = live.sched.stats().shared.unwrap();
+    let held_at_death = u64::from(got_one.load(SeqCst));
+    assert_eq!(
+        shared.reclaimed, held_at_death,
+        "cells freed for the dead process: {shared:?}"
+    );
+    assert_eq!(shared.reaped_processes, 1, "{shared:?}");
+    assert!(
+        live.state().members.iter().all(|m| m.0 != 0),
+        "the dead process is still a member: {:?}",
+        live.state()
+    );
+    for p in ps[1..].iter() {
+        assert_quiescent(p, max);
+    }
+}
+
+#[test]
+fn death_max1_two_survivors() {
+    explore("death_max1_two_survivors", 3000, || death(1, 2));
+}
+
+#[test]
+fn death_max2_two_survivors() {
+    explore("death_max2_two_survivors", 3000, || death(2, 2));
+}
+
+// ---- 5. the limiter ---------------------------------------------------------------
+
+/// Two processes at different priorities consume from a drained shared
+/// bucket (a high rate: refills come within a few model steps, in real
+/// time). Timeouts on (a waiter sleeps until its tokens are due).
+///
+/// Checked at every step (observer) and at the end: the bucket never mints
+/// tokens (everything consumed ≤ capacity + tokens refilled − balance,
+/// from the bucket's own clock); everyone is served; nobody left queued.
+#[test]
+fn limiter_two_priorities_drained_bucket() {
+    explore("limiter_two_priorities_drained_bucket", 1500, || {
+        model::set_timeouts(true);
+        const RATE: u64 = 2_000_000;
+        const CAP: u64 = 4;
+        let regions = open_regions(2);
+        let lims: Arc<Vec<Limiter>> = Arc::new(
+            regions
+                .iter()
+                .map(|r| Limiter::shared_with_capacity(r, RATE, CAP).unwrap())
+                .collect(),
+        );
+        if let Some(p) = regions[0].path() {
+            let _ = std::fs::remove_file(p);
+        }
+        drop(regions);
+        let consumed = Arc::new(AtomicU64::new(0));
+        // Drain it.
+        assert!(lims[0].try_consume(CAP).unwrap());
+        consumed.fetch_add(CAP, SeqCst);
+        let no_minting = |lim: &Limiter, consumed: &AtomicU64| {
+            let before = consumed.load(SeqCst);
+            let st = lim.stats();
+            let bound = CAP as i128 + st.clock as i128 - st.tokens as i128;
+            assert!(
+                before as i128 <= bound,
+                "{before} tokens consumed, but capacity + refilled - balance is {bound}: {st:?}"
+            );
+        };
+        let done = Arc::new(AtomicBool::new(false));
+        let mut hs = Vec::new();
+        for (pi, prio) in [(0, Priority::High), (1, Priority::Low)] {
+            let (lims, consumed) = (lims.clone(), consumed.clone());
+            hs.push(spawn(&format!("p{pi}t0"), move || {
+                for _ in 0..2 {
+                    let g = lims[pi].consume(3, prio).unwrap();
+                    consumed.fetch_add(3, SeqCst);
+                    if !g.immediate {
+                        cover("a consume waited (per consume)");
+                    }
+                    if g.forced {
+                        cover("a consume was forced through (per consume)");
+                    }
+                }
+            }));
+        }
+        let observer = {
+            let (lims, consumed, done) = (lims.clone(), consumed.clone(), done.clone());
+            spawn("observer", move || {
+                for _ in 0..8 {
+                    if done.load(SeqCst) {
+                        break;
+                    }
+                    no_minting(&lims[1], &consumed);
+                }
+            })
+        };
+        for h in hs {
+            h.join().unwrap();
+        }
+        done.store(true, SeqCst);
+        observer.join().unwrap();
+        no_minting(&lims[0], &consumed);
+        let shared = lims[0].stats().shared.unwrap();
+        assert_eq!(shared.waiters, [0; 7], "{shared:?}");
+    });
+}

@@ -385,6 +385,13 @@ impl Drop for Mapping {
 /// the process that owns this mapping.
 #[cfg(shuttle)]
 impl Mapping {
+    /// This process's threads asleep in the futex model on words of this
+    /// mapping.
+    #[doc(hidden)]
+    pub fn model_sleepers(&self) -> usize {
+        sys::futex::model::sleeping_in(self.map.as_ptr() as usize)
+    }
+
     /// Kills this mapping's process now if exactly `threads` of its threads
     /// sleep in the futex model (all the threads it has left; 0 once they
     /// have all returned): those threads never act again (they unwind with
