@@ -405,9 +405,39 @@ impl Mapping {
         if !sys::futex::model::kill_parked(self.map.as_ptr() as usize, threads) {
             return false;
         }
+        self.model_drop_liveness();
+        true
+    }
+
+    /// Arms the death point named `point` for this mapping's process: the
+    /// first of its threads that reaches it (see
+    /// [`model_death_point`](Self::model_death_point)) kills the process
+    /// there. For processes with one thread (another running thread would
+    /// go on acting).
+    #[doc(hidden)]
+    pub fn model_arm_death(&self, point: &'static str) {
+        sys::futex::model::arm_death(self.map.as_ptr() as usize, point);
+    }
+
+    /// A death point in the protocol code: if `point` is armed for this
+    /// process, it dies here (its sleeping threads never act again, its
+    /// liveness lock is dropped) and the calling thread unwinds with
+    /// [`sys::futex::model::Died`] without acting again either.
+    #[doc(hidden)]
+    pub fn model_death_point(&self, point: &'static str) {
+        let base = self.map.as_ptr() as usize;
+        if sys::futex::model::death_point(base, point) {
+            sys::futex::model::kill_all(base);
+            self.model_drop_liveness();
+            sys::futex::model::die();
+        }
+    }
+
+    /// Drops the registration without parking it: its liveness lock
+    /// closes, and the kernel says the process is dead.
+    fn model_drop_liveness(&self) {
         self.fast.store(0, Ordering::Release);
         let reg = self.reg.lock().take();
         drop(reg);
-        true
     }
 }

@@ -661,6 +661,8 @@ impl Registry {
         );
         if count > 0 {
             self.set_bit(&self.area().waiting, self.me.idx, true);
+            #[cfg(shuttle)]
+            self.map.model_death_point("publish: count, no gate bit");
             if self.gate() & (1 << tier) == 0 {
                 self.update_gate(|g| g | (1 << tier));
             }

@@ -208,6 +208,8 @@ impl SharedRoot {
     #[inline]
     pub fn release(&self, slots: &Slots) {
         self.slots.give(slots);
+        #[cfg(shuttle)]
+        self.slots.mapping().model_death_point("release: freed, nobody served yet");
         if self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0 {
             self.release_slow();
         }
@@ -460,9 +462,13 @@ impl SharedRoot {
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
                 }
+                #[cfg(shuttle)]
+                self.slots.mapping().model_death_point("designee taking");
                 let cap = if d.lottery { u32::MAX } else { w.cap };
                 match self.take(w.need, cap) {
                     Some(slots) => {
+                        #[cfg(shuttle)]
+                        self.slots.mapping().model_death_point("taken for a waiter, not granted");
                         q.tiers[d.tier].pop_front();
                         w.counters.left(d.tier, false);
                         if w.is_async {

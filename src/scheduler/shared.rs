@@ -319,6 +319,8 @@ impl SharedSlots {
         if counting {
             self.held().fetch_add(u64::from(n), Ordering::SeqCst);
         }
+        #[cfg(shuttle)]
+        self.mapping().model_death_point("take: counted, no cell yet");
         let got = if n == 1 {
             self.take_cell(owner).map(|c| Slots::one(c | tag))
         } else {
@@ -351,6 +353,8 @@ impl SharedSlots {
     fn count_now(&self, mut s: Slots) -> Slots {
         let owner = self.owner();
         self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
+        #[cfg(shuttle)]
+        self.mapping().model_death_point("count_now: counted, cell not marked");
         let mark = |c: u32| {
             if let Some(cell) = self.cells().get(c as usize) {
                 let _ = cell.compare_exchange(
@@ -421,6 +425,8 @@ impl SharedSlots {
                 }
             }
         }
+        #[cfg(shuttle)]
+        self.mapping().model_death_point("cap lock held");
         let r = if self.running() + u64::from(need) <= u64::from(cap) {
             self.take(need)
         } else {
@@ -495,6 +501,8 @@ impl SharedSlots {
             SlotsView::One(c) => {
                 let cell = c & !COUNTED;
                 self.free_cell(cell, owner, c & COUNTED);
+                #[cfg(shuttle)]
+                self.mapping().model_death_point("give: cell freed, count not yet");
                 self.hint.store(cell, Ordering::Relaxed);
                 if c & COUNTED != 0 {
                     self.held().fetch_sub(1, Ordering::SeqCst);

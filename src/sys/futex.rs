@@ -336,6 +336,8 @@ pub mod model {
         /// priority).
         sleepers: Vec<Sleeper>,
         timeouts: bool,
+        /// Death points armed: (mapping base, point name).
+        armed: Vec<(usize, &'static str)>,
     }
 
     shuttle::lazy_static! {
@@ -351,10 +353,6 @@ pub mod model {
     /// called; see the module docs).
     pub fn set_timeouts(on: bool) {
         table().timeouts = on;
-    }
-
-    fn die() -> ! {
-        std::panic::resume_unwind(Box::new(Died))
     }
 
     /// The model of [`futex_wait`](super::os::futex_wait).
@@ -491,6 +489,49 @@ pub mod model {
             }
         });
         true
+    }
+
+    /// Arms death point `point` for the process of the mapping at `base`:
+    /// the first of its threads to reach that point makes it die there
+    /// (see [`death_point`]).
+    pub fn arm_death(base: usize, point: &'static str) {
+        table().armed.push((base, point));
+    }
+
+    /// True (once) if `point` is armed for the mapping at `base`. The
+    /// caller then kills the process: [`kill_all`], drops its liveness
+    /// lock, and unwinds with [`die`].
+    pub fn death_point(base: usize, point: &'static str) -> bool {
+        let mut t = table();
+        match t.armed.iter().position(|&(b, p)| b == base && p == point) {
+            Some(i) => {
+                t.armed.swap_remove(i);
+                trace(format_args!("dies at {point}"));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks the process of the mapping at `base` dead, with every thread
+    /// of it that sleeps here (the caller is its one running thread).
+    pub fn kill_all(base: usize) {
+        let mut t = table();
+        mark_dead(base);
+        t.sleepers.retain(|s| {
+            if s.base == Some(base) {
+                s.state.store(DEAD, StdOrdering::SeqCst);
+                s.thread.unpark();
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Unwinds the calling thread with [`Died`] (its process is dead).
+    pub fn die() -> ! {
+        std::panic::resume_unwind(Box::new(Died))
     }
 
     /// Marks the mapping at `base` dead: a thread that reaches a futex word
