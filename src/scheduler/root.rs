@@ -46,9 +46,11 @@
 //! designation, by a probe when it has been woken but has not come for free
 //! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), and by the
 //! backstop wake of every other waiter ([`BACKSTOP`] =
-//! [`REAP_INTERVAL_MS`]). Reaping it clears its publication and its
-//! designation, so nobody waits on a dead waiter for more than one reap
-//! interval.
+//! [`REAP_INTERVAL_MS`]), which reaps whether or not the table is full: a
+//! dead process may hold a waiter back without filling it (a designation
+//! it was taking for, a running count it left one too high for a capped
+//! waiter). Reaping it clears its publication and its designation, so
+//! nobody waits on a dead waiter for more than one reap interval.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -311,9 +313,15 @@ impl SharedRoot {
         }
     }
 
-    /// A backstop wake: the budget may be held by dead processes.
+    /// A backstop wake: a waiter (or the helper) slept a whole backstop
+    /// period, and what holds it back may be a dead process's: cells it
+    /// held (a full table), a running count it left one too high (it died
+    /// between its count and its cell: capped waiters are refused while the
+    /// table is not full), or a designation it was taking for (which no
+    /// other process ends). So reap, whether the table is full or not (at
+    /// most once per reap interval, region-wide).
     fn on_backstop(&self) {
-        if self.slots.full() && self.slots.maybe_reap() > 0 {
+        if self.slots.maybe_reap() > 0 {
             self.serve_now(false);
         }
     }
