@@ -501,16 +501,33 @@ const GATE_COUNTING: u64 = 0x100;
 /// Checked: the survivors are served; the dead process's cell is freed
 /// exactly once (`reclaimed`), its entry reaped once, its publications and
 /// designation gone; every `held` word exact at the end.
-fn death(max: u32, survivors: usize) {
+///
+/// `capped`: a `max(max).low(1)` region where everyone asks at Low
+/// (lottery off): a dead process's cell then holds capped waiters back
+/// without filling the table.
+fn death(max: u32, survivors: usize, capped: bool) {
     model::set_timeouts(true);
-    let ps = Arc::new(sched_procs(1 + survivors, Concurrency::max(max)));
+    let c = if capped {
+        Concurrency::max(max).low(1)
+    } else {
+        Concurrency::max(max)
+    };
+    let ps = Arc::new(sched_procs(1 + survivors, c));
+    if capped {
+        ps[0].sched.set_lottery(Some(7), false);
+    }
+    let prios: &'static [Priority] = if capped {
+        &[Priority::Low, Priority::Low]
+    } else {
+        &[Priority::High, Priority::Low]
+    };
     let in_cs = Arc::new(AtomicU32::new(0));
     let got_one = Arc::new(AtomicBool::new(false));
     let victim_done = Arc::new(AtomicBool::new(false));
     let victim = {
         let (ps, got_one, done) = (ps.clone(), got_one.clone(), victim_done.clone());
         spawn("p0t0", move || {
-            let permit = ps[0].sched.acquire(Priority::Normal).unwrap();
+            let permit = ps[0].sched.acquire(prios[1]).unwrap();
             got_one.store(true, SeqCst);
             std::mem::forget(permit);
             done.store(true, SeqCst);
@@ -520,7 +537,7 @@ fn death(max: u32, survivors: usize) {
     for pi in 1..=survivors {
         let (ps, in_cs) = (ps.clone(), in_cs.clone());
         hs.push(spawn(&format!("p{pi}t0"), move || {
-            for prio in [Priority::High, Priority::Low] {
+            for &prio in prios {
                 let permit = ps[pi].sched.acquire(prio).unwrap();
                 let n = in_cs.fetch_add(1, SeqCst) + 1;
                 assert!(n <= max);
@@ -573,12 +590,17 @@ fn death(max: u32, survivors: usize) {
 
 #[test]
 fn death_max1_two_survivors() {
-    explore("death_max1_two_survivors", 3000, || death(1, 2));
+    explore("death_max1_two_survivors", 3000, || death(1, 2, false));
 }
 
 #[test]
 fn death_max2_two_survivors() {
-    explore("death_max2_two_survivors", 3000, || death(2, 2));
+    explore("death_max2_two_survivors", 3000, || death(2, 2, false));
+}
+
+#[test]
+fn death_capped_max2_two_survivors() {
+    explore("death_capped_max2_two_survivors", 3000, || death(2, 2, true));
 }
 
 // ---- 5. the limiter ---------------------------------------------------------------
