@@ -605,50 +605,74 @@ fn death_capped_max2_two_survivors() {
 
 // ---- 5. the limiter ---------------------------------------------------------------
 
+/// `n` processes sharing one limiter region of `rate` tokens/s and
+/// capacity `cap`, drained (`consumed` counts what was taken).
+fn limiter_procs(n: usize, rate: u64, cap: u64) -> (Vec<Limiter>, Vec<Arc<Mapping>>) {
+    let regions = open_regions(n);
+    let lims: Vec<Limiter> = regions
+        .iter()
+        .map(|r| Limiter::shared_with_capacity(r, rate, cap).unwrap())
+        .collect();
+    let maps = regions
+        .iter()
+        .map(|r| r.bind(ObjectKind::Limiter, None).unwrap())
+        .collect();
+    if let Some(p) = regions[0].path() {
+        let _ = std::fs::remove_file(p);
+    }
+    (lims, maps)
+}
+
+/// The bucket never mints tokens: everything consumed (as counted after
+/// each charge returned, read first) ≤ capacity + tokens refilled −
+/// balance (the bucket's own clock, read after).
+fn assert_no_minting(lim: &Limiter, cap: u64, consumed: &AtomicU64) {
+    let before = consumed.load(SeqCst);
+    let st = lim.stats();
+    let bound = cap as i128 + st.clock as i128 - st.tokens as i128;
+    assert!(
+        before as i128 <= bound,
+        "{before} tokens consumed, but capacity + refilled - balance is {bound}: {st:?}"
+    );
+}
+
+const RATE: u64 = 50_000;
+const CAP: u64 = 4;
+
 /// Two processes at different priorities consume from a drained shared
-/// bucket (a high rate: refills come within a few model steps, in real
-/// time). Timeouts on (a waiter sleeps until its tokens are due).
+/// bucket (the rate is high: refills come within a few hundred model
+/// steps, in real time); one also gives up at once
+/// (`consume_timeout(0)`: it queues, and leaves). Timeouts on (a waiter
+/// sleeps until its tokens are due).
 ///
 /// Checked at every step (observer) and at the end: the bucket never mints
-/// tokens (everything consumed ≤ capacity + tokens refilled − balance,
-/// from the bucket's own clock); everyone is served; nobody left queued.
+/// tokens; everyone is served; nobody left queued.
 #[test]
 fn limiter_two_priorities_drained_bucket() {
     explore("limiter_two_priorities_drained_bucket", 1500, || {
         model::set_timeouts(true);
-        const RATE: u64 = 2_000_000;
-        const CAP: u64 = 4;
-        let regions = open_regions(2);
-        let lims: Arc<Vec<Limiter>> = Arc::new(
-            regions
-                .iter()
-                .map(|r| Limiter::shared_with_capacity(r, RATE, CAP).unwrap())
-                .collect(),
-        );
-        if let Some(p) = regions[0].path() {
-            let _ = std::fs::remove_file(p);
-        }
-        drop(regions);
+        let (lims, _maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
         let consumed = Arc::new(AtomicU64::new(0));
-        // Drain it.
         assert!(lims[0].try_consume(CAP).unwrap());
         consumed.fetch_add(CAP, SeqCst);
-        let no_minting = |lim: &Limiter, consumed: &AtomicU64| {
-            let before = consumed.load(SeqCst);
-            let st = lim.stats();
-            let bound = CAP as i128 + st.clock as i128 - st.tokens as i128;
-            assert!(
-                before as i128 <= bound,
-                "{before} tokens consumed, but capacity + refilled - balance is {bound}: {st:?}"
-            );
-        };
         let done = Arc::new(AtomicBool::new(false));
         let mut hs = Vec::new();
         for (pi, prio) in [(0, Priority::High), (1, Priority::Low)] {
             let (lims, consumed) = (lims.clone(), consumed.clone());
             hs.push(spawn(&format!("p{pi}t0"), move || {
-                for _ in 0..2 {
-                    let g = lims[pi].consume(3, prio).unwrap();
+                for k in 0..3 {
+                    let g = if pi == 1 && k == 1 {
+                        match lims[pi].consume_timeout(3, prio, Duration::ZERO) {
+                            Ok(g) => g,
+                            Err(_) => {
+                                cover("a consume gave up (timeout 0)");
+                                continue;
+                            }
+                        }
+                    } else {
+                        lims[pi].consume(3, prio).unwrap()
+                    };
                     consumed.fetch_add(3, SeqCst);
                     if !g.immediate {
                         cover("a consume waited (per consume)");
@@ -666,7 +690,7 @@ fn limiter_two_priorities_drained_bucket() {
                     if done.load(SeqCst) {
                         break;
                     }
-                    no_minting(&lims[1], &consumed);
+                    assert_no_minting(&lims[1], CAP, &consumed);
                 }
             })
         };
@@ -675,8 +699,55 @@ fn limiter_two_priorities_drained_bucket() {
         }
         done.store(true, SeqCst);
         observer.join().unwrap();
-        no_minting(&lims[0], &consumed);
+        assert_no_minting(&lims[0], CAP, &consumed);
         let shared = lims[0].stats().shared.unwrap();
+        assert_eq!(shared.waiters, [0; 7], "{shared:?}");
+    });
+}
+
+/// A High consumer's process dies while its thread waits in the region
+/// (the region's High front, which Low fronts elsewhere defer to when it
+/// can go), or after it returned. The Low consumer of another process must
+/// still be served. Timeouts on.
+#[test]
+fn limiter_death_of_a_higher_front() {
+    explore("limiter_death_of_a_higher_front", 1500, || {
+        model::set_timeouts(true);
+        let (lims, maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
+        assert!(lims[0].try_consume(CAP).unwrap());
+        let victim_done = Arc::new(AtomicBool::new(false));
+        let victim = {
+            let (lims, done) = (lims.clone(), victim_done.clone());
+            spawn("p0t0", move || {
+                lims[0].consume(3, Priority::High).unwrap();
+                done.store(true, SeqCst);
+            })
+        };
+        let survivor = {
+            let lims = lims.clone();
+            spawn("p1t0", move || {
+                for _ in 0..2 {
+                    lims[1].consume(3, Priority::Low).unwrap();
+                }
+            })
+        };
+        loop {
+            if victim_done.load(SeqCst) {
+                assert!(maps[0].model_die_if_parked(0));
+                cover("victim died after it was served");
+                break;
+            }
+            if maps[0].model_die_if_parked(1) {
+                cover("victim died waiting");
+                break;
+            }
+            shuttle::thread::yield_now();
+        }
+        assert!(survivor.join().unwrap().is_some());
+        victim.join().unwrap();
+        lims[1].reap().unwrap();
+        let shared = lims[1].stats().shared.unwrap();
         assert_eq!(shared.waiters, [0; 7], "{shared:?}");
     });
 }
