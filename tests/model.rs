@@ -254,6 +254,17 @@ fn assert_step(p: &Proc, max: u32, in_cs: &AtomicU32, threads_per_proc: u64) {
 
 const PRIOS: [Priority; 3] = [Priority::Low, Priority::Normal, Priority::High];
 
+/// The checker picks the scheduler's fairness regime for this execution:
+/// hand-offs due at once (`FAIR_AFTER` is 0 under the checker), or never
+/// (releases leave a woken designee elsewhere alone; barging unbounded).
+fn pick_fairness() {
+    let never = shuttle::rand::thread_rng().gen_range(0..2) == 0;
+    model::set_never_fair(never);
+    if never {
+        cover("fairness hand-off never due");
+    }
+}
+
 // ---- 1. take / give / enqueue / dispatch / wake ---------------------------------
 
 /// `procs` processes × `threads` threads on a region of `max` cells, each
@@ -262,6 +273,7 @@ const PRIOS: [Priority; 3] = [Priority::Low, Priority::Normal, Priority::High];
 /// mixed priorities; timeouts off, so a lost wake-up is a deadlock.
 fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
     model::set_timeouts(false);
+    pick_fairness();
     let ps = Arc::new(sched_procs(procs, Concurrency::max(max)));
     let in_cs = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -321,6 +333,7 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
 fn release_races_designee_take() {
     explore("release_races_designee_take", 3000, || {
         model::set_timeouts(false);
+        pick_fairness();
         let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
         let holder = {
             let ps = ps.clone();
@@ -385,6 +398,7 @@ fn take_give_dispatch_max2_two_procs_two_threads() {
 fn priority_across_processes() {
     explore("priority_across_processes", 4000, || {
         model::set_timeouts(false);
+        pick_fairness();
         let ps = Arc::new(sched_procs(3, Concurrency::max(1)));
         ps[0].sched.set_lottery(Some(7), false);
         let held = ps[0].sched.acquire(Priority::Normal).unwrap();
@@ -428,6 +442,7 @@ fn priority_across_processes() {
 fn capped_admissions_counting_on_demand() {
     explore("capped_admissions_counting_on_demand", 4000, || {
         model::set_timeouts(false);
+        pick_fairness();
         let c = Concurrency::max(2).low(1);
         let ps = Arc::new(sched_procs(2, c));
         ps[0].sched.set_lottery(Some(7), false);
@@ -507,6 +522,7 @@ const GATE_COUNTING: u64 = 0x100;
 /// without filling the table.
 fn death(max: u32, survivors: usize, capped: bool) {
     model::set_timeouts(true);
+    pick_fairness();
     let c = if capped {
         Concurrency::max(max).low(1)
     } else {
@@ -778,6 +794,7 @@ const DEATH_POINTS: [&str; 8] = [
 fn death_inside_the_protocol() {
     explore("death_inside_the_protocol", 4000, || {
         model::set_timeouts(true);
+        pick_fairness();
         let max = 2;
         let ps = Arc::new(sched_procs(3, Concurrency::max(max).low(1)));
         ps[0].sched.set_lottery(Some(7), false);

@@ -533,7 +533,7 @@ impl SharedRoot {
                 let _ = self.slots.reap();
                 continue;
             }
-            if waited >= FAIR_AFTER.as_nanos() as u64 {
+            if waited >= fair_after_ns() {
                 reg.set_strict();
             }
             if !d.notified {
@@ -674,7 +674,19 @@ impl SharedRoot {
 
 /// True once the current designee has been overtaken for [`FAIR_AFTER`].
 fn fair_due(reg: &Registry) -> bool {
-    monotonic_ns().saturating_sub(reg.designated_ns()) >= FAIR_AFTER.as_nanos() as u64
+    monotonic_ns().saturating_sub(reg.designated_ns()) >= fair_after_ns()
+}
+
+/// [`FAIR_AFTER`] in ns; under the model checker an execution may ask for
+/// never instead (0 and never are the two ends the checker can explore
+/// without depending on the host's speed).
+#[inline]
+fn fair_after_ns() -> u64 {
+    #[cfg(shuttle)]
+    if crate::sys::futex::model::never_fair() {
+        return u64::MAX;
+    }
+    FAIR_AFTER.as_nanos() as u64
 }
 
 /// The helper loop (see [`SharedRoot::ensure_helper`]).

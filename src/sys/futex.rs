@@ -338,6 +338,9 @@ pub mod model {
         timeouts: bool,
         /// Death points armed: (mapping base, point name).
         armed: Vec<(usize, &'static str)>,
+        /// The scheduler's fairness hand-off never comes due (see
+        /// [`set_never_fair`]).
+        never_fair: bool,
     }
 
     shuttle::lazy_static! {
@@ -489,6 +492,19 @@ pub mod model {
             }
         });
         true
+    }
+
+    /// Makes the shared scheduler's fairness hand-off never come due in
+    /// the current execution (`FAIR_AFTER` is 0 under the checker
+    /// otherwise): releases then leave a woken designee of another process
+    /// alone, and barging is unbounded.
+    pub fn set_never_fair(on: bool) {
+        table().never_fair = on;
+    }
+
+    /// Whether [`set_never_fair`] is on.
+    pub fn never_fair() -> bool {
+        table().never_fair
     }
 
     /// Arms death point `point` for the process of the mapping at `base`:
