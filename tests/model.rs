@@ -205,6 +205,9 @@ fn assert_quiescent(p: &Proc, max: u32) {
     }
     assert_eq!(p.sched.global_running(), 0);
     assert!(shared.max == max);
+    for (proc_, held) in p.sched.processes().unwrap() {
+        assert_eq!(held, 0, "{proc_:?} holds cells at the end");
+    }
     if stats.total.deferred > 0 {
         cover("a waiter queued (per process)");
     }
@@ -236,12 +239,16 @@ const GATE_TIERS: u64 = 0x7f;
 const GATE_STRICT: u64 = 0x80;
 
 /// Invariants that hold at every step (checked by an observer thread
-/// interleaved anywhere): never more than `max` cells taken nor `max`
-/// permits out, no `held` word below zero (it would wrap) or beyond what
-/// the process's threads can account for.
+/// interleaved anywhere): never more than `max` units out, cells taken
+/// (`global_running`, and one scan of the table), no `held` word below
+/// zero (it would wrap) or beyond what the process's threads can account
+/// for. (Per-process cell counts are read one process after another, so
+/// their sum is no snapshot: checked at the end.)
 fn assert_step(p: &Proc, max: u32, in_cs: &AtomicU32, threads_per_proc: u64) {
     let n = in_cs.load(SeqCst);
-    assert!(n <= max, "{n} permits out with max {max}");
+    assert!(n <= max, "{n} units out with max {max}");
+    let running = p.sched.global_running();
+    assert!(running <= max, "global_running {running} with max {max}");
     let st = p.state();
     assert!(st.occupied <= max, "{st:?}");
     for &(idx, _, held, _, _) in &st.members {
@@ -286,18 +293,22 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
                 let mut rng = shuttle::rand::thread_rng();
                 for _ in 0..ops {
                     let prio = PRIOS[rng.gen_range(0..PRIOS.len())];
-                    let op = rng.gen_range(0..4);
+                    // A weighted acquire (all max units at once) when the
+                    // max allows one beside single ones.
+                    let op = rng.gen_range(0..if max > 1 { 5 } else { 4 });
                     model::trace(format_args!("op {op} prio {prio:?}"));
                     let permit = match op {
                         0 | 1 => Some(s.acquire(prio).unwrap()),
                         2 => s.try_acquire(prio),
-                        _ => s.acquire_timeout(prio, Duration::ZERO).ok(),
+                        3 => s.acquire_timeout(prio, Duration::ZERO).ok(),
+                        _ => Some(s.acquire_many(prio, max).unwrap()),
                     };
                     if let Some(permit) = permit {
-                        let n = in_cs.fetch_add(1, SeqCst) + 1;
-                        assert!(n <= max, "{n} permits out with max {max}");
+                        let units = permit.units();
+                        let n = in_cs.fetch_add(units, SeqCst) + units;
+                        assert!(n <= max, "{n} units out with max {max}");
                         shuttle::thread::yield_now();
-                        in_cs.fetch_sub(1, SeqCst);
+                        in_cs.fetch_sub(units, SeqCst);
                         drop(permit);
                     }
                 }
@@ -520,7 +531,10 @@ const GATE_COUNTING: u64 = 0x100;
 /// `capped`: a `max(max).low(1)` region where everyone asks at Low
 /// (lottery off): a dead process's cell then holds capped waiters back
 /// without filling the table.
-fn death(max: u32, survivors: usize, capped: bool) {
+///
+/// `victim_threads`: the dying process's threads, each taking a slot and
+/// keeping it; with two on a max of 1, one holds while the other waits.
+fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
     model::set_timeouts(true);
     pick_fairness();
     let c = if capped {
@@ -538,17 +552,19 @@ fn death(max: u32, survivors: usize, capped: bool) {
         &[Priority::High, Priority::Low]
     };
     let in_cs = Arc::new(AtomicU32::new(0));
-    let got_one = Arc::new(AtomicBool::new(false));
-    let victim_done = Arc::new(AtomicBool::new(false));
-    let victim = {
-        let (ps, got_one, done) = (ps.clone(), got_one.clone(), victim_done.clone());
-        spawn("p0t0", move || {
-            let permit = ps[0].sched.acquire(prios[1]).unwrap();
-            got_one.store(true, SeqCst);
-            std::mem::forget(permit);
-            done.store(true, SeqCst);
+    let got = Arc::new(AtomicU32::new(0));
+    let victim_done = Arc::new(AtomicU32::new(0));
+    let victims: Vec<_> = (0..victim_threads)
+        .map(|ti| {
+            let (ps, got, done) = (ps.clone(), got.clone(), victim_done.clone());
+            spawn(&format!("p0t{ti}"), move || {
+                let permit = ps[0].sched.acquire(prios[1]).unwrap();
+                got.fetch_add(1, SeqCst);
+                std::mem::forget(permit);
+                done.fetch_add(1, SeqCst);
+            })
         })
-    };
+        .collect();
     let mut hs = Vec::new();
     for pi in 1..=survivors {
         let (ps, in_cs) = (ps.clone(), in_cs.clone());
@@ -564,15 +580,15 @@ fn death(max: u32, survivors: usize, capped: bool) {
         }));
     }
     // The killer: the victim dies as soon as the checker runs this while
-    // the victim's thread sleeps, or once it has returned.
+    // every thread it has left sleeps (none left: all returned).
     loop {
-        if victim_done.load(SeqCst) {
-            assert!(ps[0].die_if_parked(0));
-            cover("victim died holding a cell, its thread done");
-            break;
-        }
-        if ps[0].die_if_parked(1) {
-            cover("victim died while its thread slept");
+        let left = victim_threads - victim_done.load(SeqCst) as usize;
+        if ps[0].die_if_parked(left) {
+            cover(match (left, got.load(SeqCst)) {
+                (0, _) => "victim died holding cells, its threads done",
+                (_, 0) => "victim died while its threads slept",
+                _ => "victim died holding a cell while a thread of it slept",
+            });
             break;
         }
         shuttle::thread::yield_now();
@@ -584,11 +600,13 @@ fn death(max: u32, survivors: usize, capped: bool) {
     for h in hs {
         h.join().unwrap();
     }
-    victim.join().unwrap();
+    for v in victims {
+        v.join().unwrap();
+    }
     let live = &ps[1];
     live.sched.reap().unwrap();
     let shared = live.sched.stats().shared.unwrap();
-    let held_at_death = u64::from(got_one.load(SeqCst));
+    let held_at_death = u64::from(got.load(SeqCst));
     assert_eq!(
         shared.reclaimed, held_at_death,
         "cells freed for the dead process: {shared:?}"
@@ -606,17 +624,26 @@ fn death(max: u32, survivors: usize, capped: bool) {
 
 #[test]
 fn death_max1_two_survivors() {
-    explore("death_max1_two_survivors", 3000, || death(1, 2, false));
+    explore("death_max1_two_survivors", 3000, || death(1, 2, false, 1));
 }
 
 #[test]
 fn death_max2_two_survivors() {
-    explore("death_max2_two_survivors", 3000, || death(2, 2, false));
+    explore("death_max2_two_survivors", 3000, || death(2, 2, false, 1));
 }
 
 #[test]
 fn death_capped_max2_two_survivors() {
-    explore("death_capped_max2_two_survivors", 3000, || death(2, 2, true));
+    explore("death_capped_max2_two_survivors", 3000, || {
+        death(2, 2, true, 1)
+    });
+}
+
+#[test]
+fn death_two_victim_threads_max1() {
+    explore("death_two_victim_threads_max1", 3000, || {
+        death(1, 1, false, 2)
+    });
 }
 
 // ---- 5. the limiter ---------------------------------------------------------------
