@@ -524,9 +524,11 @@ const GATE_COUNTING: u64 = 0x100;
 /// Timeouts on (death is found by probes, liveness checks before a
 /// designation, and the backstop).
 ///
-/// Checked: the survivors are served; the dead process's cell is freed
-/// exactly once (`reclaimed`), its entry reaped once, its publications and
-/// designation gone; every `held` word exact at the end.
+/// Checked: the survivors are served; the dead process's cells are freed
+/// (`reclaimed`: what its threads held, at most one each) and its entry
+/// reaped, once; its publications and designation gone; no cell left
+/// taken and every `held` word exact at the end (a cell freed twice would
+/// be a survivor's).
 ///
 /// `capped`: a `max(max).low(1)` region where everyone asks at Low
 /// (lottery off): a dead process's cell then holds capped waiters back
@@ -606,10 +608,15 @@ fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
     let live = &ps[1];
     live.sched.reap().unwrap();
     let shared = live.sched.stats().shared.unwrap();
-    let held_at_death = u64::from(got.load(SeqCst));
-    assert_eq!(
-        shared.reclaimed, held_at_death,
-        "cells freed for the dead process: {shared:?}"
+    // Each victim thread held at most one cell at its death: the one it
+    // returned with, or one its process had taken and granted it while it
+    // slept (woken, it died before it ran).
+    let got = u64::from(got.load(SeqCst));
+    assert!(
+        (got..=victim_threads as u64).contains(&shared.reclaimed),
+        "{} cells freed for the dead process, whose threads had {got} of \
+         at most {victim_threads}: {shared:?}",
+        shared.reclaimed
     );
     assert_eq!(shared.reaped_processes, 1, "{shared:?}");
     assert!(

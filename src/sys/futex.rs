@@ -226,11 +226,14 @@ pub(crate) mod os {
 ///   when it runs again). Waits without a timeout always end only by a
 ///   wake.
 /// - **Death.** [`kill_parked`] marks a mapping's process dead while all
-///   its threads sleep here: they are taken off the queues (a dead process
-///   has no sleepers to wake) and, when next run, unwind with [`Died`]
-///   (without the panic hook, through frames that hold no lock), so they
-///   never act again. A test runs each model thread under
-///   `catch_unwind` and treats `Died` as the thread's end.
+///   its threads are inside a wait here (asleep, or woken and not yet run):
+///   a wake no longer counts them (a dead process has no sleepers), and,
+///   when next run, they unwind with [`Died`] (without the panic hook,
+///   through frames that hold no lock of the region), so they never act
+///   again. A process may also die at a named step of the protocol
+///   ([`death_point`]), its running thread unwinding from there. A test
+///   runs each model thread under `catch_unwind` and treats `Died` as the
+///   thread's end.
 #[cfg(shuttle)]
 pub mod model {
     use super::WaitResult;
@@ -319,6 +322,8 @@ pub mod model {
     const WOKEN: u8 = 1;
     const DEAD: u8 = 2;
 
+    /// A thread inside a wait: in the table from its check of the word
+    /// until it runs again after a wake, a timeout or its death.
     #[derive(Debug)]
     struct Sleeper {
         key: Key,
@@ -333,7 +338,7 @@ pub mod model {
     #[derive(Debug, Default)]
     struct Table {
         /// In the order they went to sleep (the kernel wakes FIFO within a
-        /// priority).
+        /// priority); a wake skips those already woken.
         sleepers: Vec<Sleeper>,
         timeouts: bool,
         /// Death points armed: (mapping base, point name).
@@ -402,19 +407,16 @@ pub mod model {
             // The checker picks when this thread runs again: that is when
             // the timeout fires, unless a wake came first.
             shuttle::thread::yield_now();
-            let mut t = table();
-            match state.load(StdOrdering::SeqCst) {
+            match leave(&state) {
                 WOKEN => {
                     trace(format_args!("futex wait: woken"));
                     WaitResult::Woken
                 }
                 DEAD => {
-                    drop(t);
                     trace(format_args!("futex wait: dead"));
                     die()
                 }
                 _ => {
-                    t.sleepers.retain(|s| !Arc::ptr_eq(&s.state, &state));
                     trace(format_args!("futex wait: timed out"));
                     WaitResult::TimedOut
                 }
@@ -424,21 +426,30 @@ pub mod model {
                 // May return spuriously (the checker's choice, or a token
                 // left by an earlier wake): only the state says why.
                 shuttle::thread::park();
-                let t = table();
-                match state.load(StdOrdering::SeqCst) {
+                if state.load(StdOrdering::SeqCst) == WAITING {
+                    continue;
+                }
+                match leave(&state) {
                     WOKEN => {
                         trace(format_args!("futex wait: woken"));
                         return WaitResult::Woken;
                     }
-                    DEAD => {
-                        drop(t);
+                    _ => {
                         trace(format_args!("futex wait: dead"));
                         die()
                     }
-                    _ => {}
                 }
             }
         }
+    }
+
+    /// Takes a sleeper out of the table (it is running again) and says why
+    /// it woke. A woken thread stays in the table until it runs: it is
+    /// still inside its wait, where its process may die.
+    fn leave(state: &Arc<AtomicU8>) -> u8 {
+        let mut t = table();
+        t.sleepers.retain(|s| !Arc::ptr_eq(&s.state, state));
+        state.load(StdOrdering::SeqCst)
     }
 
     /// The model of [`futex_wake_bitset`](super::os::futex_wake_bitset).
@@ -448,21 +459,22 @@ pub mod model {
         let n = n.max(0) as usize;
         let mut woke = 0;
         trace(format_args!("futex wake {key:?} bits {bitset:#x}"));
-        table().sleepers.retain(|s| {
-            if woke < n && s.key == key && s.bits & bits != 0 {
+        for s in table().sleepers.iter() {
+            if woke < n
+                && s.key == key
+                && s.bits & bits != 0
+                && s.state.load(StdOrdering::SeqCst) == WAITING
+            {
                 s.state.store(WOKEN, StdOrdering::SeqCst);
                 s.thread.unpark();
                 woke += 1;
-                false
-            } else {
-                true
             }
-        });
+        }
         woke
     }
 
-    /// Threads asleep here that reached their word through the mapping at
-    /// `base` (one process's).
+    /// Threads inside a wait here (asleep, or woken and not yet run) that
+    /// reached their word through the mapping at `base` (one process's).
     pub fn sleeping_in(base: usize) -> usize {
         table()
             .sleepers
@@ -472,26 +484,28 @@ pub mod model {
     }
 
     /// Kills the process of the mapping at `base` if exactly `threads` of
-    /// its threads sleep here now (all of them, as the caller counts): marks
-    /// the mapping dead and its sleepers dead (they unwind with [`Died`]
-    /// when next run). Atomic with respect to every wait and wake. True if
-    /// it killed.
+    /// its threads are inside a wait here now (asleep, or woken and not yet
+    /// run: all of them, as the caller counts): marks the mapping dead and
+    /// those threads dead (they unwind with [`Died`] when next run). Atomic
+    /// with respect to every wait and wake. True if it killed.
     pub fn kill_parked(base: usize, threads: usize) -> bool {
-        let mut t = table();
+        let t = table();
         if t.sleepers.iter().filter(|s| s.base == Some(base)).count() != threads {
             return false;
         }
-        mark_dead(base);
-        t.sleepers.retain(|s| {
-            if s.base == Some(base) {
-                s.state.store(DEAD, StdOrdering::SeqCst);
-                s.thread.unpark();
-                false
-            } else {
-                true
-            }
-        });
+        kill_sleepers(&t, base);
         true
+    }
+
+    /// Marks the mapping at `base` dead, and every thread inside a wait
+    /// through it (asleep, or woken and not yet run): they die when next
+    /// run. Under the table's lock.
+    fn kill_sleepers(t: &Table, base: usize) {
+        mark_dead(base);
+        for s in t.sleepers.iter().filter(|s| s.base == Some(base)) {
+            s.state.store(DEAD, StdOrdering::SeqCst);
+            s.thread.unpark();
+        }
     }
 
     /// Makes the shared scheduler's fairness hand-off never come due in
@@ -532,17 +546,7 @@ pub mod model {
     /// Marks the process of the mapping at `base` dead, with every thread
     /// of it that sleeps here (the caller is its one running thread).
     pub fn kill_all(base: usize) {
-        let mut t = table();
-        mark_dead(base);
-        t.sleepers.retain(|s| {
-            if s.base == Some(base) {
-                s.state.store(DEAD, StdOrdering::SeqCst);
-                s.thread.unpark();
-                false
-            } else {
-                true
-            }
-        });
+        kill_sleepers(&table(), base);
     }
 
     /// Unwinds the calling thread with [`Died`] (its process is dead).
