@@ -342,7 +342,7 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
 /// never left for the backstop.
 #[test]
 fn release_races_designee_take() {
-    explore("release_races_designee_take", 3000, || {
+    explore("release_races_designee_take", 15000, || {
         model::set_timeouts(false);
         pick_fairness();
         let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
@@ -370,21 +370,21 @@ fn release_races_designee_take() {
 
 #[test]
 fn take_give_dispatch_max1_three_procs() {
-    explore("take_give_dispatch_max1_three_procs", 3000, || mix(1, 3, 1, 3));
+    explore("take_give_dispatch_max1_three_procs", 15000, || mix(1, 3, 1, 3));
 }
 
 #[test]
 fn take_give_dispatch_max1_two_procs_two_threads() {
     explore(
         "take_give_dispatch_max1_two_procs_two_threads",
-        3000,
+        15000,
         || mix(1, 2, 2, 2),
     );
 }
 
 #[test]
 fn take_give_dispatch_max2_three_procs() {
-    explore("take_give_dispatch_max2_three_procs", 3000, || {
+    explore("take_give_dispatch_max2_three_procs", 15000, || {
         mix(2, 3, 1, 3)
     });
 }
@@ -393,7 +393,7 @@ fn take_give_dispatch_max2_three_procs() {
 fn take_give_dispatch_max2_two_procs_two_threads() {
     explore(
         "take_give_dispatch_max2_two_procs_two_threads",
-        3000,
+        15000,
         || mix(2, 2, 2, 2),
     );
 }
@@ -407,7 +407,7 @@ fn take_give_dispatch_max2_two_procs_two_threads() {
 /// High one must be granted first. Timeouts off.
 #[test]
 fn priority_across_processes() {
-    explore("priority_across_processes", 4000, || {
+    explore("priority_across_processes", 15000, || {
         model::set_timeouts(false);
         pick_fairness();
         let ps = Arc::new(sched_procs(3, Concurrency::max(1)));
@@ -451,7 +451,7 @@ fn priority_across_processes() {
 /// every `held` word exact at the end. Timeouts off.
 #[test]
 fn capped_admissions_counting_on_demand() {
-    explore("capped_admissions_counting_on_demand", 4000, || {
+    explore("capped_admissions_counting_on_demand", 20000, || {
         model::set_timeouts(false);
         pick_fairness();
         let c = Concurrency::max(2).low(1);
@@ -631,24 +631,24 @@ fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
 
 #[test]
 fn death_max1_two_survivors() {
-    explore("death_max1_two_survivors", 3000, || death(1, 2, false, 1));
+    explore("death_max1_two_survivors", 15000, || death(1, 2, false, 1));
 }
 
 #[test]
 fn death_max2_two_survivors() {
-    explore("death_max2_two_survivors", 3000, || death(2, 2, false, 1));
+    explore("death_max2_two_survivors", 10000, || death(2, 2, false, 1));
 }
 
 #[test]
 fn death_capped_max2_two_survivors() {
-    explore("death_capped_max2_two_survivors", 3000, || {
+    explore("death_capped_max2_two_survivors", 15000, || {
         death(2, 2, true, 1)
     });
 }
 
 #[test]
 fn death_two_victim_threads_max1() {
-    explore("death_two_victim_threads_max1", 3000, || {
+    explore("death_two_victim_threads_max1", 15000, || {
         death(1, 1, false, 2)
     });
 }
@@ -699,7 +699,7 @@ const CAP: u64 = 4;
 /// tokens; everyone is served; nobody left queued.
 #[test]
 fn limiter_two_priorities_drained_bucket() {
-    explore("limiter_two_priorities_drained_bucket", 1500, || {
+    explore("limiter_two_priorities_drained_bucket", 7500, || {
         model::set_timeouts(true);
         let (lims, _maps) = limiter_procs(2, RATE, CAP);
         let lims = Arc::new(lims);
@@ -761,7 +761,7 @@ fn limiter_two_priorities_drained_bucket() {
 /// still be served. Timeouts on.
 #[test]
 fn limiter_death_of_a_higher_front() {
-    explore("limiter_death_of_a_higher_front", 1500, || {
+    explore("limiter_death_of_a_higher_front", 7500, || {
         model::set_timeouts(true);
         let (lims, maps) = limiter_procs(2, RATE, CAP);
         let lims = Arc::new(lims);
@@ -826,7 +826,7 @@ const DEATH_POINTS: [&str; 8] = [
 /// what the dead process held is freed once and every count is exact.
 #[test]
 fn death_inside_the_protocol() {
-    explore("death_inside_the_protocol", 4000, || {
+    explore("death_inside_the_protocol", 30000, || {
         model::set_timeouts(true);
         pick_fairness();
         let max = 2;
