@@ -107,11 +107,13 @@ fn spawn<T: Send + 'static>(
 ) -> shuttle::thread::JoinHandle<Option<T>> {
     shuttle::thread::Builder::new()
         .name(name.into())
-        .spawn(move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            Ok(v) => Some(v),
-            Err(e) if e.is::<model::Died>() => None,
-            Err(e) => std::panic::resume_unwind(e),
-        })
+        .spawn(
+            move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(v) => Some(v),
+                Err(e) if e.is::<model::Died>() => None,
+                Err(e) => std::panic::resume_unwind(e),
+            },
+        )
         .unwrap()
 }
 
@@ -370,7 +372,9 @@ fn release_races_designee_take() {
 
 #[test]
 fn take_give_dispatch_max1_three_procs() {
-    explore("take_give_dispatch_max1_three_procs", 15000, || mix(1, 3, 1, 3));
+    explore("take_give_dispatch_max1_three_procs", 15000, || {
+        mix(1, 3, 1, 3)
+    });
 }
 
 #[test]
@@ -397,7 +401,6 @@ fn take_give_dispatch_max2_two_procs_two_threads() {
         || mix(2, 2, 2, 2),
     );
 }
-
 
 // ---- 2. priority across processes ----------------------------------------------
 
@@ -429,7 +432,11 @@ fn priority_across_processes() {
             shuttle::thread::yield_now();
         }
         drop(held);
-        assert_eq!(high.join().unwrap(), Some(0), "the Low waiter was granted first");
+        assert_eq!(
+            high.join().unwrap(),
+            Some(0),
+            "the Low waiter was granted first"
+        );
         assert_eq!(low.join().unwrap(), Some(1));
         for p in ps.iter() {
             assert_quiescent(p, 1);
@@ -505,7 +512,11 @@ fn capped_admissions_counting_on_demand() {
         for h in hs {
             h.join().unwrap();
         }
-        assert_ne!(ps[0].state().gate & GATE_COUNTING, 0, "a capped admission turns counting on");
+        assert_ne!(
+            ps[0].state().gate & GATE_COUNTING,
+            0,
+            "a capped admission turns counting on"
+        );
         for p in ps.iter() {
             assert_quiescent(p, 2);
         }
@@ -835,7 +846,10 @@ fn death_inside_the_protocol() {
         let point = DEATH_POINTS[shuttle::rand::thread_rng().gen_range(0..DEATH_POINTS.len())];
         // MODEL_DEATH_POINT=<name>: only that one (to study it).
         let point = match std::env::var("MODEL_DEATH_POINT") {
-            Ok(p) => DEATH_POINTS.into_iter().find(|&d| d == p).expect("a death point"),
+            Ok(p) => DEATH_POINTS
+                .into_iter()
+                .find(|&d| d == p)
+                .expect("a death point"),
             Err(_) => point,
         };
         ps[0].map.model_arm_death(point);

@@ -211,7 +211,9 @@ impl SharedRoot {
     pub fn release(&self, slots: &Slots) {
         self.slots.give(slots);
         #[cfg(shuttle)]
-        self.slots.mapping().model_death_point("release: freed, nobody served yet");
+        self.slots
+            .mapping()
+            .model_death_point("release: freed, nobody served yet");
         if self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0 {
             self.release_slow();
         }
@@ -476,7 +478,9 @@ impl SharedRoot {
                 match self.take(w.need, cap) {
                     Some(slots) => {
                         #[cfg(shuttle)]
-                        self.slots.mapping().model_death_point("taken for a waiter, not granted");
+                        self.slots
+                            .mapping()
+                            .model_death_point("taken for a waiter, not granted");
                         q.tiers[d.tier].pop_front();
                         w.counters.left(d.tier, false);
                         if w.is_async {

@@ -320,7 +320,8 @@ impl SharedSlots {
             self.held().fetch_add(u64::from(n), Ordering::SeqCst);
         }
         #[cfg(shuttle)]
-        self.mapping().model_death_point("take: counted, no cell yet");
+        self.mapping()
+            .model_death_point("take: counted, no cell yet");
         let got = if n == 1 {
             self.take_cell(owner).map(|c| Slots::one(c | tag))
         } else {
@@ -354,7 +355,8 @@ impl SharedSlots {
         let owner = self.owner();
         self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
         #[cfg(shuttle)]
-        self.mapping().model_death_point("count_now: counted, cell not marked");
+        self.mapping()
+            .model_death_point("count_now: counted, cell not marked");
         let mark = |c: u32| {
             if let Some(cell) = self.cells().get(c as usize) {
                 let _ = cell.compare_exchange(
@@ -502,7 +504,8 @@ impl SharedSlots {
                 let cell = c & !COUNTED;
                 self.free_cell(cell, owner, c & COUNTED);
                 #[cfg(shuttle)]
-                self.mapping().model_death_point("give: cell freed, count not yet");
+                self.mapping()
+                    .model_death_point("give: cell freed, count not yet");
                 self.hint.store(cell, Ordering::Relaxed);
                 if c & COUNTED != 0 {
                     self.held().fetch_sub(1, Ordering::SeqCst);

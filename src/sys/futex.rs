@@ -11,10 +11,10 @@
 //! `CLOCK_MONOTONIC`, so wall-clock changes do not stretch or cut a wait.
 
 #[cfg(not(shuttle))]
-pub use os::{futex_wait, futex_wake, futex_wait_bitset, futex_wake_bitset};
+pub use os::{futex_wait, futex_wait_bitset, futex_wake, futex_wake_bitset};
 
 #[cfg(shuttle)]
-pub use model::{futex_wait, futex_wake, futex_wait_bitset, futex_wake_bitset};
+pub use model::{futex_wait, futex_wait_bitset, futex_wake, futex_wake_bitset};
 
 /// How a [`futex_wait`] ended. Every outcome may be spurious from the
 /// caller's point of view: callers re-check their condition in a loop.
@@ -384,7 +384,9 @@ pub mod model {
         if dead {
             die();
         }
-        trace(format_args!("futex wait {key:?} expected {expected} bits {bitset:#x}"));
+        trace(format_args!(
+            "futex wait {key:?} expected {expected} bits {bitset:#x}"
+        ));
         let state = Arc::new(AtomicU8::new(WAITING));
         let timed = {
             let mut t = table();
