@@ -201,41 +201,42 @@ pub(crate) mod os {
     }
 }
 
-/// The futex calls under the model checker (`--cfg shuttle`): a model of
-/// the kernel's shared futexes built from the checker's own primitives, so
-/// that no call ever blocks the one OS thread the checker runs every model
-/// thread on, and so that a sleeper that is never woken is a deadlock the
-/// checker reports.
-///
-/// - **Keys.** The kernel keys a shared futex on the page (inode + offset),
-///   not on the virtual address: two processes map the region at different
-///   addresses. Each region mapping registers its range and its file's
-///   identity here ([`map_range`], from `Mapping::new`), so a word in a
-///   mapping is keyed by (file, offset) and a waker in one "process" (a
-///   group of model threads with its own mapping) reaches a sleeper in
-///   another. Other words (process memory) are keyed by their address.
-/// - **No lost wake-up.** A sleeper checks the word and enqueues itself
-///   under the table's lock, and a waker takes the same lock to dequeue, so
-///   a wake issued after the word changed is never missed (the callers bump
-///   the word before they wake, as with the kernel).
-/// - **Timeouts** are switchable per execution ([`set_timeouts`]). Off: a
-///   timed wait ends only by a wake (a wake-up the protocol loses shows up
-///   as a deadlock; spurious wake-ups of the checker are slept through).
-///   On: a timed wait may also end by timeout, at whatever point the
-///   checker next runs the sleeper (it yields once; the checker decides
-///   when it runs again). Waits without a timeout always end only by a
-///   wake.
-/// - **Death.** [`kill_parked`] marks a mapping's process dead while all
-///   its threads are inside a wait here (asleep, or woken and not yet run):
-///   a wake no longer counts them (a dead process has no sleepers), and,
-///   when next run, they unwind with [`Died`] (without the panic hook,
-///   through frames that hold no lock of the region), so they never act
-///   again. A process may also die at a named step of the protocol
-///   ([`death_point`]), its running thread unwinding from there. A test
-///   runs each model thread under `catch_unwind` and treats `Died` as the
-///   thread's end.
 #[cfg(shuttle)]
 pub mod model {
+    //! The futex calls under the model checker (`--cfg shuttle`): a model of
+    //! the kernel's shared futexes built from the checker's own primitives, so
+    //! that no call ever blocks the one OS thread the checker runs every model
+    //! thread on, and so that a sleeper that is never woken is a deadlock the
+    //! checker reports.
+    //!
+    //! - **Keys.** The kernel keys a shared futex on the page (inode + offset),
+    //!   not on the virtual address: two processes map the region at different
+    //!   addresses. Each region mapping registers its range and its file's
+    //!   identity here ([`map_range`], from `Mapping::new`), so a word in a
+    //!   mapping is keyed by (file, offset) and a waker in one "process" (a
+    //!   group of model threads with its own mapping) reaches a sleeper in
+    //!   another. Other words (process memory) are keyed by their address.
+    //! - **No lost wake-up.** A sleeper checks the word and enqueues itself
+    //!   under the table's lock, and a waker takes the same lock to dequeue, so
+    //!   a wake issued after the word changed is never missed (the callers bump
+    //!   the word before they wake, as with the kernel).
+    //! - **Timeouts** are switchable per execution ([`set_timeouts`]). Off: a
+    //!   timed wait ends only by a wake (a wake-up the protocol loses shows up
+    //!   as a deadlock; spurious wake-ups of the checker are slept through).
+    //!   On: a timed wait may also end by timeout, at whatever point the
+    //!   checker next runs the sleeper (it yields once; the checker decides
+    //!   when it runs again). Waits without a timeout always end only by a
+    //!   wake.
+    //! - **Death.** [`kill_parked`] marks a mapping's process dead while all
+    //!   its threads are inside a wait here (asleep, or woken and not yet run):
+    //!   a wake no longer counts them (a dead process has no sleepers), and,
+    //!   when next run, they unwind with [`Died`] (without the panic hook,
+    //!   through frames that hold no lock of the region), so they never act
+    //!   again. A process may also die at a named step of the protocol
+    //!   ([`death_point`]), its running thread unwinding from there. A test
+    //!   runs each model thread under `catch_unwind` and treats `Died` as the
+    //!   thread's end.
+
     use super::WaitResult;
     use shuttle::sync::atomic::{AtomicU32, Ordering};
     use std::sync::atomic::{AtomicU8, Ordering as StdOrdering};
@@ -363,17 +364,17 @@ pub mod model {
         table().timeouts = on;
     }
 
-    /// The model of [`futex_wait`](super::os::futex_wait).
+    /// Models `FUTEX_WAIT` (every bit: see the module docs).
     pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
         futex_wait_bitset(word, expected, timeout, super::BITSET_ALL)
     }
 
-    /// The model of [`futex_wake`](super::os::futex_wake).
+    /// Models `FUTEX_WAKE` (every bit).
     pub fn futex_wake(word: &AtomicU32, n: i32) -> usize {
         futex_wake_bitset(word, n, super::BITSET_ALL)
     }
 
-    /// The model of [`futex_wait_bitset`](super::os::futex_wait_bitset).
+    /// Models `FUTEX_WAIT_BITSET` (see the module docs).
     pub fn futex_wait_bitset(
         word: &AtomicU32,
         expected: u32,
@@ -454,7 +455,8 @@ pub mod model {
         state.load(StdOrdering::SeqCst)
     }
 
-    /// The model of [`futex_wake_bitset`](super::os::futex_wake_bitset).
+    /// Models `FUTEX_WAKE_BITSET`: wakes up to `n` of the sleepers on
+    /// `word`'s key whose bits meet `bitset`, oldest first.
     pub fn futex_wake_bitset(word: &AtomicU32, n: i32, bitset: u32) -> usize {
         let (key, _, _) = key_of(word as *const AtomicU32 as usize);
         let bits = bitset.max(1);
