@@ -185,7 +185,10 @@ impl ParamBlock {
 /// True at most once per 100 ms in this process: when a slow path may
 /// check that a TSC clock still agrees with `CLOCK_MONOTONIC`.
 pub(crate) fn clock_check_due() -> bool {
-    static LAST: AtomicU64 = AtomicU64::new(0);
+    // A standard atomic even under the model checker: a process-local rate
+    // limit, no part of a modelled protocol (and a checker atomic cannot
+    // live in a static across executions).
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let now = crate::sys::clock::monotonic_ns();
     let last = LAST.load(Ordering::Relaxed);
     now.saturating_sub(last) >= 100_000_000

@@ -60,7 +60,12 @@ use crate::sys::fork::fork_generation;
 use crate::sys::futex::BITSET_ALL;
 
 /// A waiter wakes at least this often to look for dead processes.
+#[cfg(not(shuttle))]
 const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
+/// Under the model checker the reap interval is 0; a waiter still sleeps
+/// between drains (a zero nap would make its wait loop spin).
+#[cfg(shuttle)]
+const BACKSTOP: Duration = Duration::from_millis(1);
 
 /// A front that waits for a higher front elsewhere looks again this often
 /// (that front has been woken and can go: this is a short wait).

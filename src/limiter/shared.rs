@@ -89,7 +89,15 @@ impl SharedBucket {
                 let (r, c) = (check_rate(r)?, super::check_capacity(c)?);
                 // The creator calibrates the clock every process will use.
                 let init = move |area: &mut [u8]| {
+                    #[cfg(not(shuttle))]
                     let clock = calibrate().map_or(Clock::Monotonic, Clock::Tsc);
+                    // Under the model checker, once per run: calibrating
+                    // sleeps 20 ms, which every execution would pay.
+                    #[cfg(shuttle)]
+                    let clock = {
+                        static CLOCK: std::sync::OnceLock<Clock> = std::sync::OnceLock::new();
+                        *CLOCK.get_or_init(|| calibrate().map_or(Clock::Monotonic, Clock::Tsc))
+                    };
                     let epoch = clock.now_ns();
                     let block = area[PARAMS_OFF..].as_mut_ptr() as *const ParamBlock;
                     // SAFETY: the area is the zeroed object area being

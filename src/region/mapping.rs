@@ -56,7 +56,16 @@ struct Parked {
 /// Registrations parked by dropped mappings (see the module docs). A
 /// [`ForkSafeMutex`]: a child that inherits it locked takes it over and
 /// starts empty.
+#[cfg(not(shuttle))]
 static PARKED: ForkSafeMutex<Vec<Parked>> = ForkSafeMutex::new(Vec::new());
+
+// Under the model checker the lock's word is the checker's atomic, which
+// must be created inside an execution: one table per execution (dropped,
+// with the liveness locks it holds, when the execution ends).
+#[cfg(shuttle)]
+shuttle::lazy_static! {
+    static ref PARKED: ForkSafeMutex<Vec<Parked>> = ForkSafeMutex::new(Vec::new());
+}
 
 /// Takes this process's parked registration for the file `identity`, if
 /// any. Registrations inherited across fork are dropped (which does nothing
@@ -146,6 +155,10 @@ impl Mapping {
             .map_err(|e| Error::io("reopen region for probing", path(), e))?;
         let identity = sys::file::file_identity(region.fd())
             .map_err(|e| Error::io("fstat region", path(), e))?;
+        // The futex model keys the words of this mapping on (file, offset),
+        // as the kernel does (see `sys::futex::model`).
+        #[cfg(shuttle)]
+        sys::futex::model::map_range(map.as_ptr() as usize, map.len(), identity);
         Ok(Mapping {
             region,
             map,
@@ -346,6 +359,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        #[cfg(shuttle)]
+        sys::futex::model::unmap_range(self.map.as_ptr() as usize);
         let Some(r) = self.reg.lock().take() else {
             return;
         };
@@ -363,5 +378,66 @@ impl Drop for Mapping {
         }
         // Otherwise `r` drops here: its lock fd closes and the entry is
         // reaped like a dead process's.
+    }
+}
+
+/// A model-checker hook (`--cfg shuttle`, `tests/model.rs`): the death of
+/// the process that owns this mapping.
+#[cfg(shuttle)]
+impl Mapping {
+    /// This process's threads asleep in the futex model on words of this
+    /// mapping.
+    #[doc(hidden)]
+    pub fn model_sleepers(&self) -> usize {
+        sys::futex::model::sleeping_in(self.map.as_ptr() as usize)
+    }
+
+    /// Kills this mapping's process now if exactly `threads` of its threads
+    /// sleep in the futex model (all the threads it has left; 0 once they
+    /// have all returned): those threads never act again (they unwind with
+    /// [`sys::futex::model::Died`]), and its registration is dropped
+    /// without being parked, which closes its liveness lock: from then on
+    /// the kernel says it is dead, and whatever it held or published is
+    /// left for a reaper. The caller must drop its handles of the process
+    /// afterwards without using them. True if it died.
+    #[doc(hidden)]
+    pub fn model_die_if_parked(&self, threads: usize) -> bool {
+        if !sys::futex::model::kill_parked(self.map.as_ptr() as usize, threads) {
+            return false;
+        }
+        self.model_drop_liveness();
+        true
+    }
+
+    /// Arms the death point named `point` for this mapping's process: the
+    /// first of its threads that reaches it (see
+    /// [`model_death_point`](Self::model_death_point)) kills the process
+    /// there. For processes with one thread (another running thread would
+    /// go on acting).
+    #[doc(hidden)]
+    pub fn model_arm_death(&self, point: &'static str) {
+        sys::futex::model::arm_death(self.map.as_ptr() as usize, point);
+    }
+
+    /// A death point in the protocol code: if `point` is armed for this
+    /// process, it dies here (its sleeping threads never act again, its
+    /// liveness lock is dropped) and the calling thread unwinds with
+    /// [`sys::futex::model::Died`] without acting again either.
+    #[doc(hidden)]
+    pub fn model_death_point(&self, point: &'static str) {
+        let base = self.map.as_ptr() as usize;
+        if sys::futex::model::death_point(base, point) {
+            sys::futex::model::kill_all(base);
+            self.model_drop_liveness();
+            sys::futex::model::die();
+        }
+    }
+
+    /// Drops the registration without parking it: its liveness lock
+    /// closes, and the kernel says the process is dead.
+    fn model_drop_liveness(&self) {
+        self.fast.store(0, Ordering::Release);
+        let reg = self.reg.lock().take();
+        drop(reg);
     }
 }

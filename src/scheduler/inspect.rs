@@ -94,3 +94,13 @@ impl Scheduler {
         s.mapping().deregister()
     }
 }
+
+#[cfg(shuttle)]
+impl Scheduler {
+    /// The shared region's raw state, for the model checker's tests
+    /// (`--cfg shuttle`); `None` for an in-process scheduler.
+    #[doc(hidden)]
+    pub fn model_state(&self) -> Option<super::shared::ModelState> {
+        self.shared_root().map(SharedSlots::model_state)
+    }
+}

@@ -42,6 +42,9 @@ pub use caps::{Concurrency, MAX_CONCURRENCY};
 pub use future::Acquire;
 pub use lottery::LOTTERY_ODDS;
 pub use root::{BACKSTOP, FAIR_AFTER, PROBE_AFTER};
+#[cfg(shuttle)]
+#[doc(hidden)]
+pub use shared::ModelState;
 pub use shared::MAX_SHARED_SLOTS;
 pub use stats::{QueueStats, SchedulerStats, SharedStats};
 

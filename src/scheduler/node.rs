@@ -44,7 +44,10 @@ use crate::stall::StallClock;
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::futex_wait;
 
-static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
+/// Node ids, process-wide. A standard atomic even under the model checker:
+/// an id counter is no part of a modelled protocol, and a checker atomic
+/// cannot live in a static across executions.
+static NEXT_NODE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 const RUNNING: u64 = 0xffff_ffff;
 const QUEUED_SHIFT: u32 = 32;

@@ -50,9 +50,11 @@
 //! designation, by a probe when it has been woken but has not come for free
 //! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), and by the
 //! backstop wake of every other waiter ([`BACKSTOP`] =
-//! [`REAP_INTERVAL_MS`]). Reaping it clears its publication and its
-//! designation, so nobody waits on a dead waiter for more than one reap
-//! interval.
+//! [`REAP_INTERVAL_MS`]), which reaps whether or not the table is full: a
+//! dead process may hold a waiter back without filling it (a designation
+//! it was taking for, a running count it left one too high for a capped
+//! waiter). Reaping it clears its publication and its designation, so
+//! nobody waits on a dead waiter for more than one reap interval.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -80,15 +82,37 @@ pub const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
 
 /// How long a designee may be overtaken by fresh arrivals before every
 /// fast path closes for it.
+#[cfg(not(shuttle))]
 pub const FAIR_AFTER: Duration = Duration::from_millis(1);
 
 /// A woken designee that has not taken free capacity for this long is
 /// checked for liveness.
+#[cfg(not(shuttle))]
 pub const PROBE_AFTER: Duration = Duration::from_millis(1);
 
 /// Minimum time between two liveness probes of a stalled designee,
 /// region-wide.
+#[cfg(not(shuttle))]
 const PROBE_INTERVAL_NS: u64 = 200_000;
+
+// Under the model checker these delays are 0, so that what they decide
+// depends on the schedule alone (not on how fast the host runs the model)
+// and every decision they guard is taken as early as it can be.
+
+/// How long a designee may be overtaken by fresh arrivals before every
+/// fast path closes for it (model checker: at once).
+#[cfg(shuttle)]
+pub const FAIR_AFTER: Duration = Duration::ZERO;
+
+/// A woken designee that has not taken free capacity for this long is
+/// checked for liveness (model checker: at once).
+#[cfg(shuttle)]
+pub const PROBE_AFTER: Duration = Duration::ZERO;
+
+/// Minimum time between two liveness probes of a stalled designee,
+/// region-wide (model checker: none).
+#[cfg(shuttle)]
+const PROBE_INTERVAL_NS: u64 = 0;
 
 /// Serve rounds per call: each round designates, grants or clears one
 /// designation, so this bounds the work one caller does for others.
@@ -190,6 +214,10 @@ impl SharedRoot {
     #[inline]
     pub fn release(&self, slots: &Slots) {
         self.slots.give(slots);
+        #[cfg(shuttle)]
+        self.slots
+            .mapping()
+            .model_death_point("release: freed, nobody served yet");
         if self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0 {
             self.release_slow();
         }
@@ -295,10 +323,13 @@ impl SharedRoot {
         }
     }
 
-    /// A backstop wake: a waiter has waited a whole reap interval. Dead
-    /// processes may hold units it needs (all of them, or just enough that
-    /// what is free is less than it needs): look for them (at most once per
-    /// reap interval, region-wide).
+    /// A backstop wake: a waiter (or the helper) slept a whole backstop
+    /// period, and what holds it back may be a dead process's: cells it
+    /// held (a full table), a running count it left one too high (it died
+    /// between its count and its cell: capped waiters are refused while the
+    /// table is not full), or a designation it was taking for (which no
+    /// other process ends). So reap, whether the table is full or not (at
+    /// most once per reap interval, region-wide).
     fn on_backstop(&self) {
         if self.slots.maybe_reap() > 0 {
             self.serve_now(false);
@@ -467,9 +498,15 @@ impl SharedRoot {
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
                 }
+                #[cfg(shuttle)]
+                self.slots.mapping().model_death_point("designee taking");
                 let cap = if d.lottery { u32::MAX } else { w.cap };
                 match self.take(w.need, cap) {
                     Some(slots) => {
+                        #[cfg(shuttle)]
+                        self.slots
+                            .mapping()
+                            .model_death_point("taken for a waiter, not granted");
                         q.tiers[d.tier].pop_front();
                         w.counters.left(d.tier, false);
                         if w.is_async {
@@ -489,9 +526,23 @@ impl SharedRoot {
                             notified: false,
                             ..d
                         };
-                        reg.swap_designee(&taking, Some(&back));
+                        let back_in = reg.swap_designee(&taking, Some(&back));
                         if fair_due(reg) {
                             reg.set_strict();
+                        }
+                        // A release that read the designation while it was
+                        // taking left what it freed to this take and woke
+                        // nobody; if it freed after the take looked, that
+                        // room is there now. The release frees before it
+                        // reads the designation, and this looks after the
+                        // swap above: one of the two sees the other, so
+                        // either that release serves the designee or this
+                        // takes again.
+                        if back_in
+                            && self.slots.free() >= u64::from(w.need)
+                            && self.fits()(w.need, cap)
+                        {
+                            continue;
                         }
                         return;
                     }
@@ -517,7 +568,7 @@ impl SharedRoot {
                 let _ = self.slots.reap();
                 continue;
             }
-            if waited >= FAIR_AFTER.as_nanos() as u64 {
+            if waited >= fair_after_ns() {
                 reg.set_strict();
             }
             if !d.notified {
@@ -670,7 +721,16 @@ impl SharedRoot {
 /// many releases of the barging process.
 const FAIR_CHECK_EVERY: u32 = 16;
 
+/// True on one call in [`FAIR_CHECK_EVERY`] on this thread (on every call
+/// under the model checker, whose replays must not depend on a counter
+/// that outlives an execution).
+#[cfg(shuttle)]
+fn fair_check_turn() -> bool {
+    true
+}
+
 /// True on one call in [`FAIR_CHECK_EVERY`] on this thread.
+#[cfg(not(shuttle))]
 #[inline]
 fn fair_check_turn() -> bool {
     std::thread_local!(static SLOW_RELEASES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
@@ -683,7 +743,19 @@ fn fair_check_turn() -> bool {
 
 /// True once the current designee has been overtaken for [`FAIR_AFTER`].
 fn fair_due(reg: &Registry) -> bool {
-    monotonic_ns().saturating_sub(reg.designated_ns()) >= FAIR_AFTER.as_nanos() as u64
+    monotonic_ns().saturating_sub(reg.designated_ns()) >= fair_after_ns()
+}
+
+/// [`FAIR_AFTER`] in ns; under the model checker an execution may ask for
+/// never instead (0 and never are the two ends the checker can explore
+/// without depending on the host's speed).
+#[inline]
+fn fair_after_ns() -> u64 {
+    #[cfg(shuttle)]
+    if crate::sys::futex::model::never_fair() {
+        return u64::MAX;
+    }
+    FAIR_AFTER.as_nanos() as u64
 }
 
 /// The helper loop (see [`SharedRoot::ensure_helper`]).

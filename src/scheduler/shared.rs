@@ -176,7 +176,15 @@ impl SharedSlots {
             Some(m) => {
                 let init = move |b: &mut [u8]| {
                     // The area arrives zeroed: all cells free, no waiters.
-                    b[HEADER_OFF..HEADER_OFF + 4].copy_from_slice(&m.to_ne_bytes());
+                    // The max is stored through its atomic (under the model
+                    // checker an atomic is more than its value's bytes).
+                    assert!(b.len() >= HEADER_OFF + std::mem::size_of::<SchedHeader>());
+                    // SAFETY: the header lies inside the area (asserted), at a
+                    // multiple of 128 from its 128-aligned start; it is atomics
+                    // and padding, valid for the area's zeroed bytes; the
+                    // area is exclusively ours while it is initialised.
+                    let h = unsafe { &*(b.as_ptr().add(HEADER_OFF) as *const SchedHeader) };
+                    h.max.store(m, Ordering::Relaxed);
                 };
                 let spec = ObjectSpec {
                     kind: ObjectKind::Scheduler,
@@ -311,6 +319,9 @@ impl SharedSlots {
         if counting {
             self.held().fetch_add(u64::from(n), Ordering::SeqCst);
         }
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("take: counted, no cell yet");
         let got = if n == 1 {
             self.take_cell(owner).map(|c| Slots::one(c | tag))
         } else {
@@ -343,6 +354,9 @@ impl SharedSlots {
     fn count_now(&self, mut s: Slots) -> Slots {
         let owner = self.owner();
         self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("count_now: counted, cell not marked");
         let mark = |c: u32| {
             if let Some(cell) = self.cells().get(c as usize) {
                 let _ = cell.compare_exchange(
@@ -413,6 +427,8 @@ impl SharedSlots {
                 }
             }
         }
+        #[cfg(shuttle)]
+        self.mapping().model_death_point("cap lock held");
         let r = if self.running() + u64::from(need) <= u64::from(cap) {
             self.take(need)
         } else {
@@ -487,6 +503,9 @@ impl SharedSlots {
             SlotsView::One(c) => {
                 let cell = c & !COUNTED;
                 self.free_cell(cell, owner, c & COUNTED);
+                #[cfg(shuttle)]
+                self.mapping()
+                    .model_death_point("give: cell freed, count not yet");
                 self.hint.store(cell, Ordering::Relaxed);
                 if c & COUNTED != 0 {
                     self.held().fetch_sub(1, Ordering::SeqCst);
@@ -542,6 +561,17 @@ impl SharedSlots {
         } else {
             self.occupied() >= self.ceiling()
         }
+    }
+
+    /// Cells free under the ceiling now, counted as [`full`](Self::full)
+    /// counts (asking does not start counting).
+    pub fn free(&self) -> u64 {
+        let taken = if self.counting() {
+            self.running()
+        } else {
+            u64::from(self.occupied())
+        };
+        u64::from(self.ceiling()).saturating_sub(taken)
     }
 
     /// The effective ceiling: at most this many slots are held at once
@@ -688,6 +718,65 @@ impl SharedSlots {
             stall_ns: self.reg.stall_ns(),
             wakes: self.reg.wakes(),
             fair_handoffs: self.reg.strict_handoffs(),
+        }
+    }
+}
+
+/// What the model checker's tests look at (`--cfg shuttle`,
+/// `tests/model.rs`): the region's raw state, read without side effects
+/// (unlike [`SharedSlots::running`], reading it never starts counting).
+#[cfg(shuttle)]
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelState {
+    /// The gate word.
+    pub gate: u64,
+    /// The designee: (process entry, tier, ticket, lottery, notified,
+    /// taking).
+    pub designee: Option<(u32, usize, u32, bool, bool, bool)>,
+    /// Per member process: (entry, owner id, its `held` word, cells it
+    /// owns, of which counted).
+    pub members: Vec<(u32, u32, u64, u32, u32)>,
+    /// Occupied cells (blocked ones excluded).
+    pub occupied: u32,
+    /// Cells owned by no member (a dead process's, not yet reaped).
+    pub orphaned: u32,
+}
+
+#[cfg(shuttle)]
+impl SharedSlots {
+    /// The region's raw state (see [`ModelState`]).
+    pub(crate) fn model_state(&self) -> ModelState {
+        let reg = &self.reg;
+        let designee = reg
+            .designee()
+            .map(|d| (d.idx, d.tier, d.ticket, d.lottery, d.notified, d.taking));
+        let cells: Vec<u32> = self
+            .cells()
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .collect();
+        let mut owned_by_members = 0;
+        let members = reg
+            .members()
+            .filter_map(|idx| {
+                let e = self.mapping().proc_entry(idx).ok()?;
+                let owner = crate::region::ProcId::encode(idx, e.generation());
+                let held = e.obj[HELD].load(Ordering::SeqCst);
+                let mine = cells.iter().filter(|&&v| v & !COUNTED == owner);
+                let owned = mine.clone().count() as u32;
+                let counted = mine.filter(|&&v| v & COUNTED != 0).count() as u32;
+                owned_by_members += owned;
+                Some((idx, owner, held, owned, counted))
+            })
+            .collect();
+        let occupied = cells.iter().filter(|&&v| v != 0 && v != BLOCKED).count() as u32;
+        ModelState {
+            gate: reg.gate(),
+            designee,
+            members,
+            occupied,
+            orphaned: occupied - owned_by_members.min(occupied),
         }
     }
 }

@@ -83,13 +83,13 @@ extern "C" fn prepare_fork() {
         if left.is_zero() {
             return; // a thread stopped inside a window: do not block fork forever
         }
-        super::futex::futex_wait(&GATE, v, Some(left.min(Duration::from_millis(10))));
+        super::futex::os::futex_wait(&GATE, v, Some(left.min(Duration::from_millis(10))));
     }
 }
 
 extern "C" fn parent_after_fork() {
     GATE.fetch_sub(FORK_ONE, Ordering::SeqCst);
-    super::futex::futex_wake(&GATE, i32::MAX);
+    super::futex::os::futex_wake(&GATE, i32::MAX);
 }
 
 extern "C" fn child_after_fork() {
@@ -123,7 +123,7 @@ impl GateGuard {
             let v = GATE.load(Ordering::SeqCst);
             if v >= FORK_ONE {
                 // A fork is waiting for the open windows: let it go first.
-                super::futex::futex_wait(&GATE, v, Some(Duration::from_millis(10)));
+                super::futex::os::futex_wait(&GATE, v, Some(Duration::from_millis(10)));
                 continue;
             }
             if v & IN_WINDOW == IN_WINDOW {
@@ -144,7 +144,7 @@ impl Drop for GateGuard {
     fn drop(&mut self) {
         let v = GATE.fetch_sub(1, Ordering::SeqCst);
         if v >= FORK_ONE && v & IN_WINDOW == 1 {
-            super::futex::futex_wake(&GATE, i32::MAX);
+            super::futex::os::futex_wake(&GATE, i32::MAX);
         }
     }
 }

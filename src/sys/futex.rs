@@ -10,8 +10,11 @@
 //! The timeout of `FUTEX_WAIT` is relative and measured on
 //! `CLOCK_MONOTONIC`, so wall-clock changes do not stretch or cut a wait.
 
-use crate::sync::atomic::AtomicU32;
-use std::time::Duration;
+#[cfg(not(shuttle))]
+pub use os::{futex_wait, futex_wait_bitset, futex_wake, futex_wake_bitset};
+
+#[cfg(shuttle)]
+pub use model::{futex_wait, futex_wait_bitset, futex_wake, futex_wake_bitset};
 
 /// How a [`futex_wait`] ended. Every outcome may be spurious from the
 /// caller's point of view: callers re-check their condition in a loop.
@@ -28,170 +31,548 @@ pub enum WaitResult {
     Interrupted,
 }
 
-/// Sleeps while `word == expected`, at most `timeout` (relative,
-/// `CLOCK_MONOTONIC`) if given.
-///
-/// The check of the word and the going to sleep are atomic with respect to
-/// [`futex_wake`]: a wake issued after the word changed cannot be missed.
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
-    let ts = timeout.map(|d| libc::timespec {
-        // Saturate absurdly long timeouts instead of wrapping to negative.
-        tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
-    let ts_ptr: *const libc::timespec = match &ts {
-        Some(t) => t,
-        None => std::ptr::null(),
-    };
-    // SAFETY: `word.as_ptr()` points to a live, aligned u32 for the whole call
-    // (we hold a shared reference to it); the kernel only reads it. `ts_ptr` is
-    // null or points to `ts`, which outlives the call. FUTEX_WAIT (shared) has
-    // no other memory effects.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            ts_ptr,
-        )
-    };
-    if r == 0 {
-        return WaitResult::Woken;
-    }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
-        Some(libc::EAGAIN) => WaitResult::Mismatch,
-        Some(libc::EINTR) => WaitResult::Interrupted,
-        e => {
-            // EFAULT/EINVAL/ENOSYS cannot happen with a valid reference and a
-            // normalised timespec; callers loop anyway, so report it as an
-            // interruption in release builds.
-            debug_assert!(false, "unexpected futex wait error {e:?}");
-            WaitResult::Interrupted
-        }
-    }
-}
-
-/// Wakes up to `n` waiters sleeping on `word` (in any process that maps the
-/// same page). Returns how many were woken.
-///
-/// `FUTEX_WAKE` never reads or writes the word itself; it only uses the
-/// address as a key. That is why a wake on memory that another process has
-/// just unmapped is harmless, and why `EFAULT` (which can only arise if the
-/// page went away under us) can be ignored: there is nobody to wake on a
-/// mapping that no longer exists.
-pub fn futex_wake(word: &AtomicU32, n: i32) -> usize {
-    // SAFETY: `word.as_ptr()` is a live, aligned u32 for the whole call; the
-    // kernel uses the address only to find the wait queue and does not write
-    // through it.
-    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n) };
-    if r < 0 {
-        // Only EFAULT (harmless, see above) or EINVAL (n < 0 is not an error
-        // for FUTEX_WAKE, so none) are possible.
-        debug_assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EFAULT)
-        );
-        return 0;
-    }
-    r as usize
-}
-
 /// Every bit: a waiter sleeping with this mask is woken by any
 /// [`futex_wake_bitset`], and a wake with it reaches every sleeper.
 pub const BITSET_ALL: u32 = u32::MAX;
 
-/// Like [`futex_wait`], but the sleeper is tagged with `bitset` (nonzero):
-/// only a [`futex_wake_bitset`] whose mask shares a bit with it wakes it
-/// (a plain [`futex_wake`] wakes it too). Lets many threads sleep on one
-/// shared word while a waker picks which of them to wake.
-///
-/// The timeout is relative on `CLOCK_MONOTONIC`, like [`futex_wait`]'s (the
-/// kernel's `FUTEX_WAIT_BITSET` takes an absolute time; this converts).
-pub fn futex_wait_bitset(
-    word: &AtomicU32,
-    expected: u32,
-    timeout: Option<Duration>,
-    bitset: u32,
-) -> WaitResult {
-    let ts = timeout.map(|d| {
-        let now = super::clock::monotonic_ns();
-        let until = u128::from(now) + d.as_nanos();
-        // Saturate absurdly long timeouts instead of wrapping.
-        let secs = (until / 1_000_000_000).min(libc::time_t::MAX as u128);
-        libc::timespec {
-            tv_sec: secs as libc::time_t,
-            tv_nsec: (until % 1_000_000_000) as libc::c_long,
+/// The futex system calls, on the standard library's atomics: the
+/// crate's futex functions outside the model checker, and always the fork
+/// gate's (process-wide words in statics, never part of a modelled
+/// protocol).
+// Under the model checker only the fork gate uses this module.
+#[cfg_attr(shuttle, allow(dead_code))]
+pub(crate) mod os {
+    use super::WaitResult;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
+
+    /// Sleeps while `word == expected`, at most `timeout` (relative,
+    /// `CLOCK_MONOTONIC`) if given.
+    ///
+    /// The check of the word and the going to sleep are atomic with respect to
+    /// [`futex_wake`]: a wake issued after the word changed cannot be missed.
+    pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
+        let ts = timeout.map(|d| libc::timespec {
+            // Saturate absurdly long timeouts instead of wrapping to negative.
+            tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let ts_ptr: *const libc::timespec = match &ts {
+            Some(t) => t,
+            None => std::ptr::null(),
+        };
+        // SAFETY: `word.as_ptr()` points to a live, aligned u32 for the whole call
+        // (we hold a shared reference to it); the kernel only reads it. `ts_ptr` is
+        // null or points to `ts`, which outlives the call. FUTEX_WAIT (shared) has
+        // no other memory effects.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT,
+                expected,
+                ts_ptr,
+            )
+        };
+        if r == 0 {
+            return WaitResult::Woken;
         }
-    });
-    let ts_ptr: *const libc::timespec = match &ts {
-        Some(t) => t,
-        None => std::ptr::null(),
-    };
-    // SAFETY: as in `futex_wait`: `word` is a live aligned u32 for the call,
-    // the kernel only reads it; `ts_ptr` is null or points to `ts`, which
-    // outlives the call; `uaddr2` is unused by FUTEX_WAIT_BITSET (null).
-    // A zero bitset would be EINVAL, so it is forced to at least one bit.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT_BITSET,
-            expected,
-            ts_ptr,
-            std::ptr::null::<u32>(),
-            bitset.max(1),
-        )
-    };
-    if r == 0 {
-        return WaitResult::Woken;
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
+            Some(libc::EAGAIN) => WaitResult::Mismatch,
+            Some(libc::EINTR) => WaitResult::Interrupted,
+            e => {
+                // EFAULT/EINVAL/ENOSYS cannot happen with a valid reference and a
+                // normalised timespec; callers loop anyway, so report it as an
+                // interruption in release builds.
+                debug_assert!(false, "unexpected futex wait error {e:?}");
+                WaitResult::Interrupted
+            }
+        }
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
-        Some(libc::EAGAIN) => WaitResult::Mismatch,
-        Some(libc::EINTR) => WaitResult::Interrupted,
-        e => {
-            debug_assert!(false, "unexpected futex wait error {e:?}");
-            WaitResult::Interrupted
+
+    /// Wakes up to `n` waiters sleeping on `word` (in any process that maps the
+    /// same page). Returns how many were woken.
+    ///
+    /// `FUTEX_WAKE` never reads or writes the word itself; it only uses the
+    /// address as a key. That is why a wake on memory that another process has
+    /// just unmapped is harmless, and why `EFAULT` (which can only arise if the
+    /// page went away under us) can be ignored: there is nobody to wake on a
+    /// mapping that no longer exists.
+    pub fn futex_wake(word: &AtomicU32, n: i32) -> usize {
+        // SAFETY: `word.as_ptr()` is a live, aligned u32 for the whole call; the
+        // kernel uses the address only to find the wait queue and does not write
+        // through it.
+        let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n) };
+        if r < 0 {
+            // Only EFAULT (harmless, see above) or EINVAL (n < 0 is not an error
+            // for FUTEX_WAKE, so none) are possible.
+            debug_assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EFAULT)
+            );
+            return 0;
+        }
+        r as usize
+    }
+
+    /// Like [`futex_wait`], but the sleeper is tagged with `bitset` (nonzero):
+    /// only a [`futex_wake_bitset`] whose mask shares a bit with it wakes it
+    /// (a plain [`futex_wake`] wakes it too). Lets many threads sleep on one
+    /// shared word while a waker picks which of them to wake.
+    ///
+    /// The timeout is relative on `CLOCK_MONOTONIC`, like [`futex_wait`]'s (the
+    /// kernel's `FUTEX_WAIT_BITSET` takes an absolute time; this converts).
+    pub fn futex_wait_bitset(
+        word: &AtomicU32,
+        expected: u32,
+        timeout: Option<Duration>,
+        bitset: u32,
+    ) -> WaitResult {
+        let ts = timeout.map(|d| {
+            let now = crate::sys::clock::monotonic_ns();
+            let until = u128::from(now) + d.as_nanos();
+            // Saturate absurdly long timeouts instead of wrapping.
+            let secs = (until / 1_000_000_000).min(libc::time_t::MAX as u128);
+            libc::timespec {
+                tv_sec: secs as libc::time_t,
+                tv_nsec: (until % 1_000_000_000) as libc::c_long,
+            }
+        });
+        let ts_ptr: *const libc::timespec = match &ts {
+            Some(t) => t,
+            None => std::ptr::null(),
+        };
+        // SAFETY: as in `futex_wait`: `word` is a live aligned u32 for the call,
+        // the kernel only reads it; `ts_ptr` is null or points to `ts`, which
+        // outlives the call; `uaddr2` is unused by FUTEX_WAIT_BITSET (null).
+        // A zero bitset would be EINVAL, so it is forced to at least one bit.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT_BITSET,
+                expected,
+                ts_ptr,
+                std::ptr::null::<u32>(),
+                bitset.max(1),
+            )
+        };
+        if r == 0 {
+            return WaitResult::Woken;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
+            Some(libc::EAGAIN) => WaitResult::Mismatch,
+            Some(libc::EINTR) => WaitResult::Interrupted,
+            e => {
+                debug_assert!(false, "unexpected futex wait error {e:?}");
+                WaitResult::Interrupted
+            }
+        }
+    }
+
+    /// Wakes up to `n` sleepers on `word` whose [`futex_wait_bitset`] mask
+    /// shares a bit with `bitset` (sleepers of a plain [`futex_wait`] match
+    /// every mask). Returns how many were woken. Harmless on unmapped memory,
+    /// like [`futex_wake`].
+    pub fn futex_wake_bitset(word: &AtomicU32, n: i32, bitset: u32) -> usize {
+        // SAFETY: the address is used only as a key; the kernel neither reads nor
+        // writes through it for a wake. `uaddr2` and `val2` are unused.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAKE_BITSET,
+                n,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                bitset.max(1),
+            )
+        };
+        if r < 0 {
+            debug_assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EFAULT)
+            );
+            return 0;
+        }
+        r as usize
+    }
+}
+
+#[cfg(shuttle)]
+pub mod model {
+    //! The futex calls under the model checker (`--cfg shuttle`): a model of
+    //! the kernel's shared futexes built from the checker's own primitives, so
+    //! that no call ever blocks the one OS thread the checker runs every model
+    //! thread on, and so that a sleeper that is never woken is a deadlock the
+    //! checker reports.
+    //!
+    //! - **Keys.** The kernel keys a shared futex on the page (inode + offset),
+    //!   not on the virtual address: two processes map the region at different
+    //!   addresses. Each region mapping registers its range and its file's
+    //!   identity here ([`map_range`], from `Mapping::new`), so a word in a
+    //!   mapping is keyed by (file, offset) and a waker in one "process" (a
+    //!   group of model threads with its own mapping) reaches a sleeper in
+    //!   another. Other words (process memory) are keyed by their address.
+    //! - **No lost wake-up.** A sleeper checks the word and enqueues itself
+    //!   under the table's lock, and a waker takes the same lock to dequeue, so
+    //!   a wake issued after the word changed is never missed (the callers bump
+    //!   the word before they wake, as with the kernel).
+    //! - **Timeouts** are switchable per execution ([`set_timeouts`]). Off: a
+    //!   timed wait ends only by a wake (a wake-up the protocol loses shows up
+    //!   as a deadlock; spurious wake-ups of the checker are slept through).
+    //!   On: a timed wait may also end by timeout, at whatever point the
+    //!   checker next runs the sleeper (it yields once; the checker decides
+    //!   when it runs again). Waits without a timeout always end only by a
+    //!   wake.
+    //! - **Death.** [`kill_parked`] marks a mapping's process dead while all
+    //!   its threads are inside a wait here (asleep, or woken and not yet run):
+    //!   a wake no longer counts them (a dead process has no sleepers), and,
+    //!   when next run, they unwind with [`Died`] (without the panic hook,
+    //!   through frames that hold no lock of the region), so they never act
+    //!   again. A process may also die at a named step of the protocol
+    //!   ([`death_point`]), its running thread unwinding from there. A test
+    //!   runs each model thread under `catch_unwind` and treats `Died` as the
+    //!   thread's end.
+
+    use super::WaitResult;
+    use shuttle::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU8, Ordering as StdOrdering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Prints `msg` with the current model thread's name if `MODEL_TRACE`
+    /// is set (to follow a replayed schedule).
+    pub fn trace(msg: std::fmt::Arguments<'_>) {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON.get_or_init(|| std::env::var_os("MODEL_TRACE").is_some()) {
+            let t = shuttle::thread::current();
+            eprintln!("[{}] {msg}", t.name().unwrap_or("?"));
+        }
+    }
+
+    /// The unwind payload of a thread whose process died (see the module
+    /// docs).
+    #[derive(Debug)]
+    pub struct Died;
+
+    /// A region mapping: where it lies in this address space, its file's
+    /// identity, and whether its process is dead.
+    #[derive(Debug)]
+    struct Range {
+        base: usize,
+        len: usize,
+        identity: (u64, u64),
+        dead: bool,
+    }
+
+    /// Every live region mapping of the (one, real) process. A plain std
+    /// lock: mappings are real, and no model operation runs under it.
+    static RANGES: std::sync::Mutex<Vec<Range>> = std::sync::Mutex::new(Vec::new());
+
+    fn ranges() -> std::sync::MutexGuard<'static, Vec<Range>> {
+        RANGES.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a region mapping (`Mapping::new`).
+    pub fn map_range(base: usize, len: usize, identity: (u64, u64)) {
+        let mut r = ranges();
+        r.retain(|x| x.base != base);
+        r.push(Range {
+            base,
+            len,
+            identity,
+            dead: false,
+        });
+    }
+
+    /// Forgets a region mapping (`Mapping`'s drop, before the unmap).
+    pub fn unmap_range(base: usize) {
+        ranges().retain(|x| x.base != base);
+    }
+
+    /// What the kernel would key a futex word on.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Key {
+        /// A word of a region file: the file and the offset in it.
+        Shared { identity: (u64, u64), offset: usize },
+        /// A word in process memory.
+        Private(usize),
+    }
+
+    /// The key of the word at `addr`, the base of the mapping it lies in,
+    /// and whether that mapping's process is dead.
+    fn key_of(addr: usize) -> (Key, Option<usize>, bool) {
+        let r = ranges();
+        match r.iter().find(|x| addr >= x.base && addr < x.base + x.len) {
+            Some(x) => (
+                Key::Shared {
+                    identity: x.identity,
+                    offset: addr - x.base,
+                },
+                Some(x.base),
+                x.dead,
+            ),
+            None => (Key::Private(addr), None, false),
+        }
+    }
+
+    const WAITING: u8 = 0;
+    const WOKEN: u8 = 1;
+    const DEAD: u8 = 2;
+
+    /// A thread inside a wait: in the table from its check of the word
+    /// until it runs again after a wake, a timeout or its death.
+    #[derive(Debug)]
+    struct Sleeper {
+        key: Key,
+        bits: u32,
+        /// The mapping (process) the word was reached through.
+        base: Option<usize>,
+        thread: shuttle::thread::Thread,
+        /// WAITING, WOKEN or DEAD; changed only under the table's lock.
+        state: Arc<AtomicU8>,
+    }
+
+    #[derive(Debug, Default)]
+    struct Table {
+        /// In the order they went to sleep (the kernel wakes FIFO within a
+        /// priority); a wake skips those already woken.
+        sleepers: Vec<Sleeper>,
+        timeouts: bool,
+        /// Death points armed: (mapping base, point name).
+        armed: Vec<(usize, &'static str)>,
+        /// The scheduler's fairness hand-off never comes due (see
+        /// [`set_never_fair`]).
+        never_fair: bool,
+    }
+
+    shuttle::lazy_static! {
+        /// The sleepers of the current execution (a fresh table for each).
+        static ref TABLE: shuttle::sync::Mutex<Table> = shuttle::sync::Mutex::new(Table::default());
+    }
+
+    fn table() -> shuttle::sync::MutexGuard<'static, Table> {
+        TABLE.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Switches timeouts on or off for the current execution (off until
+    /// called; see the module docs).
+    pub fn set_timeouts(on: bool) {
+        table().timeouts = on;
+    }
+
+    /// Models `FUTEX_WAIT` (every bit: see the module docs).
+    pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
+        futex_wait_bitset(word, expected, timeout, super::BITSET_ALL)
+    }
+
+    /// Models `FUTEX_WAKE` (every bit).
+    pub fn futex_wake(word: &AtomicU32, n: i32) -> usize {
+        futex_wake_bitset(word, n, super::BITSET_ALL)
+    }
+
+    /// Models `FUTEX_WAIT_BITSET` (see the module docs).
+    pub fn futex_wait_bitset(
+        word: &AtomicU32,
+        expected: u32,
+        timeout: Option<Duration>,
+        bitset: u32,
+    ) -> WaitResult {
+        let (key, base, dead) = key_of(word as *const AtomicU32 as usize);
+        if dead {
+            die();
+        }
+        trace(format_args!(
+            "futex wait {key:?} expected {expected} bits {bitset:#x}"
+        ));
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let timed = {
+            let mut t = table();
+            // Checked under the lock every waker takes: atomic with respect
+            // to a wake, as the kernel's check is.
+            if word.load(Ordering::SeqCst) != expected {
+                trace(format_args!("futex wait: mismatch"));
+                return WaitResult::Mismatch;
+            }
+            t.sleepers.push(Sleeper {
+                key,
+                bits: bitset.max(1),
+                base,
+                thread: shuttle::thread::current(),
+                state: state.clone(),
+            });
+            timeout.is_some() && t.timeouts
+        };
+        if timed {
+            // The checker picks when this thread runs again: that is when
+            // the timeout fires, unless a wake came first.
+            shuttle::thread::yield_now();
+            match leave(&state) {
+                WOKEN => {
+                    trace(format_args!("futex wait: woken"));
+                    WaitResult::Woken
+                }
+                DEAD => {
+                    trace(format_args!("futex wait: dead"));
+                    die()
+                }
+                _ => {
+                    trace(format_args!("futex wait: timed out"));
+                    WaitResult::TimedOut
+                }
+            }
+        } else {
+            loop {
+                // May return spuriously (the checker's choice, or a token
+                // left by an earlier wake): only the state says why.
+                shuttle::thread::park();
+                if state.load(StdOrdering::SeqCst) == WAITING {
+                    continue;
+                }
+                match leave(&state) {
+                    WOKEN => {
+                        trace(format_args!("futex wait: woken"));
+                        return WaitResult::Woken;
+                    }
+                    _ => {
+                        trace(format_args!("futex wait: dead"));
+                        die()
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes a sleeper out of the table (it is running again) and says why
+    /// it woke. A woken thread stays in the table until it runs: it is
+    /// still inside its wait, where its process may die.
+    fn leave(state: &Arc<AtomicU8>) -> u8 {
+        let mut t = table();
+        t.sleepers.retain(|s| !Arc::ptr_eq(&s.state, state));
+        state.load(StdOrdering::SeqCst)
+    }
+
+    /// Models `FUTEX_WAKE_BITSET`: wakes up to `n` of the sleepers on
+    /// `word`'s key whose bits meet `bitset`, oldest first.
+    pub fn futex_wake_bitset(word: &AtomicU32, n: i32, bitset: u32) -> usize {
+        let (key, _, _) = key_of(word as *const AtomicU32 as usize);
+        let bits = bitset.max(1);
+        let n = n.max(0) as usize;
+        let mut woke = 0;
+        trace(format_args!("futex wake {key:?} bits {bitset:#x}"));
+        for s in table().sleepers.iter() {
+            if woke < n
+                && s.key == key
+                && s.bits & bits != 0
+                && s.state.load(StdOrdering::SeqCst) == WAITING
+            {
+                s.state.store(WOKEN, StdOrdering::SeqCst);
+                s.thread.unpark();
+                woke += 1;
+            }
+        }
+        woke
+    }
+
+    /// Threads inside a wait here (asleep, or woken and not yet run) that
+    /// reached their word through the mapping at `base` (one process's).
+    pub fn sleeping_in(base: usize) -> usize {
+        table()
+            .sleepers
+            .iter()
+            .filter(|s| s.base == Some(base))
+            .count()
+    }
+
+    /// Kills the process of the mapping at `base` if exactly `threads` of
+    /// its threads are inside a wait here now (asleep, or woken and not yet
+    /// run: all of them, as the caller counts): marks the mapping dead and
+    /// those threads dead (they unwind with [`Died`] when next run). Atomic
+    /// with respect to every wait and wake. True if it killed.
+    pub fn kill_parked(base: usize, threads: usize) -> bool {
+        let t = table();
+        if t.sleepers.iter().filter(|s| s.base == Some(base)).count() != threads {
+            return false;
+        }
+        kill_sleepers(&t, base);
+        true
+    }
+
+    /// Marks the mapping at `base` dead, and every thread inside a wait
+    /// through it (asleep, or woken and not yet run): they die when next
+    /// run. Under the table's lock.
+    fn kill_sleepers(t: &Table, base: usize) {
+        mark_dead(base);
+        for s in t.sleepers.iter().filter(|s| s.base == Some(base)) {
+            s.state.store(DEAD, StdOrdering::SeqCst);
+            s.thread.unpark();
+        }
+    }
+
+    /// Makes the shared scheduler's fairness hand-off never come due in
+    /// the current execution (`FAIR_AFTER` is 0 under the checker
+    /// otherwise): releases then leave a woken designee of another process
+    /// alone, and barging is unbounded.
+    pub fn set_never_fair(on: bool) {
+        table().never_fair = on;
+    }
+
+    /// Whether [`set_never_fair`] is on.
+    pub fn never_fair() -> bool {
+        table().never_fair
+    }
+
+    /// Arms death point `point` for the process of the mapping at `base`:
+    /// the first of its threads to reach that point makes it die there
+    /// (see [`death_point`]).
+    pub fn arm_death(base: usize, point: &'static str) {
+        table().armed.push((base, point));
+    }
+
+    /// True (once) if `point` is armed for the mapping at `base`. The
+    /// caller then kills the process: [`kill_all`], drops its liveness
+    /// lock, and unwinds with [`die`].
+    pub fn death_point(base: usize, point: &'static str) -> bool {
+        let mut t = table();
+        match t.armed.iter().position(|&(b, p)| b == base && p == point) {
+            Some(i) => {
+                t.armed.swap_remove(i);
+                trace(format_args!("dies at {point}"));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks the process of the mapping at `base` dead, with every thread
+    /// of it that sleeps here (the caller is its one running thread).
+    pub fn kill_all(base: usize) {
+        kill_sleepers(&table(), base);
+    }
+
+    /// Unwinds the calling thread with [`Died`] (its process is dead).
+    pub fn die() -> ! {
+        std::panic::resume_unwind(Box::new(Died))
+    }
+
+    /// Marks the mapping at `base` dead: a thread that reaches a futex word
+    /// through it unwinds with [`Died`].
+    pub fn mark_dead(base: usize) {
+        for r in ranges().iter_mut().filter(|r| r.base == base) {
+            r.dead = true;
         }
     }
 }
 
-/// Wakes up to `n` sleepers on `word` whose [`futex_wait_bitset`] mask
-/// shares a bit with `bitset` (sleepers of a plain [`futex_wait`] match
-/// every mask). Returns how many were woken. Harmless on unmapped memory,
-/// like [`futex_wake`].
-pub fn futex_wake_bitset(word: &AtomicU32, n: i32, bitset: u32) -> usize {
-    // SAFETY: the address is used only as a key; the kernel neither reads nor
-    // writes through it for a wake. `uaddr2` and `val2` are unused.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE_BITSET,
-            n,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            bitset.max(1),
-        )
-    };
-    if r < 0 {
-        debug_assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EFAULT)
-        );
-        return 0;
-    }
-    r as usize
-}
-
-#[cfg(test)]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn wait_times_out() {

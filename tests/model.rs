@@ -1,0 +1,893 @@
+#![cfg(shuttle)]
+//! Model checking of the cross-process protocols with `shuttle`, on the
+//! shipped code.
+//!
+//! Built only with `--cfg shuttle`, where the crate's protocol code runs on
+//! the checker's atomics and locks and its futex calls on a model of the
+//! kernel's (`shmsched::sys::futex::model`); files, OFD locks and mappings
+//! stay real. A "process" is a group of model threads with its own
+//! [`Region`] handle (its own mapping, registration and liveness lock),
+//! all bound before any thread starts. A process dies by closing its
+//! liveness lock while all its threads sleep in the futex model (or after
+//! they have returned): they never act again, and what it held or
+//! published is left to the survivors.
+//!
+//! ```text
+//! RUSTFLAGS="--cfg shuttle" CARGO_TARGET_DIR=target/shuttle \
+//!     cargo test --release --test model
+//! ```
+//!
+//! `MODEL_SCALE` multiplies the iteration counts (default 1; every run is
+//! also bounded in time, `MODEL_SECONDS` per scheduler, default 20).
+//! A failure prints shuttle's failing schedule; replay it with
+//! `MODEL_REPLAY='<test name>:<schedule>'` (or `<test name>:@<file>`,
+//! the schedule in a file), and follow it with `MODEL_TRACE=1` (futex
+//! waits and wakes, by thread).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shmsched::limiter::Limiter;
+use shmsched::region::{Mapping, ObjectKind, Region, RegionOptions};
+use shmsched::scheduler::{Concurrency, ModelState, Scheduler};
+use shmsched::sys::futex::model;
+use shmsched::Priority;
+use shuttle::rand::Rng;
+use shuttle::scheduler::{PctScheduler, RandomScheduler};
+use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use shuttle::{Config, Runner};
+
+// ---- harness -----------------------------------------------------------------
+
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+thread_local! {
+    /// Coverage counters of the current test (its executions run on this
+    /// OS thread), printed after each scheduler's run.
+    static COVERAGE: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>> =
+        Default::default();
+}
+
+/// Counts one execution that reached `what` (printed by [`explore`]).
+fn cover(what: &'static str) {
+    COVERAGE.with(|c| *c.borrow_mut().entry(what).or_default() += 1);
+}
+
+/// Runs `f` under the random scheduler and under PCT (depth 3), each for
+/// `iters` executions (scaled by `MODEL_SCALE`) or `MODEL_SECONDS`,
+/// whichever comes first; or replays one schedule (`MODEL_REPLAY`).
+fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
+    let f = Arc::new(f);
+    if let Ok(r) = std::env::var("MODEL_REPLAY") {
+        if let Some(schedule) = r.strip_prefix(&format!("{name}:")) {
+            // `@path`: the schedule is in a file (long ones do not fit in
+            // the environment).
+            let schedule = match schedule.strip_prefix('@') {
+                Some(path) => std::fs::read_to_string(path).unwrap(),
+                None => schedule.to_string(),
+            };
+            let g = f.clone();
+            shuttle::replay(move || g(), schedule.trim());
+        }
+        return;
+    }
+    let n = ((iters as f64) * env_f64("MODEL_SCALE", 1.0)).max(1.0) as usize;
+    let mut cfg = Config::new();
+    cfg.silence_warnings = true;
+    cfg.stack_size = 1 << 20;
+    cfg.max_steps = shuttle::MaxSteps::FailAfter(2_000_000);
+    cfg.max_time = Some(Duration::from_secs_f64(env_f64("MODEL_SECONDS", 20.0)));
+    for pct in [false, true] {
+        let g = f.clone();
+        let t = Instant::now();
+        let done = if pct {
+            Runner::new(PctScheduler::new(3, n), cfg.clone()).run(move || g())
+        } else {
+            Runner::new(RandomScheduler::new(n), cfg.clone()).run(move || g())
+        };
+        let cov = COVERAGE.with(|c| std::mem::take(&mut *c.borrow_mut()));
+        eprintln!(
+            "model {name}: {done} executions ({}) in {:.1} s; {cov:?}",
+            if pct { "PCT, depth 3" } else { "random" },
+            t.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Spawns a model thread of a process; a thread whose process died ends
+/// quietly, with `None` (see the module docs).
+fn spawn<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> shuttle::thread::JoinHandle<Option<T>> {
+    shuttle::thread::Builder::new()
+        .name(name.into())
+        .spawn(
+            move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(v) => Some(v),
+                Err(e) if e.is::<model::Died>() => None,
+                Err(e) => std::panic::resume_unwind(e),
+            },
+        )
+        .unwrap()
+}
+
+/// A fresh region file for one execution (unlinked once every process has
+/// opened it).
+fn region_path() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!(
+        "shmsched-model-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+    .to_string_lossy()
+    .into_owned()
+}
+
+/// Opens the region `n` times: one handle per "process", the first
+/// creating it (a small process table: the model's atomics are large).
+fn open_regions(n: usize) -> Vec<Region> {
+    let path = region_path();
+    let opts = RegionOptions {
+        process_slots: 4,
+        ..RegionOptions::default()
+    };
+    let mut v = vec![Region::create_with(&path, opts).unwrap()];
+    for _ in 1..n {
+        v.push(Region::open(&path).unwrap());
+    }
+    v
+}
+
+/// One process of a scheduler region.
+struct Proc {
+    sched: Scheduler,
+    map: Arc<Mapping>,
+}
+
+impl Proc {
+    /// This process dies if exactly `threads` of its threads are asleep
+    /// (see [`Mapping::model_die_if_parked`]).
+    fn die_if_parked(&self, threads: usize) -> bool {
+        self.map.model_die_if_parked(threads)
+    }
+
+    fn state(&self) -> ModelState {
+        self.sched.model_state().unwrap()
+    }
+}
+
+/// `n` processes sharing one scheduler region, each with a handle at
+/// `concurrency` (the first creates the region with its max).
+fn sched_procs(n: usize, concurrency: Concurrency) -> Vec<Proc> {
+    let regions = open_regions(n);
+    let procs: Vec<Proc> = regions
+        .iter()
+        .map(|r| {
+            let sched = Scheduler::shared(r, concurrency).unwrap();
+            let map = r.bind(ObjectKind::Scheduler, None).unwrap();
+            Proc { sched, map }
+        })
+        .collect();
+    if let Some(p) = regions[0].path() {
+        let _ = std::fs::remove_file(p);
+    }
+    procs
+}
+
+/// The region's state once every thread is done: nothing held, nobody
+/// waiting or designated, every `held` word exact.
+fn assert_quiescent(p: &Proc, max: u32) {
+    let st = p.state();
+    let stats = p.sched.stats();
+    let shared = stats.shared.clone().unwrap();
+    assert_eq!(st.occupied, 0, "cells still held at the end: {st:?}");
+    assert_eq!(shared.running, 0, "{shared:?}");
+    assert_eq!(shared.waiters, [0; 7], "waiters left: {shared:?} {st:?}");
+    assert_eq!(st.designee, None, "a designee is left: {st:?}");
+    assert_eq!(st.gate & GATE_TIERS, 0, "tier bits left: {st:?}");
+    for &(idx, _, held, owned, counted) in &st.members {
+        assert_eq!(owned, 0, "process {idx} owns cells: {st:?}");
+        assert_eq!(
+            held,
+            u64::from(counted),
+            "process {idx}: held word {held}, counted cells {counted}: {st:?}"
+        );
+    }
+    assert_eq!(p.sched.global_running(), 0);
+    assert!(shared.max == max);
+    for (proc_, held) in p.sched.processes().unwrap() {
+        assert_eq!(held, 0, "{proc_:?} holds cells at the end");
+    }
+    if stats.total.deferred > 0 {
+        cover("a waiter queued (per process)");
+    }
+    if stats.total.cancelled > 0 {
+        cover("a queued waiter cancelled (per process)");
+    }
+    if shared.wakes > 0 {
+        cover("a cross-thread futex wake found a sleeper");
+    }
+    if shared.fair_handoffs > 0 {
+        cover("a fairness hand-off closed the fast paths");
+    }
+    if st.gate & GATE_COUNTING != 0 {
+        cover("counting on");
+    }
+    if st.gate & GATE_STRICT != 0 {
+        cover("strict bit outlived its designee");
+        // A fairness hand-off's strict bit can outlive its designee (a
+        // releaser that read the designation before it ended closes the
+        // fast paths after it ended): the next call that goes the slow way
+        // clears it.
+        drop(p.sched.try_acquire(Priority::Normal).expect("a free slot"));
+        assert_eq!(p.state().gate & GATE_STRICT, 0, "{:?}", p.state());
+    }
+}
+
+/// Gate bits of the tiers with waiters, and the fairness hand-off bit.
+const GATE_TIERS: u64 = 0x7f;
+const GATE_STRICT: u64 = 0x80;
+
+/// Invariants that hold at every step (checked by an observer thread
+/// interleaved anywhere): never more than `max` units out, cells taken
+/// (`global_running`, and one scan of the table), no `held` word below
+/// zero (it would wrap) or beyond what the process's threads can account
+/// for. (Per-process cell counts are read one process after another, so
+/// their sum is no snapshot: checked at the end.)
+fn assert_step(p: &Proc, max: u32, in_cs: &AtomicU32, threads_per_proc: u64) {
+    let n = in_cs.load(SeqCst);
+    assert!(n <= max, "{n} units out with max {max}");
+    let running = p.sched.global_running();
+    assert!(running <= max, "global_running {running} with max {max}");
+    let st = p.state();
+    assert!(st.occupied <= max, "{st:?}");
+    for &(idx, _, held, _, _) in &st.members {
+        assert!(
+            held <= u64::from(max) + 2 * threads_per_proc,
+            "process {idx}: held word {held} (underflow or leak): {st:?}"
+        );
+    }
+}
+
+const PRIOS: [Priority; 3] = [Priority::Low, Priority::Normal, Priority::High];
+
+/// The checker picks the scheduler's fairness regime for this execution:
+/// hand-offs due at once (`FAIR_AFTER` is 0 under the checker), or never
+/// (releases leave a woken designee elsewhere alone; barging unbounded).
+fn pick_fairness() {
+    let never = shuttle::rand::thread_rng().gen_range(0..2) == 0;
+    model::set_never_fair(never);
+    if never {
+        cover("fairness hand-off never due");
+    }
+}
+
+// ---- 1. take / give / enqueue / dispatch / wake ---------------------------------
+
+/// `procs` processes × `threads` threads on a region of `max` cells, each
+/// thread doing `ops` operations drawn by the checker (blocking acquire,
+/// try_acquire, or acquire_timeout(0), which enqueues and cancels) at
+/// mixed priorities; timeouts off, so a lost wake-up is a deadlock.
+fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
+    model::set_timeouts(false);
+    pick_fairness();
+    let ps = Arc::new(sched_procs(procs, Concurrency::max(max)));
+    let in_cs = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let mut hs = Vec::new();
+    for pi in 0..procs {
+        for ti in 0..threads {
+            let (ps, in_cs) = (ps.clone(), in_cs.clone());
+            hs.push(spawn(&format!("p{pi}t{ti}"), move || {
+                let s = &ps[pi].sched;
+                let mut rng = shuttle::rand::thread_rng();
+                for _ in 0..ops {
+                    let prio = PRIOS[rng.gen_range(0..PRIOS.len())];
+                    // A weighted acquire (all max units at once) when the
+                    // max allows one beside single ones.
+                    let op = rng.gen_range(0..if max > 1 { 5 } else { 4 });
+                    model::trace(format_args!("op {op} prio {prio:?}"));
+                    let permit = match op {
+                        0 | 1 => Some(s.acquire(prio).unwrap()),
+                        2 => s.try_acquire(prio),
+                        3 => s.acquire_timeout(prio, Duration::ZERO).ok(),
+                        _ => Some(s.acquire_many(prio, max).unwrap()),
+                    };
+                    if let Some(permit) = permit {
+                        let units = permit.units();
+                        let n = in_cs.fetch_add(units, SeqCst) + units;
+                        assert!(n <= max, "{n} units out with max {max}");
+                        shuttle::thread::yield_now();
+                        in_cs.fetch_sub(units, SeqCst);
+                        drop(permit);
+                    }
+                }
+            }));
+        }
+    }
+    let observer = {
+        let (ps, in_cs, done) = (ps.clone(), in_cs.clone(), done.clone());
+        spawn("observer", move || {
+            for _ in 0..8 {
+                if done.load(SeqCst) {
+                    break;
+                }
+                assert_step(&ps[0], max, &in_cs, threads as u64);
+            }
+        })
+    };
+    for h in hs {
+        h.join().unwrap();
+    }
+    done.store(true, SeqCst);
+    observer.join().unwrap();
+    for p in ps.iter() {
+        assert_quiescent(p, max);
+    }
+}
+
+/// The smallest hand-off: a holder in one process releases while a waiter
+/// in another is queued, designated, and tries to take. Timeouts off: the
+/// waiter must be woken by the release (or take the freed cell itself),
+/// never left for the backstop.
+#[test]
+fn release_races_designee_take() {
+    explore("release_races_designee_take", 15000, || {
+        model::set_timeouts(false);
+        pick_fairness();
+        let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
+        let holder = {
+            let ps = ps.clone();
+            spawn("p0t0", move || {
+                let p = ps[0].sched.acquire(Priority::Normal).unwrap();
+                shuttle::thread::yield_now();
+                drop(p);
+            })
+        };
+        let waiter = {
+            let ps = ps.clone();
+            spawn("p1t0", move || {
+                drop(ps[1].sched.acquire(Priority::Normal).unwrap());
+            })
+        };
+        holder.join().unwrap();
+        waiter.join().unwrap();
+        for p in ps.iter() {
+            assert_quiescent(p, 1);
+        }
+    });
+}
+
+#[test]
+fn take_give_dispatch_max1_three_procs() {
+    explore("take_give_dispatch_max1_three_procs", 15000, || {
+        mix(1, 3, 1, 3)
+    });
+}
+
+#[test]
+fn take_give_dispatch_max1_two_procs_two_threads() {
+    explore(
+        "take_give_dispatch_max1_two_procs_two_threads",
+        15000,
+        || mix(1, 2, 2, 2),
+    );
+}
+
+#[test]
+fn take_give_dispatch_max2_three_procs() {
+    explore("take_give_dispatch_max2_three_procs", 15000, || {
+        mix(2, 3, 1, 3)
+    });
+}
+
+#[test]
+fn take_give_dispatch_max2_two_procs_two_threads() {
+    explore(
+        "take_give_dispatch_max2_two_procs_two_threads",
+        15000,
+        || mix(2, 2, 2, 2),
+    );
+}
+
+// ---- 2. priority across processes ----------------------------------------------
+
+/// A High waiter and a Low waiter in two processes behind a holder in a
+/// third, lottery off: once both are asleep (queued, published, served as
+/// far as they could be), the holder releases and no one else arrives; the
+/// High one must be granted first. Timeouts off.
+#[test]
+fn priority_across_processes() {
+    explore("priority_across_processes", 15000, || {
+        model::set_timeouts(false);
+        pick_fairness();
+        let ps = Arc::new(sched_procs(3, Concurrency::max(1)));
+        ps[0].sched.set_lottery(Some(7), false);
+        let held = ps[0].sched.acquire(Priority::Normal).unwrap();
+        let order = Arc::new(AtomicU32::new(0));
+        let waiter = |pi: usize, prio: Priority| {
+            let (ps, order) = (ps.clone(), order.clone());
+            spawn(&format!("p{pi}t0"), move || {
+                let permit = ps[pi].sched.acquire(prio).unwrap();
+                let rank = order.fetch_add(1, SeqCst);
+                drop(permit);
+                rank
+            })
+        };
+        let high = waiter(1, Priority::High);
+        let low = waiter(2, Priority::Low);
+        while ps[1].map.model_sleepers() == 0 || ps[2].map.model_sleepers() == 0 {
+            shuttle::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(
+            high.join().unwrap(),
+            Some(0),
+            "the Low waiter was granted first"
+        );
+        assert_eq!(low.join().unwrap(), Some(1));
+        for p in ps.iter() {
+            assert_quiescent(p, 1);
+        }
+    });
+}
+
+// ---- 3. capped admissions and counting on demand -----------------------------------
+
+/// `max(2).low(1)` from two processes: a Low task is admitted only while
+/// nothing runs (the cap compares against the total running count). The
+/// region starts without counting; uncapped (Normal) takes before the
+/// first capped admission carry no count, and the first capped admission
+/// turns counting on, racing the uncapped takes.
+///
+/// Checked: never two Low holders; never a Low admission while another
+/// permit was held through the whole of its acquire call (then the running
+/// count it was admitted against missed that permit); counting on and
+/// every `held` word exact at the end. Timeouts off.
+#[test]
+fn capped_admissions_counting_on_demand() {
+    explore("capped_admissions_counting_on_demand", 20000, || {
+        model::set_timeouts(false);
+        pick_fairness();
+        let c = Concurrency::max(2).low(1);
+        let ps = Arc::new(sched_procs(2, c));
+        ps[0].sched.set_lottery(Some(7), false);
+        assert_eq!(ps[0].state().gate & GATE_COUNTING, 0);
+        // Per thread: odd while it holds a permit (bumped at both edges).
+        let holding: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+        let low_cs = Arc::new(AtomicU32::new(0));
+        // (process, priority, uses try_acquire)
+        let plan = [
+            (0, Priority::Normal, false),
+            (0, Priority::Low, false),
+            (1, Priority::Low, false),
+            (1, Priority::Normal, true),
+        ];
+        let mut hs = Vec::new();
+        for (ti, &(pi, prio, try_it)) in plan.iter().enumerate() {
+            let (ps, holding, low_cs) = (ps.clone(), holding.clone(), low_cs.clone());
+            hs.push(spawn(&format!("p{pi}t{ti}"), move || {
+                for _ in 0..2 {
+                    let before: Vec<u32> = holding.iter().map(|h| h.load(SeqCst)).collect();
+                    let permit = if try_it {
+                        ps[pi].sched.try_acquire(prio)
+                    } else {
+                        Some(ps[pi].sched.acquire(prio).unwrap())
+                    };
+                    let Some(permit) = permit else { continue };
+                    if prio == Priority::Low {
+                        for (j, h) in holding.iter().enumerate() {
+                            let b = before[j];
+                            assert!(
+                                j == ti || b % 2 == 0 || h.load(SeqCst) != b,
+                                "a Low task was admitted while thread {j} held a permit \
+                                 throughout (cap 1 against the total running count)"
+                            );
+                        }
+                        let n = low_cs.fetch_add(1, SeqCst) + 1;
+                        assert!(n <= 1, "{n} Low tasks hold permits under a Low cap of 1");
+                    }
+                    holding[ti].fetch_add(1, SeqCst);
+                    shuttle::thread::yield_now();
+                    holding[ti].fetch_add(1, SeqCst);
+                    if prio == Priority::Low {
+                        low_cs.fetch_sub(1, SeqCst);
+                    }
+                    drop(permit);
+                }
+            }));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_ne!(
+            ps[0].state().gate & GATE_COUNTING,
+            0,
+            "a capped admission turns counting on"
+        );
+        for p in ps.iter() {
+            assert_quiescent(p, 2);
+        }
+    });
+}
+
+/// The gate's counting bit.
+const GATE_COUNTING: u64 = 0x100;
+
+// ---- 4. death ------------------------------------------------------------------
+
+/// A process dies at a point the checker picks: while its one thread sleeps
+/// in the region (queued, maybe designated and woken), or after that
+/// thread got a slot and returned without releasing it (it dies holding a
+/// cell). Two other processes contend for the same slot meanwhile.
+/// Timeouts on (death is found by probes, liveness checks before a
+/// designation, and the backstop).
+///
+/// Checked: the survivors are served; the dead process's cells are freed
+/// (`reclaimed`: what its threads held, at most one each) and its entry
+/// reaped, once; its publications and designation gone; no cell left
+/// taken and every `held` word exact at the end (a cell freed twice would
+/// be a survivor's).
+///
+/// `capped`: a `max(max).low(1)` region where everyone asks at Low
+/// (lottery off): a dead process's cell then holds capped waiters back
+/// without filling the table.
+///
+/// `victim_threads`: the dying process's threads, each taking a slot and
+/// keeping it; with two on a max of 1, one holds while the other waits.
+fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
+    model::set_timeouts(true);
+    pick_fairness();
+    let c = if capped {
+        Concurrency::max(max).low(1)
+    } else {
+        Concurrency::max(max)
+    };
+    let ps = Arc::new(sched_procs(1 + survivors, c));
+    if capped {
+        ps[0].sched.set_lottery(Some(7), false);
+    }
+    let prios: &'static [Priority] = if capped {
+        &[Priority::Low, Priority::Low]
+    } else {
+        &[Priority::High, Priority::Low]
+    };
+    let in_cs = Arc::new(AtomicU32::new(0));
+    let got = Arc::new(AtomicU32::new(0));
+    let victim_done = Arc::new(AtomicU32::new(0));
+    let victims: Vec<_> = (0..victim_threads)
+        .map(|ti| {
+            let (ps, got, done) = (ps.clone(), got.clone(), victim_done.clone());
+            spawn(&format!("p0t{ti}"), move || {
+                let permit = ps[0].sched.acquire(prios[1]).unwrap();
+                got.fetch_add(1, SeqCst);
+                std::mem::forget(permit);
+                done.fetch_add(1, SeqCst);
+            })
+        })
+        .collect();
+    let mut hs = Vec::new();
+    for pi in 1..=survivors {
+        let (ps, in_cs) = (ps.clone(), in_cs.clone());
+        hs.push(spawn(&format!("p{pi}t0"), move || {
+            for &prio in prios {
+                let permit = ps[pi].sched.acquire(prio).unwrap();
+                let n = in_cs.fetch_add(1, SeqCst) + 1;
+                assert!(n <= max);
+                shuttle::thread::yield_now();
+                in_cs.fetch_sub(1, SeqCst);
+                drop(permit);
+            }
+        }));
+    }
+    // The killer: the victim dies as soon as the checker runs this while
+    // every thread it has left sleeps (none left: all returned).
+    loop {
+        let left = victim_threads - victim_done.load(SeqCst) as usize;
+        if ps[0].die_if_parked(left) {
+            cover(match (left, got.load(SeqCst)) {
+                (0, _) => "victim died holding cells, its threads done",
+                (_, 0) => "victim died while its threads slept",
+                _ => "victim died holding a cell while a thread of it slept",
+            });
+            break;
+        }
+        shuttle::thread::yield_now();
+    }
+    match ps[1].state().designee {
+        Some(d) if d.0 == 0 => cover("victim designated just after its death"),
+        _ => {}
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    for v in victims {
+        v.join().unwrap();
+    }
+    let live = &ps[1];
+    live.sched.reap().unwrap();
+    let shared = live.sched.stats().shared.unwrap();
+    // Each victim thread held at most one cell at its death: the one it
+    // returned with, or one its process had taken and granted it while it
+    // slept (woken, it died before it ran).
+    let got = u64::from(got.load(SeqCst));
+    assert!(
+        (got..=victim_threads as u64).contains(&shared.reclaimed),
+        "{} cells freed for the dead process, whose threads had {got} of \
+         at most {victim_threads}: {shared:?}",
+        shared.reclaimed
+    );
+    assert_eq!(shared.reaped_processes, 1, "{shared:?}");
+    assert!(
+        live.state().members.iter().all(|m| m.0 != 0),
+        "the dead process is still a member: {:?}",
+        live.state()
+    );
+    for p in ps[1..].iter() {
+        assert_quiescent(p, max);
+    }
+}
+
+#[test]
+fn death_max1_two_survivors() {
+    explore("death_max1_two_survivors", 15000, || death(1, 2, false, 1));
+}
+
+#[test]
+fn death_max2_two_survivors() {
+    explore("death_max2_two_survivors", 10000, || death(2, 2, false, 1));
+}
+
+#[test]
+fn death_capped_max2_two_survivors() {
+    explore("death_capped_max2_two_survivors", 15000, || {
+        death(2, 2, true, 1)
+    });
+}
+
+#[test]
+fn death_two_victim_threads_max1() {
+    explore("death_two_victim_threads_max1", 15000, || {
+        death(1, 1, false, 2)
+    });
+}
+
+// ---- 5. the limiter ---------------------------------------------------------------
+
+/// `n` processes sharing one limiter region of `rate` tokens/s and
+/// capacity `cap`, drained (`consumed` counts what was taken).
+fn limiter_procs(n: usize, rate: u64, cap: u64) -> (Vec<Limiter>, Vec<Arc<Mapping>>) {
+    let regions = open_regions(n);
+    let lims: Vec<Limiter> = regions
+        .iter()
+        .map(|r| Limiter::shared_with_capacity(r, rate, cap).unwrap())
+        .collect();
+    let maps = regions
+        .iter()
+        .map(|r| r.bind(ObjectKind::Limiter, None).unwrap())
+        .collect();
+    if let Some(p) = regions[0].path() {
+        let _ = std::fs::remove_file(p);
+    }
+    (lims, maps)
+}
+
+/// The bucket never mints tokens: everything consumed (as counted after
+/// each charge returned, read first) ≤ capacity + tokens refilled −
+/// balance (the bucket's own clock, read after).
+fn assert_no_minting(lim: &Limiter, cap: u64, consumed: &AtomicU64) {
+    let before = consumed.load(SeqCst);
+    let st = lim.stats();
+    let bound = cap as i128 + st.clock as i128 - st.tokens as i128;
+    assert!(
+        before as i128 <= bound,
+        "{before} tokens consumed, but capacity + refilled - balance is {bound}: {st:?}"
+    );
+}
+
+const RATE: u64 = 50_000;
+const CAP: u64 = 4;
+
+/// Two processes at different priorities consume from a drained shared
+/// bucket (the rate is high: refills come within a few hundred model
+/// steps, in real time); one also gives up at once
+/// (`consume_timeout(0)`: it queues, and leaves). Timeouts on (a waiter
+/// sleeps until its tokens are due).
+///
+/// Checked at every step (observer) and at the end: the bucket never mints
+/// tokens; everyone is served; nobody left queued.
+#[test]
+fn limiter_two_priorities_drained_bucket() {
+    explore("limiter_two_priorities_drained_bucket", 7500, || {
+        model::set_timeouts(true);
+        let (lims, _maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
+        let consumed = Arc::new(AtomicU64::new(0));
+        assert!(lims[0].try_consume(CAP).unwrap());
+        consumed.fetch_add(CAP, SeqCst);
+        let done = Arc::new(AtomicBool::new(false));
+        let mut hs = Vec::new();
+        for (pi, prio) in [(0, Priority::High), (1, Priority::Low)] {
+            let (lims, consumed) = (lims.clone(), consumed.clone());
+            hs.push(spawn(&format!("p{pi}t0"), move || {
+                for k in 0..3 {
+                    let g = if pi == 1 && k == 1 {
+                        match lims[pi].consume_timeout(3, prio, Duration::ZERO) {
+                            Ok(g) => g,
+                            Err(_) => {
+                                cover("a consume gave up (timeout 0)");
+                                continue;
+                            }
+                        }
+                    } else {
+                        lims[pi].consume(3, prio).unwrap()
+                    };
+                    consumed.fetch_add(3, SeqCst);
+                    if !g.immediate {
+                        cover("a consume waited (per consume)");
+                    }
+                    if g.forced {
+                        cover("a consume was forced through (per consume)");
+                    }
+                }
+            }));
+        }
+        let observer = {
+            let (lims, consumed, done) = (lims.clone(), consumed.clone(), done.clone());
+            spawn("observer", move || {
+                for _ in 0..8 {
+                    if done.load(SeqCst) {
+                        break;
+                    }
+                    assert_no_minting(&lims[1], CAP, &consumed);
+                }
+            })
+        };
+        for h in hs {
+            h.join().unwrap();
+        }
+        done.store(true, SeqCst);
+        observer.join().unwrap();
+        assert_no_minting(&lims[0], CAP, &consumed);
+        let shared = lims[0].stats().shared.unwrap();
+        assert_eq!(shared.waiters, [0; 7], "{shared:?}");
+    });
+}
+
+/// A High consumer's process dies while its thread waits in the region
+/// (the region's High front, which Low fronts elsewhere defer to when it
+/// can go), or after it returned. The Low consumer of another process must
+/// still be served. Timeouts on.
+#[test]
+fn limiter_death_of_a_higher_front() {
+    explore("limiter_death_of_a_higher_front", 7500, || {
+        model::set_timeouts(true);
+        let (lims, maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
+        assert!(lims[0].try_consume(CAP).unwrap());
+        let victim_done = Arc::new(AtomicBool::new(false));
+        let victim = {
+            let (lims, done) = (lims.clone(), victim_done.clone());
+            spawn("p0t0", move || {
+                lims[0].consume(3, Priority::High).unwrap();
+                done.store(true, SeqCst);
+            })
+        };
+        let survivor = {
+            let lims = lims.clone();
+            spawn("p1t0", move || {
+                for _ in 0..2 {
+                    lims[1].consume(3, Priority::Low).unwrap();
+                }
+            })
+        };
+        loop {
+            if victim_done.load(SeqCst) {
+                assert!(maps[0].model_die_if_parked(0));
+                cover("victim died after it was served");
+                break;
+            }
+            if maps[0].model_die_if_parked(1) {
+                cover("victim died waiting");
+                break;
+            }
+            shuttle::thread::yield_now();
+        }
+        assert!(survivor.join().unwrap().is_some());
+        victim.join().unwrap();
+        lims[1].reap().unwrap();
+        let shared = lims[1].stats().shared.unwrap();
+        assert_eq!(shared.waiters, [0; 7], "{shared:?}");
+    });
+}
+
+/// Where a process may die inside the protocol (death points compiled into
+/// the crate under `--cfg shuttle`; see `Mapping::model_death_point`).
+const DEATH_POINTS: [&str; 8] = [
+    "publish: count, no gate bit",
+    "designee taking",
+    "taken for a waiter, not granted",
+    "take: counted, no cell yet",
+    "count_now: counted, cell not marked",
+    "cap lock held",
+    "give: cell freed, count not yet",
+    "release: freed, nobody served yet",
+];
+
+/// A one-thread process dies at a protocol step the checker picks (one of
+/// [`DEATH_POINTS`], the first time it gets there), while two others
+/// contend for a `max(2).low(1)` region (Low admissions capped: counting
+/// and the cap lock in play). Lottery off: recovery must not rest on the
+/// starvation lottery. Timeouts on.
+///
+/// Checked: the survivors are all served (no stall behind the dead
+/// process); never more than `max` permits out; at the end, after a reap,
+/// what the dead process held is freed once and every count is exact.
+#[test]
+fn death_inside_the_protocol() {
+    explore("death_inside_the_protocol", 30000, || {
+        model::set_timeouts(true);
+        pick_fairness();
+        let max = 2;
+        let ps = Arc::new(sched_procs(3, Concurrency::max(max).low(1)));
+        ps[0].sched.set_lottery(Some(7), false);
+        let point = DEATH_POINTS[shuttle::rand::thread_rng().gen_range(0..DEATH_POINTS.len())];
+        // MODEL_DEATH_POINT=<name>: only that one (to study it).
+        let point = match std::env::var("MODEL_DEATH_POINT") {
+            Ok(p) => DEATH_POINTS
+                .into_iter()
+                .find(|&d| d == p)
+                .expect("a death point"),
+            Err(_) => point,
+        };
+        ps[0].map.model_arm_death(point);
+        let in_cs = Arc::new(AtomicU32::new(0));
+        let run = |pi: usize, prios: &'static [Priority]| {
+            let (ps, in_cs) = (ps.clone(), in_cs.clone());
+            spawn(&format!("p{pi}t0"), move || {
+                for &prio in prios {
+                    let permit = ps[pi].sched.acquire(prio).unwrap();
+                    let n = in_cs.fetch_add(1, SeqCst) + 1;
+                    assert!(n <= max, "{n} permits out with max {max}");
+                    shuttle::thread::yield_now();
+                    in_cs.fetch_sub(1, SeqCst);
+                    drop(permit);
+                }
+            })
+        };
+        let victim = run(0, &[Priority::Low, Priority::Normal, Priority::Low]);
+        let survivors = [
+            run(1, &[Priority::Low, Priority::High]),
+            run(2, &[Priority::Normal, Priority::Low]),
+        ];
+        for h in survivors {
+            assert!(h.join().unwrap().is_some());
+        }
+        let died = victim.join().unwrap().is_none();
+        if died {
+            cover(point);
+        }
+        let live = &ps[1];
+        live.sched.reap().unwrap();
+        let shared = live.sched.stats().shared.unwrap();
+        assert_eq!(shared.reaped_processes, u64::from(died), "{shared:?}");
+        assert!(shared.reclaimed <= 1, "{shared:?}");
+        for (i, p) in ps.iter().enumerate() {
+            if i > 0 || !died {
+                assert_quiescent(p, max);
+            }
+        }
+    });
+}
