@@ -113,6 +113,7 @@ impl Gcra {
     }
 
     /// A bucket whose clock reads `base_v` at `base_ns`.
+    #[inline]
     pub fn based(rate: u32, cap: u32, base_ns: u64, base_v: u64) -> Gcra {
         Gcra {
             rate: u64::from(rate),

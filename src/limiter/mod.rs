@@ -325,7 +325,6 @@ impl Limiter {
             immediate: true,
             forced: false,
         };
-        let mut charged: Vec<&Node> = Vec::new();
         let mut node = &*self.node;
         loop {
             let r = node
@@ -348,17 +347,12 @@ impl Limiter {
                     grant.forced |= debt;
                     match node.parent() {
                         None => return Ok(grant),
-                        Some(p) => {
-                            charged.push(node);
-                            node = p;
-                        }
+                        Some(p) => node = p,
                     }
                 }
                 Err(e) => {
                     // Nothing charged and unused is lost.
-                    for c in charged {
-                        c.refund(n);
-                    }
+                    self.refund_below(node, n);
                     return Err(e);
                 }
             }
@@ -404,28 +398,37 @@ impl Limiter {
     #[inline]
     pub fn try_consume(&self, n: u64) -> Result<bool> {
         check_consume(n)?;
-        let mut charged: Vec<&Node> = Vec::new();
         let mut node = &*self.node;
         loop {
             node.check_usable()?;
             let ok = match node.try_level(n) {
                 Ok(ok) => ok,
                 Err(e) => {
-                    charged.into_iter().for_each(|c| c.refund(n));
+                    self.refund_below(node, n);
                     return Err(e);
                 }
             };
             if !ok {
-                charged.into_iter().for_each(|c| c.refund(n));
+                self.refund_below(node, n);
                 return Ok(false);
             }
             match node.parent() {
                 None => return Ok(true),
-                Some(p) => {
-                    charged.push(node);
-                    node = p;
-                }
+                Some(p) => node = p,
             }
+        }
+    }
+
+    /// Refunds `n` at the levels of this handle's chain below `level` (the
+    /// ones a consume that stopped at `level` was charged on): no list is
+    /// kept, they are the chain from the leaf up to `level`.
+    #[cold]
+    fn refund_below(&self, level: &Node, n: u64) {
+        let mut c = &*self.node;
+        while !std::ptr::eq(c, level) {
+            c.refund(n);
+            let Some(p) = c.parent() else { break };
+            c = p;
         }
     }
 

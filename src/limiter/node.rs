@@ -274,11 +274,12 @@ impl Node {
         if n == 0 {
             return Ok(Some(false));
         }
-        let params = self.params()?;
-        match params
-            .gcra
-            .charge(self.tat(), n, params.clock.now_ns(), Mode::Normal)
-        {
+        let charged = self.block().with(|params| {
+            params
+                .gcra
+                .charge(self.tat(), n, params.clock.now_ns(), Mode::Normal)
+        })?;
+        match charged {
             Ok(c) => {
                 if c.debt {
                     self.count_forced();
@@ -317,11 +318,12 @@ impl Node {
         if n == 0 {
             return Ok(true);
         }
-        let params = self.params()?;
-        match params
-            .gcra
-            .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact)
-        {
+        let charged = self.block().with(|params| {
+            params
+                .gcra
+                .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact)
+        })?;
+        match charged {
             Ok(_) => Ok(true),
             Err(Refused::Until(_)) => Ok(false),
             Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),

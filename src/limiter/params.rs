@@ -107,6 +107,14 @@ impl ParamBlock {
     /// The current parameters, validated: a scribbled block is `BadRegion`.
     #[inline]
     pub fn load(&self) -> Result<Params> {
+        self.with(|p| *p)
+    }
+
+    /// Runs `f` on the current parameters, validated (a scribbled block is
+    /// `BadRegion`). The hot path's form: the parameters stay in registers
+    /// instead of travelling through a `Result<Params>`.
+    #[inline(always)]
+    pub fn with<R>(&self, f: impl FnOnce(&Params) -> R) -> Result<R> {
         for _ in 0..64 {
             let a = self.active.load(Ordering::Acquire);
             let slot = &self.slots[(a & 1) as usize];
@@ -128,7 +136,10 @@ impl ParamBlock {
                 crate::sync::spin();
                 continue;
             }
-            return validate(rate, cap, base_ns, base_v, tsc_on, tsc);
+            return match validate(rate, cap, base_ns, base_v, tsc_on, tsc) {
+                Some(p) => Ok(f(&p)),
+                None => Err(invalid(rate, cap, base_v, tsc_on, tsc)),
+            };
         }
         Err(Error::BadRegion(
             "limiter parameters kept changing or never matched their generation: overwritten"
@@ -217,47 +228,53 @@ fn validate(
     base_v: u64,
     tsc_on: u64,
     tsc: [u64; 4],
-) -> Result<Params> {
+) -> Option<Params> {
+    // Inline and branch-light: this runs on every consume. The messages are
+    // built out of line ([`invalid`]), only for a scribbled block.
     let max = super::MAX_TOKENS_PER_SECOND;
-    if rate == 0 || rate > max || cap == 0 || cap > max {
-        return Err(Error::BadRegion(format!(
-            "limiter rate {rate} or capacity {cap} is out of range 1..={max}"
-        )));
-    }
-    if base_v > super::bucket::V_MAX {
-        return Err(Error::BadRegion(format!(
-            "limiter clock base {base_v} tokens is beyond the virtual clock's limit"
-        )));
-    }
+    let in_range = rate != 0 && rate <= max && cap != 0 && cap <= max;
     let clock = match tsc_on {
         0 => Clock::Monotonic,
-        1 => {
-            let c = TscClock {
-                tsc0: tsc[0],
-                ns0: tsc[1],
-                mult: tsc[2],
-                shift: u32::try_from(tsc[3]).unwrap_or(u32::MAX),
-            };
-            // What the arithmetic needs to stay sound (no panic, no UB); the
-            // full form check (a 1 MHz..100 GHz counter) runs at attach.
-            if c.shift > 63 || c.mult == 0 || !cfg!(target_arch = "x86_64") {
-                return Err(Error::BadRegion(format!(
-                    "limiter clock: TSC calibration shift {} / multiplier {} is unusable",
-                    c.shift, c.mult
-                )));
-            }
-            Clock::Tsc(c)
-        }
-        f => {
-            return Err(Error::BadRegion(format!(
-                "limiter clock flag {f} is neither 0 (CLOCK_MONOTONIC) nor 1 (TSC)"
-            )))
-        }
+        // What the arithmetic needs to stay sound (no panic, no UB); the
+        // full form check (a 1 MHz..100 GHz counter) runs at attach.
+        1 if tsc[3] <= 63 && tsc[2] != 0 && cfg!(target_arch = "x86_64") => Clock::Tsc(TscClock {
+            tsc0: tsc[0],
+            ns0: tsc[1],
+            mult: tsc[2],
+            shift: tsc[3] as u32,
+        }),
+        _ => return None,
     };
-    Ok(Params {
+    (in_range && base_v <= super::bucket::V_MAX).then(|| Params {
         gcra: Gcra::based(rate as u32, cap as u32, base_ns, base_v),
         clock,
     })
+}
+
+/// What is wrong with a parameter block [`validate`] refused.
+#[cold]
+#[inline(never)]
+fn invalid(rate: u64, cap: u64, base_v: u64, tsc_on: u64, tsc: [u64; 4]) -> Error {
+    let max = super::MAX_TOKENS_PER_SECOND;
+    if rate == 0 || rate > max || cap == 0 || cap > max {
+        return Error::BadRegion(format!(
+            "limiter rate {rate} or capacity {cap} is out of range 1..={max}"
+        ));
+    }
+    if base_v > super::bucket::V_MAX {
+        return Error::BadRegion(format!(
+            "limiter clock base {base_v} tokens is beyond the virtual clock's limit"
+        ));
+    }
+    match tsc_on {
+        1 => Error::BadRegion(format!(
+            "limiter clock: TSC calibration shift {} / multiplier {} is unusable",
+            tsc[3], tsc[2]
+        )),
+        f => Error::BadRegion(format!(
+            "limiter clock flag {f} is neither 0 (CLOCK_MONOTONIC) nor 1 (TSC)"
+        )),
+    }
 }
 
 #[cfg(test)]
