@@ -112,13 +112,12 @@ struct Entry {
     /// read by the releaser and by sweeps (atomic so that a sweep's read of
     /// an entry being taken is not a data race).
     handle: AtomicPtr<shmsched_scheduler>,
-    /// The library's answer to the acquire, written in place (the
-    /// acquire's result is returned straight into it, with no copy). Holds
-    /// `Ok(permit)` while the phase is HELD or RELEASING. Written only by
+    /// The library's permit (two words: the handle and the slots). Holds
+    /// it while the phase is HELD or RELEASING. Written only by
     /// the thread that owns the FREE entry, before its HELD store
     /// (Release); read only by the winner of the HELD→RELEASING CAS
     /// (Acquire).
-    slot: UnsafeCell<MaybeUninit<shmsched::Result<Permit<'static>>>>,
+    slot: UnsafeCell<MaybeUninit<Permit<'static>>>,
 }
 
 impl Entry {
@@ -372,12 +371,9 @@ fn spill(index: u32) {
 /// Acquires a permit through `handle` with `acquire` and records it;
 /// returns its token.
 ///
-/// The entry is taken first and the library's result is written straight
-/// into it (the library returns it in place, so the permit is never
-/// copied: a copy right after the library wrote it stalls on store
-/// forwarding and cost a measurable part of a pair). If the acquire fails,
-/// the entry goes back to the cache and the error is returned; if no entry
-/// can be had, nothing is acquired.
+/// The entry is taken first and the permit is written into it. If the
+/// acquire fails, the entry goes back to the cache and the error is
+/// returned; if no entry can be had, nothing is acquired.
 #[inline(always)]
 pub(crate) fn acquire_with<'h>(
     handle: &'h shmsched_scheduler,
@@ -386,23 +382,23 @@ pub(crate) fn acquire_with<'h>(
     let index = take_index()?;
     let e = entry(index).expect("an index from a cache has an allocated chunk");
     // The slot is declared with `'static`; lifetimes do not change layout,
-    // so the same memory holds a `Result<Permit<'h>>`.
-    let slot = e
-        .slot
-        .get()
-        .cast::<MaybeUninit<shmsched::Result<Permit<'h>>>>();
+    // so the same memory holds a `Permit<'h>`.
+    let slot = e.slot.get().cast::<MaybeUninit<Permit<'h>>>();
+    // Only the permit (two words) goes into the entry, not the library's
+    // `Result`: copying the larger enum through the stack stalled on store
+    // forwarding and cost a measurable part of a pair.
+    let permit = match acquire(handle.scheduler()) {
+        Ok(permit) => permit,
+        Err(e) => {
+            give_index(index);
+            return Err(Fail::from(e));
+        }
+    };
     // SAFETY: this thread took the FREE entry from its own cache, so no
     // other thread reads or writes the slot until the Release store of
     // HELD below; the slot holds nothing initialised (FREE), so writing
     // over it drops nothing.
-    let written = unsafe { (*slot).write(acquire(handle.scheduler())) };
-    if written.is_err() {
-        // SAFETY: just initialised above; read once, leaving it logically
-        // uninitialised again (the entry stays FREE).
-        let err = unsafe { (*slot).assume_init_read() }.err();
-        give_index(index);
-        return Err(Fail::from(err.expect("checked is_err")));
-    }
+    unsafe { (*slot).write(permit) };
     // SAFETY (lifetime of the permit's borrow of `handle`): the handle is
     // freed only by a sweep that sees no HELD or RELEASING entry referring
     // to it (module docs), and this entry refers to it until its release
@@ -461,7 +457,7 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
     }
     let handle = e.handle.load(Ordering::Relaxed);
     // SAFETY: winning HELD→RELEASING makes this thread the only reader of
-    // the slot, which the acquirer initialised (with `Ok(permit)`) before
+    // the slot, which the acquirer initialised (with its permit) before
     // its Release store of HELD, synchronised by the Acquire CAS; nobody
     // reads it again until a new acquire rewrites it. Dropping the permit
     // gives its slot back.
