@@ -489,7 +489,13 @@ fn water_filling_converges_and_survives_script_flush() {
         t.as_millis(),
         t.as_secs_f64() * 1000.0 / RENEW_MS as f64
     );
-    assert!(t < Duration::from_millis(30 * RENEW_MS), "{t:?}");
+    // About 3 renew periods on a quiet machine; the bound is loose because
+    // the hosts' worker processes share 2 cores with everything else (a
+    // loaded CI run took 40 periods).
+    assert!(
+        t < Duration::from_millis(100 * RENEW_MS),
+        "equal shares took {t:?}"
+    );
     // SCRIPT FLUSH while the agents renew: they reload and carry on.
     let before: Vec<u64> = hs
         .iter()

@@ -58,7 +58,10 @@ fn child_entry() {
 ///   own; prints `start TAG T0`, then `got TAG T1 WAIT_NS IMMEDIATE FORCED`
 ///   or `err TAG T1 ERROR`;
 /// - `try TAG N`: prints `try TAG true|false`;
-/// - `cpu`: prints `cpu CPU_NS MONO_NS` (this process's CPU time so far).
+/// - `cpu`: prints `cpu CPU_NS MONO_NS` (this process's CPU time so far);
+/// - `params`: prints `params RATE CAPACITY` (what this process sees);
+/// - `burst N`: two `try_consume(N)` back to back, prints `burst OK1 OK2`;
+/// - `setrate R`: `set_rate(R)`, prints `setrate done`.
 ///
 /// Stdin closed: exits (threads still waiting die with it).
 fn agent(path: &str) {
@@ -97,6 +100,23 @@ fn agent(path: &str) {
                 say(&format!("try {} {ok}", f[1]));
             }
             "cpu" => say(&format!("cpu {} {}", cpu_ns(), mono_ns())),
+            "params" => say(&format!(
+                "params {} {}",
+                lim.tokens_per_second(),
+                lim.capacity()
+            )),
+            "burst" => {
+                // Two takes back to back (microseconds apart): the second
+                // shows the bucket emptied by the first.
+                let n = f[1].parse().unwrap();
+                let first = lim.try_consume(n).expect("try_consume");
+                let second = lim.try_consume(n).expect("try_consume");
+                say(&format!("burst {first} {second}"));
+            }
+            "setrate" => {
+                lim.set_rate(f[1].parse().unwrap()).expect("set_rate");
+                say("setrate done");
+            }
             other => panic!("agent: unknown command {other}"),
         }
     }
@@ -498,4 +518,67 @@ fn force_through_is_bounded_region_wide() {
     );
     assert!(forced >= 3, "only {forced} forced: the test did not force");
     let _ = x.finish(10 * SEC);
+}
+
+// ---- parameters changed at run time --------------------------------------------------
+
+/// The burst and the rate are the region's: B, in another process, sees
+/// the capacity and rate this process set at creation and every change
+/// made later, in both directions, and its consumes follow them: it takes
+/// one whole burst at once (and not two), the new capacity's burst after a
+/// change, and its measured rate follows `set_rate` within 10 %.
+#[test]
+fn burst_and_rate_changes_are_seen_by_another_process() {
+    let _s = serial();
+    let (tmp, region) = TempRegion::new("lparams");
+    // 1,000/s with a 5,000-token burst: refilling it takes 5 s, far longer
+    // than anything below between two takes.
+    let me = Limiter::shared_with_capacity(&region, 1_000, 5_000).expect("limiter");
+    let mut b = agent_kid(&tmp.path, "agent B");
+    let ask = |b: &mut Kid, cmd: &str, reply: &str| {
+        b.send(cmd);
+        b.expect(reply, 10 * SEC)
+    };
+    assert_eq!(nums(&ask(&mut b, "params", "params")), [1_000, 5_000]);
+    // The bucket starts full: the whole burst at once, then nothing.
+    assert_eq!(ask(&mut b, "burst 5000", "burst"), "true false");
+
+    // A larger burst and a faster rate, set here, seen there.
+    me.set_capacity(50_000).expect("set_capacity");
+    me.set_rate(200_000).expect("set_rate");
+    assert_eq!(nums(&ask(&mut b, "params", "params")), [200_000, 50_000]);
+    until("the bucket to refill to its new capacity", 10 * SEC, || {
+        me.tokens().expect("tokens") >= 50_000
+    });
+    // 50,000 tokens at 200,000/s take 250 ms to come back: B's two takes,
+    // microseconds apart, get one burst.
+    assert_eq!(ask(&mut b, "burst 50000", "burst"), "true false");
+
+    // The rate B's consumes get follows the rate in force.
+    let mut m = Kid::spawn(ENTRY, "rate meter M", "rate-meter", &[&tmp.path]);
+    m.expect("ready", 10 * SEC);
+    let rate = |m: &mut Kid| {
+        m.send("run 1000");
+        let v = nums(&m.expect("rate", 20 * SEC));
+        assert_eq!(v[3], 0, "a consume of 1000 timed out (2 s)");
+        // Tokens per second: 1,000-token consumes over the elapsed time.
+        1000.0 * v[0] as f64 / (v[1] as f64 / 1e9)
+    };
+    let fast = rate(&mut m);
+    // B lowers the rate; this process and M see it.
+    ask(&mut b, "setrate 50000", "setrate done");
+    assert_eq!(me.tokens_per_second(), 50_000);
+    let slow = rate(&mut m);
+    eprintln!(
+        "rate changes: M consumed {fast:.0} tokens/s at 200,000/s and {slow:.0} tokens/s after B \
+         set 50,000/s"
+    );
+    for (got, want) in [(fast, 200_000.0), (slow, 50_000.0)] {
+        assert!(
+            (got - want).abs() <= 0.10 * want,
+            "M consumed {got:.0} tokens/s with {want:.0}/s in force"
+        );
+    }
+    m.done();
+    b.done();
 }

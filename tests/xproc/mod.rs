@@ -151,6 +151,12 @@ impl Kid {
         }
     }
 
+    /// Closes the child's stdin (its signal to finish) without waiting for
+    /// it to exit: its last lines can still be read.
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
     /// The first line starting with `prefix` (its remainder, trimmed), within
     /// `within`; lines that do not match are kept for later calls. `None`
     /// on timeout or when the child's stdout closed.
