@@ -107,6 +107,11 @@ fn acquire_release(c: &mut Criterion) {
         let root = Scheduler::new(PERMITS).expect("scheduler");
         let child1 = root.child(CHILD_PERMITS).expect("child");
         let child2 = child1.child(CHILD_PERMITS).expect("child");
+        // The denominator of the child rows: the same root, acquired
+        // directly (the seed's "parent only").
+        g.bench_function("shmsched_parent_only", |b| {
+            b.iter(|| drop(black_box(root.acquire(Priority::Normal).expect("acquire"))))
+        });
         g.bench_function("shmsched_child1", |b| {
             b.iter(|| {
                 drop(black_box(

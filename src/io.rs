@@ -418,6 +418,8 @@ mod tokio_io {
                 held: Vec::new(),
                 pos: 0,
                 pending: None,
+                owed: 0,
+                settling: false,
             }
         }
 
@@ -452,6 +454,11 @@ mod tokio_io {
     /// charge is kept in the adapter, and the bytes are handed out once it
     /// completes. End of file costs nothing. Dropping the adapter with a
     /// charge pending cancels it (those bytes were read but are dropped).
+    ///
+    /// If the charge fails (a disposed limiter, a forked child), the bytes
+    /// already read are still handed out, as [`LimitedReader`](super::LimitedReader)
+    /// does: the charge is owed, retried before anything more is read, and
+    /// its failure is what the next read reports.
     #[derive(Debug)]
     pub struct AsyncLimitedReader<R> {
         inner: R,
@@ -460,8 +467,13 @@ mod tokio_io {
         /// Bytes read from `inner`; `held[pos..]` not yet handed out.
         held: Vec<u8>,
         pos: usize,
-        /// The charge for `held`, until it completes.
+        /// The charge in progress: for `held`, or (`settling`) for `owed`.
         pending: Option<Consume>,
+        /// Bytes handed out whose charge failed, to be charged before the
+        /// next read from `inner`.
+        owed: usize,
+        /// Whether `pending` is the charge of `owed`.
+        settling: bool,
     }
 
     impl<R> AsyncLimitedReader<R> {
@@ -490,11 +502,17 @@ mod tokio_io {
         ) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             loop {
-                if let Err(e) = ready!(poll_charge(&mut this.pending, cx)) {
-                    // Never hand out bytes that were not charged.
-                    this.held.clear();
-                    this.pos = 0;
-                    return Poll::Ready(Err(e));
+                let charged = ready!(poll_charge(&mut this.pending, cx));
+                let settled = std::mem::take(&mut this.settling);
+                match charged {
+                    Ok(()) if settled => this.owed = 0,
+                    Ok(()) => {}
+                    // The owed charge failed again: report it; nothing more
+                    // is read until it succeeds.
+                    Err(e) if settled => return Poll::Ready(Err(e)),
+                    // The bytes are read: hand them out below, never drop
+                    // them; their charge is owed.
+                    Err(_) => this.owed += this.held.len() - this.pos,
                 }
                 if this.pos < this.held.len() {
                     let k = (this.held.len() - this.pos).min(buf.remaining());
@@ -504,6 +522,11 @@ mod tokio_io {
                 }
                 if buf.remaining() == 0 {
                     return Poll::Ready(Ok(()));
+                }
+                if this.owed > 0 {
+                    this.pending = Some(this.lim.consume_async(this.owed as u64, this.priority));
+                    this.settling = true;
+                    continue;
                 }
                 let k = buf.remaining().min(max_chunk(&this.lim));
                 this.held.resize(k, 0);

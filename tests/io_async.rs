@@ -2,9 +2,13 @@
 //! `tokio`): rates, exact charges, cancellation.
 #![cfg(feature = "tokio")]
 
+mod region_util;
+
 use std::time::{Duration, Instant};
 
+use region_util::{fork_child, wait_child, Exit};
 use shmsched::limiter::Limiter;
+use shmsched::region::Region;
 use shmsched::Priority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -89,4 +93,51 @@ async fn a_timed_out_write_leaves_no_waiter() {
     assert_eq!(s.pending, 0);
     assert_eq!(s.total.cancelled, 1);
     assert_eq!(s.total.deferred, s.total.completed);
+}
+
+/// When the charge after a read fails (here: the limiter handle is used in
+/// a forked child, where it refuses to charge), the bytes already read are
+/// still handed out, as the blocking reader does; the next read reports
+/// the failure without reading more. (A plain test: it forks, and the
+/// child drives the adapter with `futures`' executor, no runtime threads.)
+#[test]
+fn async_reader_drops_no_byte_when_a_charge_fails() {
+    let region = Region::anonymous().unwrap();
+    let lim = Limiter::shared(&region, 1_000_000).unwrap();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let pid = fork_child(move || {
+        futures::executor::block_on(async {
+            let mut r = lim.async_reader(&data[..], Priority::Normal);
+            let mut got = vec![0u8; 4096];
+            let n = match r.read(&mut got).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let read = data.len() - r.get_ref().len();
+                    eprintln!("first read failed after reading {read} bytes: {e}");
+                    return 1;
+                }
+            };
+            let consumed = data.len() - r.get_ref().len();
+            if n == 0 || n != consumed || got[..n] != data[..n] {
+                eprintln!("read {consumed} bytes from the source, handed out {n}");
+                return 2;
+            }
+            // The failed charge is reported now, and nothing more is read;
+            // and again on the read after (the charge is still owed).
+            for attempt in 0..2 {
+                match r.read(&mut got).await {
+                    Err(_) if data.len() - r.get_ref().len() == consumed => {}
+                    other => {
+                        eprintln!(
+                            "read #{attempt} after the failed charge: {other:?}, source at {}",
+                            data.len() - r.get_ref().len()
+                        );
+                        return 3;
+                    }
+                }
+            }
+            0
+        })
+    });
+    assert_eq!(wait_child(pid, Duration::from_secs(30)), Exit::Code(0));
 }
