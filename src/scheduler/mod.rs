@@ -176,6 +176,11 @@ pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
 /// Releases every level of the chain, leaf first (a waiter of a child gets
 /// the child's unit at once and then queues for the root, which follows).
 /// Nothing in a forked child: the units are the parent's.
+///
+/// The levels that give their units straight back to an in-process pool
+/// (nobody queued there) are released in a loop that calls nothing, so it
+/// needs no stack frame; the first level that needs more (a shared root, a
+/// waiter to serve) hands the rest to [`release_levels_from`].
 #[inline(never)]
 fn release_chain(leaf: &Node, root_slots: &Slots) {
     if leaf.forked() {
@@ -183,6 +188,22 @@ fn release_chain(leaf: &Node, root_slots: &Slots) {
     }
     let n = root_slots.len();
     let mut node = leaf;
+    while let Some(parent) = node.parent() {
+        if !node.release_uncontended(n) {
+            return release_levels_from(node, root_slots);
+        }
+        node = parent;
+    }
+    if !node.release_uncontended(n) {
+        release_levels_from(node, root_slots);
+    }
+}
+
+/// Releases `node` and every level above it (the general case of
+/// [`release_chain`]).
+#[inline(never)]
+fn release_levels_from(mut node: &Node, root_slots: &Slots) {
+    let n = root_slots.len();
     while let Some(parent) = node.parent() {
         node.release_level(&Slots::counted(n));
         node = parent;
@@ -372,32 +393,59 @@ impl Scheduler {
     /// Every level's fast path, leaf to root, without a lock or an
     /// allocation; on the first refusal the levels taken are given back and
     /// `None` sends the caller to the slow path.
+    ///
+    /// The levels below the root are in-process counters (a child is never
+    /// shared), taken by a loop that calls nothing; only the root's take
+    /// yields slots.
+    #[inline(always)]
     fn fast_chain(&self, priority: Priority, n: u32) -> Option<Slots> {
         let mut node = &*self.node;
         let mut taken = 0usize;
-        let got = loop {
-            if node.forked() {
-                break None;
+        while let Some(parent) = node.parent() {
+            if node.forked() || !node.take_uncontended(priority, n) {
+                return self.undo_levels(taken, n);
             }
-            match node.fast(priority, n) {
-                Some(s) => match node.parent() {
-                    None => break Some(s),
-                    Some(p) => {
-                        taken += 1;
-                        node = p;
-                    }
-                },
-                None => break None,
-            }
-        };
+            taken += 1;
+            node = parent;
+        }
+        if node.forked() {
+            return self.undo_levels(taken, n);
+        }
+        match node.local_fast(priority, n) {
+            Ok(Some(slots)) => Some(slots),
+            Ok(None) => self.undo_levels(taken, n),
+            Err(()) => self.fast_shared_root(node, taken, priority, n),
+        }
+    }
+
+    /// The root's take of [`fast_chain`](Self::fast_chain) when the root is
+    /// shared.
+    #[inline(never)]
+    fn fast_shared_root(
+        &self,
+        root: &Node,
+        taken: usize,
+        priority: Priority,
+        n: u32,
+    ) -> Option<Slots> {
+        let got = root.fast(priority, n);
         if got.is_none() {
-            let mut node = &*self.node;
-            for _ in 0..taken {
-                node.release_level(&Slots::counted(n));
-                node = node.parent().expect("a taken level has a parent");
-            }
+            self.undo_levels(taken, n);
         }
         got
+    }
+
+    /// Gives back the `taken` levels (leaf first) of a chain whose fast
+    /// path was refused further up; always `None`.
+    #[cold]
+    #[inline(never)]
+    fn undo_levels(&self, taken: usize, n: u32) -> Option<Slots> {
+        let mut node = &*self.node;
+        for _ in 0..taken {
+            node.release_level(&Slots::counted(n));
+            node = node.parent().expect("a taken level has a parent");
+        }
+        None
     }
 
     /// Like [`acquire`](Self::acquire), giving up with [`Error::Timeout`]

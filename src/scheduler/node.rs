@@ -373,6 +373,49 @@ impl Node {
         }
     }
 
+    /// Takes `n` units of an in-process level on its fast path (nobody
+    /// queued at or above `p`, room under its cap); false (nothing taken)
+    /// for a shared level or when the caller must go slow.
+    #[inline(always)]
+    pub fn take_uncontended(&self, p: Priority, n: u32) -> bool {
+        match &self.level {
+            Level::Local(st) => self.local_take(st, p.index(), n).is_some(),
+            Level::Shared(_) => false,
+        }
+    }
+
+    /// The fast path of an in-process level (`Ok`: its answer), or
+    /// `Err(())` for a shared one.
+    #[inline(always)]
+    pub fn local_fast(&self, p: Priority, n: u32) -> std::result::Result<Option<Slots>, ()> {
+        match &self.level {
+            Level::Local(st) => Ok(self.local_take(st, p.index(), n)),
+            Level::Shared(_) => Err(()),
+        }
+    }
+
+    /// Gives `n` units back to an in-process level's pool if nobody is
+    /// queued there; false (nothing done) for a shared level or when a
+    /// waiter must be served ([`release_level`](Self::release_level)).
+    #[inline(always)]
+    pub fn release_uncontended(&self, n: u32) -> bool {
+        let Level::Local(st) = &self.level else {
+            return false;
+        };
+        let n = u64::from(n);
+        let mut s = st.state.load(Ordering::Relaxed);
+        while s & QUEUED_ALL == 0 {
+            match st
+                .state
+                .compare_exchange_weak(s, s - n, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(cur) => s = cur,
+            }
+        }
+        false
+    }
+
     #[cold]
     #[inline(never)]
     fn release_slow(&self, n: u32) {
