@@ -197,3 +197,63 @@ fn weighted_waiters_never_deadlock_or_exceed_the_max() {
         );
     }
 }
+
+/// A weighted acquire above its priority's cap (below the max) could only
+/// come in through a lottery pick: it is refused at once, blocking, timed
+/// and async, in both homes, naming n, the priority and the cap. At the cap
+/// it is admitted; one unit at a cap of 0 still waits for the lottery (the
+/// seed's rule), so it times out rather than being refused.
+#[test]
+fn weighted_acquire_above_its_priority_cap_is_refused_at_once() {
+    use shmsched::scheduler::Concurrency;
+    use shmsched::Error;
+    let region = Region::anonymous().expect("anonymous region");
+    let caps = || Concurrency::max(8).low(2).lowest(0);
+    let homes = [
+        ("in-process", Scheduler::new(caps()).expect("scheduler")),
+        (
+            "shared",
+            Scheduler::shared(&region, caps()).expect("shared scheduler"),
+        ),
+    ];
+    for (home, s) in homes {
+        let refused = |r: shmsched::Result<u32>, how: &str| match r {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(
+                    m.contains("3 slots") && m.contains("low") && m.contains("cap at low is 2"),
+                    "{home} {how}: {m}"
+                );
+            }
+            other => panic!("{home} {how}: {other:?}"),
+        };
+        let t = std::time::Instant::now();
+        refused(
+            s.acquire_many(Priority::Low, 3).map(|p| p.units()),
+            "blocking",
+        );
+        refused(
+            s.acquire_many_timeout(Priority::Low, 3, Duration::from_secs(5))
+                .map(|p| p.units()),
+            "timed",
+        );
+        refused(
+            futures::executor::block_on(s.acquire_many_async(Priority::Low, 3)).map(|p| p.units()),
+            "async",
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{home}: not at once");
+        // At the cap: admitted.
+        let p = s
+            .acquire_many_timeout(Priority::Low, 2, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{home}: 2 at a cap of 2: {e:?}"));
+        assert_eq!(p.units(), 2);
+        drop(p);
+        // Higher priorities are not capped here: up to the max.
+        drop(s.acquire_many(Priority::High, 8).expect("8 at high"));
+        // One unit at a cap of 0: waits (lottery only), not refused.
+        match s.acquire_many_timeout(Priority::Lowest, 1, Duration::from_millis(1)) {
+            Ok(_) | Err(Error::Timeout) => {}
+            other => panic!("{home}: one unit at a cap of 0: {other:?}"),
+        }
+        assert_eq!(s.stats().running, 0, "{home}");
+    }
+}

@@ -135,6 +135,11 @@ impl<'a> Future for Acquire<'a> {
             if let Err(e) = node.check_usable(this.n) {
                 return this.fail(e);
             }
+            if this.level == 0 {
+                if let Err(e) = node.check_weight(this.priority, this.n) {
+                    return this.fail(e);
+                }
+            }
             if let Some(s) = node.fast(this.priority, this.n) {
                 if let Some(p) = this.advance(s) {
                     return Poll::Ready(Ok(p));

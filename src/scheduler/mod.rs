@@ -457,10 +457,12 @@ impl Scheduler {
 
     /// A weighted acquire: blocks until `n` units of the budget are free at
     /// `priority`, and takes them all at once (never some of them; two
-    /// weighted waiters cannot deadlock). `n` must be 1..=max (else
-    /// [`Error::InvalidArgument`] naming both).
+    /// weighted waiters cannot deadlock). `n` must be 1..=max, and at most
+    /// `priority`'s cap when that cap is below the max (else
+    /// [`Error::InvalidArgument`] naming both): more than the cap could only
+    /// come in through a lottery pick, which bypasses caps.
     pub fn acquire_many(&self, priority: Priority, n: u32) -> Result<Permit<'_>> {
-        Scheduler::check_n(n)?;
+        self.check_n(priority, n)?;
         self.acquire_chain(priority, n, None)
     }
 
@@ -471,7 +473,7 @@ impl Scheduler {
         n: u32,
         timeout: Duration,
     ) -> Result<Permit<'_>> {
-        Scheduler::check_n(n)?;
+        self.check_n(priority, n)?;
         self.acquire_chain(priority, n, deadline_after(timeout))
     }
 
@@ -484,13 +486,13 @@ impl Scheduler {
         self.try_chain(priority, n)
     }
 
-    fn check_n(n: u32) -> Result<()> {
+    fn check_n(&self, priority: Priority, n: u32) -> Result<()> {
         if n == 0 {
             return Err(Error::InvalidArgument(
                 "acquire of 0 slots: n must be at least 1".into(),
             ));
         }
-        Ok(())
+        self.node.check_weight(priority, n)
     }
 
     /// Like [`acquire`](Self::acquire), but the permit owns a handle to the

@@ -236,6 +236,22 @@ impl Node {
         Ok(())
     }
 
+    /// Checks that a weighted acquire of `n` at `p` fits `p`'s cap on this
+    /// (the leaf) level. A single unit may wait for a lottery pick however
+    /// low the cap (a cap of 0 is served by the lottery alone, as the seed
+    /// says); `n` units above a cap below the max could only ever come in
+    /// that way, so they are refused at once instead of waiting for it.
+    pub fn check_weight(&self, p: Priority, n: u32) -> Result<()> {
+        let cap = self.caps[p.index()];
+        if n > 1 && n > cap && cap < self.max {
+            return Err(Error::InvalidArgument(format!(
+                "acquire of {n} slots at {p} can never be admitted: the cap at {p} is {cap} \
+                 (at most {cap} at once, counted against everything running here)"
+            )));
+        }
+        Ok(())
+    }
+
     // ---- fast paths ----------------------------------------------------------
 
     /// The fast path of a root-only acquire of one unit, inlined into the
