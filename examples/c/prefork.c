@@ -7,8 +7,8 @@
  * replace them, and prints what each priority got.
  *
  * Build (from the repository, after `cargo build --release -p shmsched-ffi`):
- *     PKG_CONFIG_PATH=ffi/pkgconfig cc -O2 examples/c/prefork.c \
- *         $(pkg-config --cflags --libs shmsched) -o prefork
+ *     export PKG_CONFIG_PATH=$PWD/ffi/pkgconfig
+ *     cc -O2 examples/c/prefork.c $(pkg-config --cflags --libs shmsched) -o prefork
  *     ./prefork --workers 8 --cap 4 --seconds 5 --kill 3
  *
  * Exits 0 when the cap held (no sample above it) and nothing leaked (after
