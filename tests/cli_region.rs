@@ -257,16 +257,35 @@ fn stat_shows_a_limiter() {
     use shmsched::limiter::Limiter;
     let name = Named::new("lim");
     let region = Region::create(&name.0).unwrap();
-    let lim = Limiter::shared(&region, 1_000_000).unwrap();
+    // A burst of two seconds' worth, and a rate changed after creation:
+    // stat shows what is in force, not what the region was created with.
+    let lim = Limiter::shared_with_capacity(&region, 1_000_000, 2_000_000).unwrap();
     lim.consume(400_000, Priority::Normal).unwrap();
+    lim.set_rate(500_000).unwrap();
     let out = ok_stdout(&["stat", &name.0, "--json"]);
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["region"]["kind"], "limiter", "{v}");
-    assert_eq!(v["limiter"]["tokens_per_second"], 1_000_000);
+    assert_eq!(v["limiter"]["tokens_per_second"], 500_000);
+    assert_eq!(v["limiter"]["capacity"], 2_000_000);
     let tokens = v["limiter"]["tokens"].as_i64().unwrap();
-    assert!((600_000..=1_000_000).contains(&tokens), "{tokens}");
+    assert!((1_600_000..=2_000_000).contains(&tokens), "{tokens}");
     let human = ok_stdout(&["stat", &name.0]);
-    assert!(human.contains("of 1000000 (tokens per second"), "{human}");
+    assert!(human.contains("of 2000000 (the capacity)"), "{human}");
+    assert!(
+        human.contains("rate        500000 tokens per second"),
+        "{human}"
+    );
+    let listed: Value = serde_json::from_str(ok_stdout(&["ls", "--json"]).trim()).unwrap();
+    let mine = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name.0.as_str())
+        .unwrap_or_else(|| panic!("ls does not list {}: {listed}", name.0));
+    assert_eq!(
+        mine["usage"], "500000/s",
+        "ls shows the rate in force: {mine}"
+    );
     let reaped = ok_stdout(&["reap", &name.0]);
     assert!(reaped.starts_with("reaped 0 processes"), "{reaped}");
 }

@@ -103,8 +103,20 @@ fn mismatch_says_max_8_asked_for_9() {
     let e = Limiter::shared(&Region::open(&n).unwrap(), 2000).unwrap_err();
     let m = e.to_string();
     assert!(
-        m.contains("limiter has tokens per second 1000, asked for 2000"),
+        m.contains("limiter has tokens per second at creation 1000, asked for 2000"),
         "{m}"
     );
     assert!(!m.contains('['), "{m}");
+    // A capacity that differs is named as such.
+    let e = Limiter::shared(&Region::open(&n).unwrap(), 1000)
+        .map(|_| ())
+        .and_then(|()| {
+            Limiter::shared_with_capacity(&Region::open(&n).unwrap(), 1000, 5000).map(|_| ())
+        })
+        .unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains("capacity at creation 1000, asked for 5000") && !m.contains("reserved"),
+        "{m}"
+    );
 }

@@ -2,8 +2,9 @@
 //! child limiters and stats — in one process, or shared by many processes
 //! through a [`Region`].
 //!
-//! Tokens are usually bytes, but any integer unit works. The capacity of
-//! the bucket equals its rate (tokens per second); refill is continuous from
+//! Tokens are usually bytes, but any integer unit works. The capacity
+//! (burst) of the bucket is one second of its rate unless set otherwise
+//! ([`Limiter::with_capacity`], [`Limiter::set_capacity`]); refill is continuous from
 //! elapsed time on `CLOCK_MONOTONIC` (the clock every process of a host
 //! shares; read through a calibrated TSC where that is reliable, the same
 //! calibration in every process of a region, see [`Clock`](crate::sys::clock::Clock)),
@@ -225,10 +226,12 @@ impl Limiter {
     /// A limiter shared through `region`: one bucket for every process that
     /// binds it, with a capacity of one second of rate. A new region is
     /// initialised with `tokens_per_second` (and starts full); an existing
-    /// one must have been created with the same rate, else
-    /// [`Error::Mismatch`] (its rate in force may have changed since, see
-    /// [`set_rate`](Self::set_rate)). Use [`attach`](Self::attach) to join
-    /// whatever rate a region has.
+    /// one must have been created with the same rate and a capacity of one
+    /// second of it, else [`Error::Mismatch`] naming what differs (its rate
+    /// and capacity in force may have changed since, see
+    /// [`set_rate`](Self::set_rate): the check is against what the region
+    /// was created with). Use [`attach`](Self::attach) to join whatever
+    /// rate and capacity a region has.
     ///
     /// ```no_run
     /// use shmsched::limiter::Limiter;
@@ -245,7 +248,8 @@ impl Limiter {
     }
 
     /// Like [`shared`](Self::shared), with a capacity (burst) of `capacity`
-    /// tokens.
+    /// tokens; an existing region must have been created with the same
+    /// rate and capacity.
     pub fn shared_with_capacity(
         region: &Region,
         tokens_per_second: u64,

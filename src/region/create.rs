@@ -278,9 +278,9 @@ fn param_names(kind: ObjectKind) -> [&'static str; 8] {
     match kind {
         ObjectKind::Scheduler => ["max", "object revision", REST, REST, REST, REST, REST, REST],
         ObjectKind::Limiter => [
-            "tokens per second",
+            "tokens per second at creation",
             "object revision",
-            REST,
+            "capacity at creation",
             REST,
             REST,
             REST,

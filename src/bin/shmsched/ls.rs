@@ -178,7 +178,12 @@ pub fn entry(path: &Path) -> Entry {
                     .scheduler_stats()
                     .ok()
                     .map(|s| format!("{}/{}", s.running, s.max)),
-                ObjectKind::Limiter => Some(format!("{}/s", h.params[0])),
+                // The rate in force (set_rate changes it), not the one the
+                // region was created with.
+                ObjectKind::Limiter => v
+                    .limiter_stats()
+                    .ok()
+                    .map(|s| format!("{}/s", s.tokens_per_second)),
                 ObjectKind::FairShare => Some(count(h.params[2], "tenant", "tenants")),
             };
         }

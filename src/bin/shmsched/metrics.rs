@@ -68,6 +68,7 @@ struct Families {
     reaped: IntCounter,
     tokens: IntGauge,
     rate: IntGauge,
+    capacity: IntGauge,
     forced: IntCounter,
     wakes: IntCounter,
     ceiling: FloatGauge,
@@ -103,7 +104,8 @@ impl Families {
             reclaimed: family(r, "shmsched_reclaimed_slots", "Scheduler slots returned on behalf of processes that died holding them"),
             reaped: family(r, "shmsched_reaped_processes", "Dead processes reaped (scheduler regions)"),
             tokens: family(r, "shmsched_limiter_tokens", "Tokens in the limiter's bucket now; negative while in debt"),
-            rate: family(r, "shmsched_limiter_rate_tokens_per_second", "The limiter's rate, which is also its capacity"),
+            rate: family(r, "shmsched_limiter_rate_tokens_per_second", "The limiter's rate in force (set_rate changes it)"),
+            capacity: family(r, "shmsched_limiter_capacity_tokens", "The limiter's capacity (burst) in force, in tokens"),
             forced: family(r, "shmsched_limiter_forced", "Anti-starvation force-throughs into debt, by all processes"),
             wakes: family(r, "shmsched_limiter_wakes", "Futex wake-ups sent to a process with a sleeper, by all processes"),
             ceiling: family(r, "shmsched_fair_ceiling", "The fair-share ceiling, in the fairness unit"),
@@ -161,6 +163,9 @@ impl Families {
             self.rate
                 .get_or_create(&l)
                 .set(i64::from(lim.stats.tokens_per_second));
+            self.capacity
+                .get_or_create(&l)
+                .set(i64::from(lim.stats.capacity));
             if let Some(sh) = &lim.stats.shared {
                 self.processes
                     .get_or_create(&l)

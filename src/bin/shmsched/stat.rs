@@ -368,11 +368,12 @@ fn print_fair(o: &mut String, f: &FairView) {
 fn print_limiter(o: &mut String, l: &LimiterStats) {
     let _ = writeln!(
         o,
-        "tokens      {} of {} (tokens per second = capacity){}",
+        "tokens      {} of {} (the capacity){}",
         l.tokens,
-        l.tokens_per_second,
+        l.capacity,
         if l.tokens < 0 { ", in debt" } else { "" }
     );
+    let _ = writeln!(o, "rate        {} tokens per second", l.tokens_per_second);
     if let Some(sh) = &l.shared {
         let waiting: Vec<String> = Priority::ALL
             .iter()
