@@ -154,11 +154,15 @@ fn bad_arguments_are_clear_errors() {
     for (args, needle) in [
         (&["demo", "--workers", "0"][..], "0"),
         (&["demo", "--cap", "abc"][..], "abc"),
-        (&["demo", "--seconds", "-1"][..], "-1"),
+        (&["demo", "--seconds", "-1"][..], "at most 86400"),
         (&["demo", "--seconds", "nan"][..], "nan"),
         (&["demo", "--kill", "x"][..], "x"),
+        // Negative numbers are values out of range, not unknown flags.
+        (&["demo", "--cap", "-1"][..], "-1 is not in 1..=65536"),
+        (&["demo", "--kill", "-3"][..], "-3 is not in 0..=10000"),
         (&["stat"][..], "REGION"),
-        (&["watch", "r", "--count", "0"][..], "0"),
+        (&["watch", "r", "--count", "0"][..], "0 is not in 1..="),
+        (&["watch", "r", "--count", "-1"][..], "-1 is not in 1..="),
         (&["frobnicate"][..], "frobnicate"),
     ] {
         let out = run(args, Duration::from_secs(10));

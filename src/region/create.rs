@@ -216,11 +216,17 @@ pub(super) fn examine(region: &Region, fd: BorrowedFd<'_>) -> Result<HeaderState
     sys::file::read_exact_at(fd, &mut buf[..n], 0)
         .map_err(|e| Error::io("read header", path_of(region), e))?;
     if !carries_our_magic(&buf[..n]) {
-        let first: String = buf[..n.min(8)].iter().map(|b| format!("{b:02x}")).collect();
+        // Printed as `stat` prints it (the header's first word), so the same
+        // file reads the same in every command.
+        let first = match <[u8; 8]>::try_from(&buf[..n.min(8)]) {
+            Ok(word) => format!("{:#018x}", u64::from_le_bytes(word)),
+            Err(_) => buf[..n].iter().map(|b| format!("{b:02x}")).collect(),
+        };
         return Err(Error::BadRegion(format!(
-            "bad magic {first} (expected \"SHMSCHED\"): {} is {size} bytes long and not a \
+            "bad magic {first} (expected {:#018x}, \"SHMSCHED\"): {} is {size} bytes long and not a \
              shmsched region; refusing to touch it (only an empty file, or a region whose \
              initialisation was interrupted, is ever initialised)",
+            super::layout::MAGIC,
             display_name(region)
         )));
     }

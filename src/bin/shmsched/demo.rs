@@ -39,17 +39,17 @@ use crate::{outln, signals, CliError, CliResult};
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Number of worker processes.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=512))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=512))]
     workers: u32,
     /// The shared cap: at most this many simulated reads at once, across
     /// all workers.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARED_SLOTS)))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARED_SLOTS)))]
     cap: u32,
     /// How long the workers run, in seconds (fractions allowed).
-    #[arg(long, default_value_t = 10.0, value_parser = parse_seconds)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10.0, value_parser = parse_seconds)]
     seconds: f64,
     /// SIGKILL this many random workers during the run (each is respawned).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     kill: u32,
     /// Seed for priorities, read times and kill choices (default: clock).
     #[arg(long)]

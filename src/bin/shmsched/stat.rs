@@ -47,8 +47,8 @@ pub struct WatchArgs {
     /// Region name (maps to /dev/shm/shmsched.NAME) or path.
     region: String,
     /// Stop after this many refreshes (default: until Ctrl-C).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    count: Option<u64>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
+    count: Option<u32>,
     /// Print one JSON object per refresh, one per line.
     #[arg(long)]
     pub json: bool,
@@ -581,7 +581,7 @@ pub fn watch(a: WatchArgs) -> CliResult {
             ))?;
         }
         n += 1;
-        if a.count.is_some_and(|c| n >= c) {
+        if a.count.is_some_and(|c| n >= u64::from(c)) {
             return Ok(ExitCode::SUCCESS);
         }
         let next = start + Duration::from_secs(n);
@@ -609,7 +609,15 @@ fn open_for_reap(name: &str) -> Result<(Region, HeaderInfo), CliError> {
                 ),
             )
         } else if c.kind == ErrorKind::NotFound {
-            CliError::new(ErrorKind::NotFound, format!("region {name:?}: no such region"))
+            let path = shmsched::region::resolve_path(name)
+                .map_or_else(|_| name.to_string(), |p| p.display().to_string());
+            CliError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "region {name:?}: no such region ({path} does not exist); `shmsched ls` lists \
+                     the regions"
+                ),
+            )
         } else {
             c
         }
