@@ -159,3 +159,46 @@ fn install_prefix_works_with_pkg_config_and_static_linking() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "abi 1");
 }
+
+/// The README's C snippet ("From C") builds as C99 with warnings as errors
+/// and runs: acquires, releases, and removes its region (under a name of
+/// the test's own instead of the snippet's `pool`, which a user may have).
+#[test]
+fn readme_c_snippet_builds_and_runs() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let start = readme
+        .find("```c\n#include <stdio.h>\n#include <shmsched.h>")
+        .expect("the README's C snippet");
+    let body = &readme[start + "```c\n".len()..];
+    let body = &body[..body.find("```").expect("the snippet's end")];
+    assert_eq!(
+        body.matches("\"pool\"").count(),
+        2,
+        "the snippet's region name"
+    );
+    let name = format!("test-readme-c-{}", std::process::id());
+    let dir = out_dir("readme-c");
+    let src = dir.join("snippet.c");
+    std::fs::write(&src, body.replace("\"pool\"", &format!("\"{name}\""))).unwrap();
+    let profile = lib_dir().file_name().unwrap().to_str().unwrap().to_string();
+    let flags = pkg_config(
+        &repo_root().join("ffi/pkgconfig"),
+        &[
+            &format!("--define-variable=profile={profile}"),
+            "--cflags",
+            "--libs",
+        ],
+    );
+    let exe = dir.join("snippet");
+    cc(&flags, &src, &exe);
+    let out = Command::new(&exe).output().expect("run the snippet");
+    assert!(
+        out.status.success(),
+        "the README's C snippet failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !Path::new(&format!("/dev/shm/shmsched.{name}")).exists(),
+        "the snippet left its region behind"
+    );
+}
