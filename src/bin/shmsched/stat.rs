@@ -88,7 +88,10 @@ struct Proc {
     pid: i32,
     entry: u32,
     owner: u32,
+    /// Whether the process still runs (its liveness lock is held).
     alive: bool,
+    /// The table entry's state: `registered` (until reaped, also after the
+    /// process exited: `alive` says which) or `reaping`.
     state: &'static str,
     /// Slots held (scheduler regions; 0 for a limiter).
     slots_held: u32,
@@ -188,7 +191,7 @@ fn proc_rows(list: Vec<(shmsched::region::ProcSummary, u32)>) -> Vec<Proc> {
             alive: p.alive,
             state: match p.state {
                 ProcState::Free => "free",
-                ProcState::Live => "live",
+                ProcState::Live => "registered",
                 ProcState::Reaping => "reaping",
             },
             slots_held: held,
