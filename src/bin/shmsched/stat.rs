@@ -463,14 +463,34 @@ fn print_procs(o: &mut String, procs: &[Proc], slots: bool) {
     }
 }
 
+/// `YYYY-MM-DD HH:MM:SS UTC` for a time in ms since the Unix epoch (the
+/// civil-from-days conversion of the proleptic Gregorian calendar).
+fn utc_time(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// The human-readable form of `v`.
 fn human(v: &StatView) -> String {
     let mut o = String::new();
     let h = &v.region;
     let _ = writeln!(o, "region      {}", h.path);
     let _ = writeln!(o, "kind        {} (layout v{})", h.kind, h.layout_version);
-    let params: Vec<String> = h.params.iter().map(u64::to_string).collect();
-    let _ = writeln!(o, "params      [{}]", params.join(", "));
     let _ = writeln!(
         o,
         "size        {} bytes, {} process slots, mode {}",
@@ -478,8 +498,9 @@ fn human(v: &StatView) -> String {
     );
     let _ = writeln!(
         o,
-        "created     by pid {} at {} ms since the Unix epoch",
-        h.created_pid, h.created_at_unix_ms
+        "created     by pid {} at {}",
+        h.created_pid,
+        utc_time(h.created_at_unix_ms)
     );
     if let Some(note) = &v.note {
         let _ = writeln!(o, "note        {note}");
@@ -707,5 +728,19 @@ pub fn reap(a: ReapArgs) -> CliResult {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_time;
+
+    #[test]
+    fn utc_time_of_known_instants() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
+        // 2000-02-29 (a leap day of a year divisible by 400).
+        assert_eq!(utc_time(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_time(1_796_074_724_508), "2026-11-30 21:38:44 UTC");
+        assert_eq!(utc_time(4_102_444_799_999), "2099-12-31 23:59:59 UTC");
     }
 }
