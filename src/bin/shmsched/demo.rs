@@ -255,7 +255,8 @@ pub fn run(a: DemoArgs) -> CliResult {
     let tty = std::io::stderr().is_terminal();
     if !a.json {
         eprintln!(
-            "shmsched demo: {} workers share cap {} for {:.1} s through {path}{}",
+            "shmsched demo: {} workers share cap {} for {:.1} s through {path} (each task a \
+             simulated file read of 2-20 ms at a random priority){}",
             a.workers,
             a.cap,
             a.seconds,
@@ -514,6 +515,13 @@ fn print_summary(s: &Summary, json: bool) -> Result<(), CliError> {
         s.slots_reclaimed - s.slots_reclaimed_by_final_reap.min(s.slots_reclaimed),
         s.slots_reclaimed_by_final_reap
     )?;
+    if s.reaped_processes < u64::from(s.killed) {
+        outln!(
+            "  ({} of the killed workers died before they joined the region: nothing to reap; a \
+             worker killed between tasks holds no slot, so fewer slots than kills come back)",
+            u64::from(s.killed) - s.reaped_processes
+        )?;
+    }
     outln!(
         "leaked: {} (slots held after every worker exited and a final reap; process entries left: {})",
         s.leaked, s.leftover_processes
