@@ -23,6 +23,20 @@ pub const MAX_CONCURRENCY: u32 = i32::MAX as u32;
 
 /// How many tasks may run at once, overall and per priority.
 ///
+/// A cap compares against the *total* running count (a task at `low` with
+/// `low(20)` starts only while fewer than 20 tasks of any priority run),
+/// and the caps you leave unset are filled in this way:
+///
+/// 1. every cap is clamped to `max`;
+/// 2. priorities above the topmost explicit cap get `max`;
+/// 3. an unset `lowest` takes the bottommost explicit cap;
+/// 4. any other unset priority takes the cap of the priority just below it.
+///
+/// So `max(100).low(20).lowest(5)` gives lowest = lower = 5, low = 20 and
+/// normal … highest = 100; `max(100).high(50).low(10)` gives lowest … normal
+/// = 10, high = 50, higher = highest = 100. The starvation lottery may let
+/// a queued task past its cap (never past `max`).
+///
 /// ```
 /// use shmsched::scheduler::Concurrency;
 /// use shmsched::Priority;
