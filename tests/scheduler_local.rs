@@ -373,3 +373,22 @@ fn run_releases_on_panic() {
     assert_eq!(s.stats().running, 0);
     assert!(s.try_acquire(Priority::Normal).is_some());
 }
+
+/// A waiter at a priority capped at 0 can only come in through a lottery
+/// pick, and an idle scheduler has no releases to run dispatch: the waiter
+/// draws itself every tick meanwhile, so it is served (here with a seeded
+/// lottery, so the number of draws it needs is fixed) instead of waiting
+/// for ever beside free capacity.
+#[test]
+fn capped_waiter_on_an_idle_scheduler_is_served_by_the_lottery() {
+    let s = Scheduler::with_seed(Concurrency::max(4).lowest(0), 7).unwrap();
+    let t = Instant::now();
+    let p = s
+        .acquire_timeout(Priority::Lowest, Duration::from_secs(30))
+        .expect("a cap-0 waiter on an idle scheduler was never drawn");
+    eprintln!("served by the lottery after {:?}", t.elapsed());
+    assert_eq!(s.stats().running, 1);
+    drop(p);
+    // Its cap still holds for everyone else: no fast path at a cap of 0.
+    assert!(s.try_acquire(Priority::Lowest).is_none());
+}

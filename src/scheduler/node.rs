@@ -54,6 +54,11 @@ const QUEUED_SHIFT: u32 = 32;
 const QUEUED_ALL: u64 = 0x7f << QUEUED_SHIFT;
 const DISPOSED: u64 = 1 << 39;
 
+/// How often an in-process waiter held back by its cap alone draws the
+/// lottery while nothing is released (the shared scheduler's waiters draw
+/// on their backstop wake, every [`BACKSTOP`](super::root::BACKSTOP) alike).
+const LOTTERY_TICK: std::time::Duration = super::root::BACKSTOP;
+
 /// Queued bits of tiers at or above `tier`, in the state word.
 #[inline(always)]
 const fn queued_from(tier: usize) -> u64 {
@@ -534,13 +539,13 @@ impl Node {
     pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
         let r = match &self.level {
             Level::Shared(root) => root.wait(w, deadline),
-            Level::Local(_) => loop {
+            Level::Local(st) => loop {
                 match w.state() {
                     GRANTED => break Ok(w.take_slots()),
                     FAILED => break Err(Error::Disposed),
                     _ => {}
                 }
-                let timeout = match deadline {
+                let mut timeout = match deadline {
                     Some(d) => {
                         let now = Instant::now();
                         if now >= d {
@@ -550,11 +555,41 @@ impl Node {
                     }
                     None => None,
                 };
+                // Held back by its cap alone, with capacity free under the
+                // max: only a lottery pick can admit it, and dispatch runs
+                // on releases, which an idle scheduler has none of. Draw
+                // every LOTTERY_TICK meanwhile (a shared scheduler's
+                // waiters draw on their backstop wake alike).
+                let cap_bound = self.held_by_cap_only(st, w);
+                if cap_bound {
+                    timeout = Some(timeout.map_or(LOTTERY_TICK, |t| t.min(LOTTERY_TICK)));
+                }
                 futex_wait(&w.state, WAITING, timeout);
+                if cap_bound && w.state() == WAITING {
+                    self.dispatch_now();
+                }
             },
         };
         self.waited();
         r
+    }
+
+    /// Whether `w` waits only because of its priority's cap: what runs now
+    /// plus what it needs fits the max but not the cap.
+    fn held_by_cap_only(&self, st: &LocalState, w: &Waiter) -> bool {
+        let running = st.state.load(Ordering::SeqCst) & RUNNING;
+        let after = running + u64::from(w.need);
+        after <= u64::from(self.max) && after > u64::from(self.caps[w.tier()])
+    }
+
+    /// Runs one dispatch (one lottery draw) on an in-process level.
+    fn dispatch_now(&self) {
+        let mut out = Wakeups::default();
+        {
+            let mut inner = self.lock();
+            self.dispatch_local(&mut inner, 0, &mut out);
+        }
+        out.wake_local();
     }
 
     /// Removes a waiter whose deadline passed (or whose future was
