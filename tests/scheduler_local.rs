@@ -392,3 +392,24 @@ fn capped_waiter_on_an_idle_scheduler_is_served_by_the_lottery() {
     // Its cap still holds for everyone else: no fast path at a cap of 0.
     assert!(s.try_acquire(Priority::Lowest).is_none());
 }
+
+/// The same for an async waiter, which cannot draw for itself while it
+/// waits: the level's lottery ticker draws for it.
+#[test]
+fn capped_async_waiter_on_an_idle_scheduler_is_served_by_the_lottery() {
+    let s = Scheduler::with_seed(Concurrency::max(4).lowest(0), 7).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let got = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), s.acquire_async(Priority::Lowest)).await
+    });
+    let p = got
+        .expect("a cap-0 async waiter on an idle scheduler was never drawn")
+        .expect("acquire_async");
+    eprintln!("async waiter served by the lottery after {:?}", t.elapsed());
+    assert_eq!(s.stats().running, 1);
+    drop(p);
+}

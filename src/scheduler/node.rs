@@ -118,6 +118,9 @@ pub(crate) struct Node {
     /// Time during which at least one task waited here (its waiters).
     stall: StallClock,
     waiting: AtomicU64,
+    /// Whether a lottery ticker thread runs for this in-process level's
+    /// async waiters (see [`Node::ensure_helper`]).
+    ticker_running: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -146,6 +149,7 @@ impl Node {
             counters: Arc::new(Counters::default()),
             stall: StallClock::new(),
             waiting: AtomicU64::new(0),
+            ticker_running: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 queues: Default::default(),
                 lottery: Lottery::new(seed),
@@ -566,7 +570,7 @@ impl Node {
                 }
                 futex_wait(&w.state, WAITING, timeout);
                 if cap_bound && w.state() == WAITING {
-                    self.dispatch_now();
+                    self.tick_lottery();
                 }
             },
         };
@@ -580,16 +584,6 @@ impl Node {
         let running = st.state.load(Ordering::SeqCst) & RUNNING;
         let after = running + u64::from(w.need);
         after <= u64::from(self.max) && after > u64::from(self.caps[w.tier()])
-    }
-
-    /// Runs one dispatch (one lottery draw) on an in-process level.
-    fn dispatch_now(&self) {
-        let mut out = Wakeups::default();
-        {
-            let mut inner = self.lock();
-            self.dispatch_local(&mut inner, 0, &mut out);
-        }
-        out.wake_local();
     }
 
     /// Removes a waiter whose deadline passed (or whose future was
@@ -704,10 +698,58 @@ impl Node {
     }
 
     /// Async waiters at a shared root need the process's helper thread.
-    pub fn ensure_helper(&self) {
-        if let Level::Shared(root) = &self.level {
-            root.ensure_helper();
+    pub fn ensure_helper(self: &Arc<Self>) {
+        match &self.level {
+            Level::Shared(root) => root.ensure_helper(),
+            Level::Local(_) => self.ensure_lottery_ticker(),
         }
+    }
+
+    /// An async waiter cannot draw the lottery itself while it waits (a
+    /// blocking one does, every [`LOTTERY_TICK`], when its cap alone holds
+    /// it back): one thread per in-process level does it for them, while
+    /// anything is queued there.
+    fn ensure_lottery_ticker(self: &Arc<Self>) {
+        if self.ticker_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("shmsched-lottery".into())
+            .spawn(move || lottery_ticker(weak));
+        if spawned.is_err() {
+            // No thread: the async waiters are still served by releases.
+            self.ticker_running.store(false, Ordering::Release);
+        }
+    }
+
+    /// True while anything is queued here.
+    fn has_waiters(&self) -> bool {
+        self.lock().backlogged() != 0
+    }
+
+    /// Draws the lottery if a front waiter is held back by its cap alone
+    /// (capacity free under the max): the in-process twin of a shared
+    /// waiter's backstop draw.
+    fn tick_lottery(&self) {
+        let Level::Local(st) = &self.level else {
+            return;
+        };
+        let mut out = Wakeups::default();
+        {
+            let mut inner = self.lock();
+            let running = st.state.load(Ordering::SeqCst) & RUNNING;
+            let cap_bound = inner.queues.iter().enumerate().any(|(t, q)| {
+                q.front().is_some_and(|f| {
+                    let after = running + u64::from(f.need);
+                    after <= u64::from(self.max) && after > u64::from(self.caps[t])
+                })
+            });
+            if cap_bound {
+                self.dispatch_local(&mut inner, 0, &mut out);
+            }
+        }
+        out.wake_local();
     }
 
     // ---- dispose, lottery, stats ------------------------------------------------
@@ -814,5 +856,27 @@ impl Node {
             queues,
             shared,
         }
+    }
+}
+
+/// The lottery ticker of an in-process level with async waiters: draws
+/// every [`LOTTERY_TICK`] while anything is queued there, then exits.
+fn lottery_ticker(weak: Weak<Node>) {
+    loop {
+        {
+            let Some(node) = weak.upgrade() else { return };
+            if node.forked() {
+                return;
+            }
+            if !node.has_waiters() {
+                node.ticker_running.store(false, Ordering::SeqCst);
+                // A waiter may have queued between the check and the store.
+                if !node.has_waiters() || node.ticker_running.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+            }
+            node.tick_lottery();
+        }
+        std::thread::sleep(LOTTERY_TICK);
     }
 }
