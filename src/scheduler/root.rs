@@ -675,7 +675,21 @@ impl SharedRoot {
                 return None;
             }
         }
-        self.take(need, cap)
+        let got = self.take(need, cap);
+        if got.is_none() && self.slots.counting() && self.reg().gate() & GATE_TIERS != 0 {
+            self.pass_on_after_backoff();
+        }
+        got
+    }
+
+    /// A take that failed after counting itself in `held` gave the count
+    /// back; meanwhile a capped waiter elsewhere may have been judged
+    /// against the higher count and left undesignated, and nobody else will
+    /// look again (a blocking caller's enqueue serves; a `try_acquire` does
+    /// not). The back-off passes the turn on, as a release does.
+    #[cold]
+    fn pass_on_after_backoff(&self) {
+        self.serve_now(false);
     }
 
     // ---- async -------------------------------------------------------------
@@ -719,6 +733,7 @@ impl SharedRoot {
 /// Slow releases per thread between two looks at the clock for a fairness
 /// hand-off (see [`SharedRoot::release`]): the bound grows by at most this
 /// many releases of the barging process.
+#[cfg_attr(shuttle, allow(dead_code))] // the model checks on every release
 const FAIR_CHECK_EVERY: u32 = 16;
 
 /// True on one call in [`FAIR_CHECK_EVERY`] on this thread (on every call

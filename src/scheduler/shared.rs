@@ -305,7 +305,7 @@ impl SharedSlots {
 
     /// True once the region keeps an exact running count.
     #[inline]
-    fn counting(&self) -> bool {
+    pub fn counting(&self) -> bool {
         self.reg.gate() & GATE_COUNTING != 0
     }
 
