@@ -85,13 +85,15 @@ impl RegionView {
         );
         let mut queues = [LimiterQueueStats::default(); LEVELS];
         let mut total = QueueStats::default();
+        // Region contents: saturate rather than overflow on a scribbled
+        // counter.
         for (t, q) in queues.iter_mut().enumerate() {
             q.count = shared.waiters[t];
             q.completed = shared.completed[t];
-            q.deferred = q.count + q.completed;
-            total.count += q.count;
-            total.completed += q.completed;
-            total.deferred += q.deferred;
+            q.deferred = q.count.saturating_add(q.completed);
+            total.count = total.count.saturating_add(q.count);
+            total.completed = total.completed.saturating_add(q.completed);
+            total.deferred = total.deferred.saturating_add(q.deferred);
         }
         Ok(LimiterStats {
             tokens,

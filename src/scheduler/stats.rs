@@ -25,10 +25,10 @@ pub struct QueueStats {
 
 impl QueueStats {
     pub(crate) fn add(&mut self, o: &QueueStats) {
-        self.count += o.count;
-        self.deferred += o.deferred;
-        self.completed += o.completed;
-        self.cancelled += o.cancelled;
+        self.count = self.count.saturating_add(o.count);
+        self.deferred = self.deferred.saturating_add(o.deferred);
+        self.completed = self.completed.saturating_add(o.completed);
+        self.cancelled = self.cancelled.saturating_add(o.cancelled);
     }
 }
 
