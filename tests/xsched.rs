@@ -1019,79 +1019,9 @@ fn capped_designee_that_loses_the_race_passes_its_turn_on() {
 fn sigkill_during_hand_offs_never_stalls_the_region() {
     let _s = serial();
     let fx = Fx::new("schaos", 1);
-    let spawn = |i: usize| {
-        let mut k = fx.kid(&format!("churner {i}"), "churn", &["1"]);
-        k.expect("churning", 10 * SEC);
-        k
-    };
-    let mut kids: Vec<Kid> = (0..4).map(spawn).collect();
-    let mut rng = mono_ns() | 1;
-    let mut lats = Vec::new();
-    let mut stalls = Vec::new();
-    let t0 = Instant::now();
-    let mut kills = 0;
-    while kills < 200 && t0.elapsed() < Duration::from_secs(12) {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        // A random instant in the churn.
-        std::thread::sleep(Duration::from_micros(200 + rng % 2000));
-        for k in kids.iter_mut() {
-            while let Some(l) = k.try_line("stall", Duration::ZERO) {
-                stalls.push(format!("{} (before kill #{kills}): waited {l}", k.name));
-            }
-        }
-        let victim = kids.swap_remove((rng % kids.len() as u64) as usize);
-        victim.sigkill();
-        kills += 1;
-        let t = Instant::now();
-        match fx.me.acquire_timeout(Priority::Highest, SEC) {
-            Ok(permit) => {
-                lats.push(t.elapsed().as_secs_f64() * 1e3);
-                drop(permit);
-            }
-            Err(e) => {
-                let before = fx.me.stats().shared.unwrap();
-                let reaped = fx.me.reap().unwrap();
-                let t = Instant::now();
-                let after = fx.me.acquire_timeout(Priority::Highest, SEC).is_ok();
-                stalls.push(format!(
-                    "kill #{kills}: acquire(Highest) {e:?} after 1 s; stats then {before:?}; \
-                     an explicit reap() freed {reaped:?}, then acquire ok={after} in {:?}",
-                    t.elapsed()
-                ));
-                if stalls.len() >= 3 {
-                    break;
-                }
-            }
-        }
-        kids.push(spawn(kills));
-    }
-    // The survivors' last words (a stall takes 1 s to show).
-    std::thread::sleep(Duration::from_millis(1100));
-    for mut k in kids {
-        while let Some(l) = k.try_line("stall", Duration::ZERO) {
-            stalls.push(format!("{} (at the end): waited {l}", k.name));
-        }
-        k.sigkill();
-    }
-    let (med, max) = median_max(&lats);
-    fx.me.reap().unwrap();
-    let st = fx.me.stats().shared.unwrap();
-    eprintln!(
-        "hand-off chaos: {kills} kills in {:?}; acquire(Highest) after a kill: median {med:.2} ms, \
-         max {max:.1} ms; {} stall(s); {st:?}",
-        t0.elapsed(),
-        stalls.len()
-    );
-    for s in &stalls {
-        eprintln!("  STALL {s}");
-    }
-    assert!(
-        stalls.is_empty(),
-        "the region stalled after a SIGKILL: {}",
-        stalls.join("; ")
-    );
+    // A random instant in the churn.
+    let run = sigkill_churn(&fx, 1, 200, |r| 200 + r % 2000, SEC);
+    run.report("hand-off chaos", "acquire(Highest)");
     fx.close();
 }
 
@@ -1265,24 +1195,85 @@ fn mixed_weights_from_several_processes_never_exceed_the_max() {
 #[test]
 fn sigkill_during_weighted_takes_never_stalls_the_region() {
     let _s = serial();
-    const N: u32 = 40_000;
     let fx = Fx::new("swchaos", shmsched::scheduler::MAX_SHARED_SLOTS);
-    let spawn = |i: usize| {
-        let mut k = fx.kid(&format!("churner {i}"), "churn", &[&N.to_string()]);
+    let run = sigkill_churn(&fx, 40_000, 60, |r| 1000 + r % 10_000, 2 * SEC);
+    run.report("weighted hand-off chaos", "acquire_many(Highest, 40000)");
+    fx.close();
+}
+
+/// What [`sigkill_churn`] saw.
+struct ChurnChaos {
+    kills: u32,
+    /// Latencies (ms) of this process's acquires after each kill.
+    lats: Vec<f64>,
+    stalls: Vec<String>,
+    elapsed: Duration,
+    end: shmsched::scheduler::SharedStats,
+}
+
+impl ChurnChaos {
+    /// Prints the figures and fails on any stall.
+    #[track_caller]
+    fn report(&self, what: &str, call: &str) {
+        let (med, max) = if self.lats.is_empty() {
+            (0.0, 0.0)
+        } else {
+            median_max(&self.lats)
+        };
+        eprintln!(
+            "{what}: {} kills in {:?}; {call} after a kill: median {med:.2} ms, max {max:.1} ms; \
+             {} stall(s); {:?}",
+            self.kills,
+            self.elapsed,
+            self.stalls.len(),
+            self.end
+        );
+        for s in &self.stalls {
+            eprintln!("  STALL {s}");
+        }
+        assert!(
+            self.stalls.is_empty(),
+            "the region stalled after a SIGKILL: {}",
+            self.stalls.join("; ")
+        );
+    }
+}
+
+/// Four `churn` processes take `units` at a time on `fx`'s region; one of
+/// them is SIGKILLed at a random instant (after `pause_us(random)` µs) and
+/// replaced, up to `max_kills` times in 12 s. After each kill this process
+/// must get `units` at Highest within `timeout`, and no churner may report
+/// a 1 s wait. Stops early after 3 stalls.
+fn sigkill_churn(
+    fx: &Fx,
+    units: u32,
+    max_kills: u32,
+    pause_us: impl Fn(u64) -> u64,
+    timeout: Duration,
+) -> ChurnChaos {
+    let acquire = |t: Duration| {
+        if units == 1 {
+            fx.me.acquire_timeout(Priority::Highest, t)
+        } else {
+            fx.me.acquire_many_timeout(Priority::Highest, units, t)
+        }
+    };
+    let spawn = |i: u32| {
+        let mut k = fx.kid(&format!("churner {i}"), "churn", &[&units.to_string()]);
         k.expect("churning", 10 * SEC);
         k
     };
     let mut kids: Vec<Kid> = (0..4).map(spawn).collect();
     let mut rng = mono_ns() | 1;
-    let mut stalls = Vec::new();
     let mut lats = Vec::new();
+    let mut stalls = Vec::new();
     let t0 = Instant::now();
     let mut kills = 0;
-    while kills < 60 && t0.elapsed() < Duration::from_secs(12) {
+    while kills < max_kills && t0.elapsed() < Duration::from_secs(12) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        std::thread::sleep(Duration::from_micros(1000 + rng % 10_000));
+        std::thread::sleep(Duration::from_micros(pause_us(rng)));
         for k in kids.iter_mut() {
             while let Some(l) = k.try_line("stall", Duration::ZERO) {
                 stalls.push(format!("{} (before kill #{kills}): waited {l}", k.name));
@@ -1292,7 +1283,7 @@ fn sigkill_during_weighted_takes_never_stalls_the_region() {
         victim.sigkill();
         kills += 1;
         let t = Instant::now();
-        match fx.me.acquire_many_timeout(Priority::Highest, N, 2 * SEC) {
+        match acquire(timeout) {
             Ok(permit) => {
                 lats.push(t.elapsed().as_secs_f64() * 1e3);
                 drop(permit);
@@ -1301,14 +1292,11 @@ fn sigkill_during_weighted_takes_never_stalls_the_region() {
                 let before = fx.me.stats().shared.unwrap();
                 let reaped = fx.me.reap().unwrap();
                 let t = Instant::now();
-                let after = fx
-                    .me
-                    .acquire_many_timeout(Priority::Highest, N, 2 * SEC)
-                    .is_ok();
+                let after = acquire(timeout).is_ok();
                 stalls.push(format!(
-                    "kill #{kills}: this process's acquire_many(Highest, {N}) {e:?} after 2 s; \
-                     stats then {before:?}; an explicit reap() freed {reaped:?}, then acquire \
-                     ok={after} in {:?}",
+                    "kill #{kills}: this process's acquire of {units} at Highest {e:?} after \
+                     {timeout:?}; stats then {before:?}; an explicit reap() freed {reaped:?}, \
+                     then acquire ok={after} in {:?}",
                     t.elapsed()
                 ));
             }
@@ -1318,6 +1306,7 @@ fn sigkill_during_weighted_takes_never_stalls_the_region() {
         }
         kids.push(spawn(kills));
     }
+    // The survivors' last words (a stall takes 1 s to show).
     std::thread::sleep(Duration::from_millis(1100));
     for mut k in kids {
         while let Some(l) = k.try_line("stall", Duration::ZERO) {
@@ -1325,28 +1314,14 @@ fn sigkill_during_weighted_takes_never_stalls_the_region() {
         }
         k.sigkill();
     }
-    let (med, max) = if lats.is_empty() {
-        (0.0, 0.0)
-    } else {
-        median_max(&lats)
-    };
     fx.me.reap().unwrap();
-    let st = fx.me.stats().shared.unwrap();
-    eprintln!(
-        "weighted hand-off chaos: {kills} kills in {:?}; acquire_many after a kill: median \
-         {med:.1} ms, max {max:.1} ms; {} stall(s); {st:?}",
-        t0.elapsed(),
-        stalls.len()
-    );
-    for s in &stalls {
-        eprintln!("  STALL {s}");
+    ChurnChaos {
+        kills,
+        lats,
+        stalls,
+        elapsed: t0.elapsed(),
+        end: fx.me.stats().shared.unwrap(),
     }
-    assert!(
-        stalls.is_empty(),
-        "the region stalled after a SIGKILL: {}",
-        stalls.join("; ")
-    );
-    fx.close();
 }
 
 /// The designee is SIGKILLed in the middle of its take. Max 65,536: H

@@ -74,6 +74,11 @@ pub(crate) mod os {
                 ts_ptr,
             )
         };
+        wait_result(r)
+    }
+
+    /// What a `FUTEX_WAIT` or `FUTEX_WAIT_BITSET` call returning `r` means.
+    fn wait_result(r: libc::c_long) -> WaitResult {
         if r == 0 {
             return WaitResult::Woken;
         }
@@ -158,18 +163,7 @@ pub(crate) mod os {
                 bitset.max(1),
             )
         };
-        if r == 0 {
-            return WaitResult::Woken;
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ETIMEDOUT) => WaitResult::TimedOut,
-            Some(libc::EAGAIN) => WaitResult::Mismatch,
-            Some(libc::EINTR) => WaitResult::Interrupted,
-            e => {
-                debug_assert!(false, "unexpected futex wait error {e:?}");
-                WaitResult::Interrupted
-            }
-        }
+        wait_result(r)
     }
 
     /// Wakes up to `n` sleepers on `word` whose [`futex_wait_bitset`] mask
