@@ -582,8 +582,14 @@ impl Node {
     /// plus what it needs fits the max but not the cap.
     fn held_by_cap_only(&self, st: &LocalState, w: &Waiter) -> bool {
         let running = st.state.load(Ordering::SeqCst) & RUNNING;
-        let after = running + u64::from(w.need);
-        after <= u64::from(self.max) && after > u64::from(self.caps[w.tier()])
+        self.cap_bound(running, w.need, w.tier())
+    }
+
+    /// Whether `need` more at `tier` fits the max but not the tier's cap,
+    /// with `running` units taken.
+    fn cap_bound(&self, running: u64, need: u32, tier: usize) -> bool {
+        let after = running + u64::from(need);
+        after <= u64::from(self.max) && after > u64::from(self.caps[tier])
     }
 
     /// Removes a waiter whose deadline passed (or whose future was
@@ -740,10 +746,8 @@ impl Node {
             let mut inner = self.lock();
             let running = st.state.load(Ordering::SeqCst) & RUNNING;
             let cap_bound = inner.queues.iter().enumerate().any(|(t, q)| {
-                q.front().is_some_and(|f| {
-                    let after = running + u64::from(f.need);
-                    after <= u64::from(self.max) && after > u64::from(self.caps[t])
-                })
+                q.front()
+                    .is_some_and(|f| self.cap_bound(running, f.need, t))
             });
             if cap_bound {
                 self.dispatch_local(&mut inner, 0, &mut out);
