@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-#[path = "../tools/mod.rs"]
-mod tools;
+// The test crate declares `mod tools;` beside `mod redis_util;`.
+use crate::tools;
 
 static INSTALL: Mutex<Option<bool>> = Mutex::new(None);
 

@@ -168,17 +168,92 @@ pub fn tail(out: &Output) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
+/// How long a short child (a CLI call, a compiled test program, a forked
+/// checker) may run in a test before it is killed and the test fails.
+pub const CHILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// `Command::output` with a deadline: `cmd.bounded_output()` runs the
+/// command as `output()` does (stdin closed, stdout and stderr captured)
+/// and panics, naming it, if it does not end within [`CHILD_LIMIT`].
+pub trait BoundedOutput {
+    /// See the trait.
+    fn bounded_output(&mut self) -> Output;
+}
+
+impl BoundedOutput for Command {
+    #[track_caller]
+    fn bounded_output(&mut self) -> Output {
+        let name = self.get_program().to_string_lossy().into_owned();
+        let child = self
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run `{name}`: {e}"));
+        wait_output(&name, child, CHILD_LIMIT).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// `Child::wait_with_output` with a deadline ([`CHILD_LIMIT`]): panics,
+/// naming the child, if it does not end in time (after killing it).
+#[track_caller]
+pub fn bounded_wait_output(child: std::process::Child) -> Output {
+    let name = format!("child {}", child.id());
+    wait_output(&name, child, CHILD_LIMIT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits for the forked child `pid` at most [`CHILD_LIMIT`] and returns
+/// its raw wait status; SIGKILLs it and panics after that.
+#[track_caller]
+pub fn bounded_waitpid(pid: libc::pid_t) -> libc::c_int {
+    let deadline = Instant::now() + CHILD_LIMIT;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(
+            r >= 0,
+            "waitpid({pid}) failed: {}",
+            std::io::Error::last_os_error()
+        );
+        if r == pid {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) on our own child, then reap it.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("forked child {pid} did not exit within {CHILD_LIMIT:?} and was killed");
+        }
+        // A time bound on the wait, not synchronisation: the outcome is the
+        // child's exit status.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Runs `cmd` to its end with stdin closed and stdout/stderr captured,
 /// killing it after `limit`. `Err` names the program when it cannot be
 /// started or did not end in time (with what it printed so far).
 pub fn output_within(mut cmd: Command, limit: Duration) -> Result<Output, String> {
     let name = cmd.get_program().to_string_lossy().into_owned();
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run `{name}`: {e}"))?;
+    wait_output(&name, child, limit)
+}
+
+/// Collects a spawned child's output (its piped stdout and stderr, if
+/// any), killing it after `limit`.
+fn wait_output(
+    name: &str,
+    mut child: std::process::Child,
+    limit: Duration,
+) -> Result<Output, String> {
     // Drain both pipes on threads, so a chatty child never blocks on a
     // full pipe while we wait for its exit.
     let drain = |r: Option<Box<dyn Read + Send>>| {
