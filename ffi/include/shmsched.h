@@ -16,16 +16,29 @@
  *   is success. On failure shmsched_strerror(status) describes the code and
  *   shmsched_last_error_message(buf, len) gives this thread's message: the
  *   same sentence the Rust library's error gives, naming the bad value and
- *   the limit.
+ *   the limit. Each function's "Errors:" lists every status it can return
+ *   besides OK (a test provokes them and checks the lists).
+ * - shmsched_status is a uint32_t (the ABI's width, in every language
+ *   version); its values are the enum shmsched_status. To have the compiler
+ *   check that a switch covers every code (-Wswitch, part of -Wall), switch
+ *   on the enum: switch ((enum shmsched_status)st) { case ...: }.
  * - Outputs (pointer parameters named out...) are written only on success.
  *   The one exception: on SHMSCHED_STATUS_BUFFER_TOO_SMALL, *out_len holds
  *   the length needed. Outputs documented as optional may be NULL.
+ * - Strings out (buf, len, out_len), one convention for every function, as
+ *   snprintf: *out_len is the text's length in bytes WITHOUT the NUL, so the
+ *   buffer needs *out_len + 1. buf = NULL with len = 0 asks for the length:
+ *   it succeeds and writes *out_len. A buffer too small is left untouched,
+ *   *out_len is written and the status is SHMSCHED_STATUS_BUFFER_TOO_SMALL.
+ *   (shmsched_last_error_message, which cannot fail, returns that length
+ *   instead and truncates.)
  * - NULL where a pointer is required, a priority outside -3..=3, a string
  *   that is not UTF-8, an out-of-range number: each is a status code, never
  *   undefined behaviour. (A pointer that is not NULL must still be valid:
  *   a closed or foreign handle cannot be detected.)
  * - A panic inside the library never crosses into C: it is caught and
- *   returned as SHMSCHED_STATUS_INTERNAL.
+ *   returned as SHMSCHED_STATUS_INTERNAL, its message (and where it
+ *   happened) in the last error message; nothing is printed on stderr.
  * - Permits are plain values checked against this process's table:
  *   releasing one twice, or releasing another process's, is an error.
  * - Threads: unless a function says otherwise, any thread may call it, also
@@ -192,7 +205,8 @@ enum shmsched_status
    */
   SHMSCHED_STATUS_FOREIGN_PERMIT = 18,
   /**
-   * The caller's buffer is too small; `*out_len` holds the length needed.
+   * The caller's buffer is too small; `*out_len` holds the length needed
+   * (without the NUL: the buffer needs one byte more).
    */
   SHMSCHED_STATUS_BUFFER_TOO_SMALL = 19,
   /**
@@ -808,10 +822,10 @@ uint64_t shmsched_monotonic_ms(void);
 
 /**
  * For the tests of bindings: panics inside the library, which the panic
- * boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message. Never
- * needed otherwise.
+ * boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message (nothing
+ * is printed). Never needed otherwise.
  *
- * Threads: any. Fork: no state.
+ * Errors: `INTERNAL` (always). Threads: any. Fork: no state.
  */
 shmsched_status shmsched_debug_panic(void);
 
@@ -941,9 +955,11 @@ shmsched_status shmsched_fair_release_now(const struct shmsched_fair *fair, cons
  * Writes the ledger's stats at `now_ms` as JSON text (per tenant:
  * guarantee, held, borrowed, lent, want, deficit_unit_ms,
  * worst_reclaim_ms, leases, reaped_leases; and the overrun leases) into
- * `buf`, NUL-terminated, and its length to `*out_len`. On
- * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the length needed and
- * `buf` is untouched (the call still counted as a stats call at `now_ms`).
+ * `buf`, NUL-terminated, and its length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
+ * (A call that only sized or did not fit still counted as a stats call at
+ * `now_ms`.)
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `TIME_WENT_BACKWARDS`,
  * `BAD_REGION`. Threads: any. Fork: works in a child.
@@ -1190,8 +1206,9 @@ shmsched_status shmsched_limiter_get_stats(const struct shmsched_limiter *lim,
 /**
  * Writes this level's stats as one JSON object (the serde form of the Rust
  * `LimiterStats`) into `buf`, NUL-terminated, and its length to
- * `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the
- * length needed and `buf` is untouched.
+ * `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
  * Fork: see the handle.
@@ -1244,8 +1261,9 @@ void shmsched_limiter_close(struct shmsched_limiter *lim);
  * `process_slots` the size of its process table (0 for the default 128;
  * 1..=4096).
  *
- * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`, `IO`.
- * Threads: any. Fork: see `shmsched_region`.
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`,
+ * `NOT_FOUND` (a directory of the path does not exist), `IO`. Threads:
+ * any. Fork: see `shmsched_region`.
  *
  * # Safety
  *
@@ -1262,7 +1280,9 @@ shmsched_status shmsched_region_create(const char *name,
  * (`SHMSCHED_STATUS_VERSION_MISMATCH`).
  *
  * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND`,
- * `VERSION_MISMATCH`, `IO`. Threads: any. Fork: see `shmsched_region`.
+ * `VERSION_MISMATCH`, `BAD_REGION` (the file is world-writable, or its
+ * header is not a region's), `IO`. Threads: any. Fork: see
+ * `shmsched_region`.
  *
  * # Safety
  *
@@ -1275,8 +1295,10 @@ shmsched_status shmsched_region_open(const char *name, struct shmsched_region **
  * for the defaults, see `shmsched_region_create`) if it does not exist.
  * Race-free: every process may call this with the same name.
  *
- * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `VERSION_MISMATCH`, `IO`.
- * Threads: any. Fork: see `shmsched_region`.
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND` (a directory
+ * of the path does not exist), `VERSION_MISMATCH`, `BAD_REGION` (an
+ * existing file is world-writable, or its header is not a region's),
+ * `IO`. Threads: any. Fork: see `shmsched_region`.
  *
  * # Safety
  *
@@ -1691,8 +1713,9 @@ shmsched_status shmsched_scheduler_get_stats(const struct shmsched_scheduler *sc
  * Writes the scheduler's stats as one JSON object (the serde form of the
  * Rust `SchedulerStats`: `running`, `concurrency`, `pending`, `total`,
  * `queues`, `stall_ns`, `shared`) into `buf`, NUL-terminated, and its
- * length to `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len`
- * is the length needed (without the NUL) and `buf` is untouched.
+ * length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
  * Fork: see the handle.

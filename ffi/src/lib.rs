@@ -117,10 +117,10 @@ pub extern "C" fn shmsched_monotonic_ms() -> u64 {
 }
 
 /// For the tests of bindings: panics inside the library, which the panic
-/// boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message. Never
-/// needed otherwise.
+/// boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message (nothing
+/// is printed). Never needed otherwise.
 ///
-/// Threads: any. Fork: no state.
+/// Errors: `INTERNAL` (always). Threads: any. Fork: no state.
 #[no_mangle]
 pub extern "C" fn shmsched_debug_panic() -> shmsched_status {
     boundary(|| {

@@ -539,8 +539,9 @@ pub unsafe extern "C" fn shmsched_limiter_get_stats(
 
 /// Writes this level's stats as one JSON object (the serde form of the Rust
 /// `LimiterStats`) into `buf`, NUL-terminated, and its length to
-/// `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the
-/// length needed and `buf` is untouched.
+/// `*out_len`. Strings out as everywhere: `*out_len` is the length without
+/// the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+/// `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
 ///
 /// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
 /// Fork: see the handle.
