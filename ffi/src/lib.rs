@@ -41,6 +41,7 @@ pub mod region;
 pub mod scheduler;
 pub mod status;
 pub mod waiter;
+pub mod waitset;
 
 use status::{boundary, shmsched_status};
 

@@ -26,6 +26,12 @@ pub struct shmsched_limiter {
 }
 
 impl shmsched_limiter {
+    /// The limiter, unless this handle was inherited across `fork` (for
+    /// the waitset).
+    pub(crate) fn usable_limiter(&self) -> Result<&Limiter, Fail> {
+        self.usable()
+    }
+
     #[inline(always)]
     fn usable(&self) -> Result<&Limiter, Fail> {
         if self.fork_generation != process::fork_generation() {
@@ -238,8 +244,9 @@ unsafe impl<T> Send for SendPtr<T> {}
 
 /// Starts a consume of `n` tokens at `priority` that waits on a thread of
 /// its own and reports to `callback(ctx, …)` when charged, after
-/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. For
-/// bindings whose callers must not block (Node.js). Returns
+/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. One OS
+/// thread per pending wait: for many waits, use a waitset instead
+/// (`shmsched_limiter_consume_start`, no thread per wait). Returns
 /// `SHMSCHED_STATUS_OK` once the wait started (the callback then runs
 /// exactly once); any other status means it did not start.
 ///

@@ -103,17 +103,20 @@ pub enum shmsched_status {
     /// library reported an error this ABI version has no code for. The
     /// message says which. Please report it.
     Internal = 24,
+    /// A wait of a waitset was cancelled (`shmsched_waitset_cancel`);
+    /// nothing is held.
+    Cancelled = 25,
 }
 
 /// The largest status code this ABI version defines.
 #[cfg(test)]
-pub(crate) const SHMSCHED_STATUS_MAX: u32 = shmsched_status::Internal as u32;
+pub(crate) const SHMSCHED_STATUS_MAX: u32 = shmsched_status::Cancelled as u32;
 
 impl shmsched_status {
     /// The generic, static description of a status code.
     pub(crate) fn describe(code: u32) -> &'static std::ffi::CStr {
         use shmsched_status as S;
-        let all: [(S, &'static std::ffi::CStr); 25] = [
+        let all: [(S, &'static std::ffi::CStr); 26] = [
             (S::Ok, c"success"),
             (S::NullArgument, c"a required pointer argument was NULL"),
             (
@@ -154,6 +157,7 @@ impl shmsched_status {
                 S::Internal,
                 c"internal error (a caught panic, or an error without a code)",
             ),
+            (S::Cancelled, c"the wait was cancelled"),
         ];
         all.iter()
             .find(|(s, _)| *s as u32 == code)

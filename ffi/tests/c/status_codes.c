@@ -634,6 +634,66 @@ static void fair(void) {
   unlink(path("fair"));
 }
 
+static void waitsets(void) {
+  shmsched_region *r = create_region("ws", 0);
+  shmsched_scheduler *s = NULL;
+  expect("scheduler_shared", shmsched_scheduler_shared(r, 1, &s), SHMSCHED_STATUS_OK, NULL);
+  shmsched_waitset *ws = NULL;
+  expect("waitset_create(NULL)", shmsched_waitset_create(NULL), SHMSCHED_STATUS_NULL_ARGUMENT,
+         "`out` is NULL");
+  expect("waitset_create", shmsched_waitset_create(&ws), SHMSCHED_STATUS_OK, NULL);
+  uint64_t id = 0;
+  expect("acquire_start 0 units",
+         shmsched_scheduler_acquire_start(s, 0, 0, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_INVALID_ARGUMENT, "n_units 0");
+  expect("acquire_start priority 4",
+         shmsched_scheduler_acquire_start(s, 4, 1, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_INVALID_PRIORITY, NULL);
+  expect("acquire_start NULL waitset",
+         shmsched_scheduler_acquire_start(s, 0, 1, SHMSCHED_FOREVER, NULL, 1, &id),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`ws` is NULL");
+  expect("consume_start NULL limiter",
+         shmsched_limiter_consume_start(NULL, 1, 0, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`lim` is NULL");
+  expect("waitset_cancel unknown", shmsched_waitset_cancel(ws, 12345),
+         SHMSCHED_STATUS_ALREADY_RELEASED, "12345");
+  size_t n = 0;
+  expect("waitset_take NULL buffer", shmsched_waitset_take(ws, NULL, 4, &n),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`buf` is NULL");
+  expect("waitset_take NULL out_n", shmsched_waitset_take(ws, NULL, 0, NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`out_n` is NULL");
+  expect("waitset_wait empty", shmsched_waitset_wait(ws, 1000000, &n), SHMSCHED_STATUS_TIMEOUT,
+         NULL);
+  expect("waitset_wait NULL", shmsched_waitset_wait(NULL, 0, &n), SHMSCHED_STATUS_NULL_ARGUMENT,
+         NULL);
+  expect("waitset_interrupt NULL", shmsched_waitset_interrupt(NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  expect("waitset_pending NULL", shmsched_waitset_pending(ws, NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  int fd = -1;
+  expect("waitset_fd NULL", shmsched_waitset_fd(NULL, &fd), SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  expect("waitset_fd", shmsched_waitset_fd(ws, &fd), SHMSCHED_STATUS_OK, NULL);
+  shmsched_permit p;
+  expect("acquire", shmsched_scheduler_acquire(s, 0, &p), SHMSCHED_STATUS_OK, NULL);
+  expect("acquire_start", shmsched_scheduler_acquire_start(s, 0, 1, SHMSCHED_FOREVER, ws, 7, &id),
+         SHMSCHED_STATUS_OK, NULL);
+  expect("waitset_cancel", shmsched_waitset_cancel(ws, id), SHMSCHED_STATUS_OK, NULL);
+  shmsched_completion c[2];
+  expect("waitset_take", shmsched_waitset_take(ws, c, 2, &n), SHMSCHED_STATUS_OK, NULL);
+  check(n == 1 && c[0].tag == 7 && c[0].kind == SHMSCHED_WAIT_ACQUIRE, "the cancelled wait");
+  if (n == 1) {
+    shmsched_last_error_message(NULL, 0);
+    expect("a cancelled wait's completion", c[0].status, SHMSCHED_STATUS_CANCELLED, NULL);
+    check(strstr(c[0].message, "cancelled") != NULL, "the completion carries the message");
+  }
+  expect("release", shmsched_permit_release(p), SHMSCHED_STATUS_OK, NULL);
+  shmsched_waitset_close(ws);
+  shmsched_waitset_close(NULL);
+  shmsched_scheduler_close(s);
+  shmsched_region_close(r);
+  unlink(path("ws"));
+}
+
 static void misc(void) {
   check(shmsched_abi_version() == SHMSCHED_ABI_VERSION, "ABI version of the loaded library");
   check(shmsched_layout_version() == SHMSCHED_LAYOUT_VERSION, "layout version");
@@ -663,6 +723,7 @@ int main(int argc, char **argv) {
   limiters();
   async_waits();
   fair();
+  waitsets();
   misc();
   printf("failures %d\n", failures);
   return failures == 0 ? 0 : 1;
