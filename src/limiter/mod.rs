@@ -423,6 +423,24 @@ impl Limiter {
         }
     }
 
+    /// Gives back `n` tokens that a completed consume of `n` through this
+    /// handle was charged and will not use (for example an async wait whose
+    /// grant raced its cancellation): every level of the chain is refunded,
+    /// as a consume that gives up is, and the region's queue moves on.
+    /// Tokens are given back only up to what the levels hold at most; a
+    /// refund of more than was charged is the caller's error (it creates
+    /// capacity).
+    pub fn refund(&self, n: u64) {
+        let mut c = &*self.node;
+        loop {
+            c.refund(n);
+            match c.parent() {
+                Some(p) => c = p,
+                None => break,
+            }
+        }
+    }
+
     /// Refunds `n` at the levels of this handle's chain below `level` (the
     /// ones a consume that stopped at `level` was charged on): no list is
     /// kept, they are the chain from the leaf up to `level`.
