@@ -22,6 +22,12 @@ mkdir -p "$prefix/include" "$prefix/lib/pkgconfig"
 install -m 0644 "$here/include/shmsched.h" "$prefix/include/"
 install -m 0755 "$libdir/libshmsched.so" "$prefix/lib/"
 install -m 0644 "$libdir/libshmsched.a" "$prefix/lib/"
+# What is installed carries no debug info: the release profile builds the
+# shared object without it, but a static archive keeps the debug sections
+# of the standard library's objects (and a debug build has its own).
+if command -v strip >/dev/null 2>&1; then
+  strip --strip-debug "$prefix/lib/libshmsched.so" "$prefix/lib/libshmsched.a"
+fi
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" "$here/shmsched.pc.in" \
   > "$prefix/lib/pkgconfig/shmsched.pc"
 echo "installed shmsched $version under $prefix"

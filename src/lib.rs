@@ -109,6 +109,31 @@ pub mod clock {
 pub use error::{Error, Result};
 pub use priority::Priority;
 
+/// The region layout this build reads and writes: the header's layout
+/// version (the same as `region::layout::LAYOUT_VERSION`).
+pub const LAYOUT_VERSION: u32 = region::layout::LAYOUT_VERSION;
+
+/// The object revision this build reads and writes for each kind of
+/// object (a region's object area changes shape with it while the header's
+/// layout version stays the same). A region of another revision was made by
+/// another version of shmsched and is refused when an object binds.
+pub fn object_revision(kind: region::ObjectKind) -> u64 {
+    match kind {
+        region::ObjectKind::Scheduler => scheduler::OBJECT_REVISION,
+        region::ObjectKind::Limiter => limiter::OBJECT_REVISION,
+        region::ObjectKind::FairShare => fair::region::OBJECT_REVISION,
+    }
+}
+
+/// The object revision a region's header records (its kind's revision
+/// parameter), to compare with [`object_revision`].
+pub fn region_object_revision(h: &region::HeaderInfo) -> u64 {
+    match h.kind {
+        region::ObjectKind::Scheduler | region::ObjectKind::Limiter => h.params[1],
+        region::ObjectKind::FairShare => h.params[0],
+    }
+}
+
 /// The README's Rust examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

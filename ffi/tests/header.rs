@@ -134,33 +134,26 @@ fn header_compiles_as_cpp_with_warnings_as_errors() {
 /// "Threads" and a "Fork" part).
 #[test]
 fn every_function_documents_threads_and_fork() {
-    let h = std::fs::read_to_string(include_dir().join("shmsched.h")).unwrap();
-    let lines: Vec<&str> = h.lines().collect();
-    let mut checked = 0;
-    let mut missing = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let is_decl = line.starts_with(|c: char| c.is_ascii_lowercase())
-            && !line.starts_with("typedef")
-            && line.contains("shmsched_")
-            && line.contains('(');
-        if !is_decl {
-            continue;
-        }
-        let name = line[..line.find('(').unwrap()]
-            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .next()
-            .unwrap()
-            .to_string();
-        // The doc comment ends on the line just above the declaration.
-        assert_eq!(lines[i - 1].trim(), "*/", "{name} has no doc comment");
-        let start = (0..i).rev().find(|&k| lines[k].trim() == "/**").unwrap();
-        let doc = lines[start..i].join("\n");
-        if !(doc.contains("Threads") && doc.contains("Fork")) {
-            missing.push(name);
-        }
-        checked += 1;
-    }
-    assert!(checked >= 60, "found {checked} functions in the header");
+    let functions = support::header_functions();
+    let undocumented: Vec<&String> = functions
+        .iter()
+        .filter(|(_, doc)| doc.is_empty())
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "functions without a doc comment: {undocumented:?}"
+    );
+    let missing: Vec<&String> = functions
+        .iter()
+        .filter(|(_, doc)| !(doc.contains("Threads") && doc.contains("Fork")))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        functions.len() >= 60,
+        "found {} functions in the header",
+        functions.len()
+    );
     assert!(
         missing.is_empty(),
         "functions whose docs lack \"Threads\" or \"Fork\": {missing:?}"

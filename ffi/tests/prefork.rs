@@ -137,6 +137,20 @@ fn install_prefix_works_with_pkg_config_and_static_linking() {
          return shmsched_abi_version() == SHMSCHED_ABI_VERSION ? 0 : 1;\n}\n",
     )
     .unwrap();
+    // What is installed carries no debug info (ffi/install.sh strips it).
+    let readelf = support::require_tool("readelf", support::Get::Apt("binutils"));
+    for lib in ["lib/libshmsched.so", "lib/libshmsched.a"] {
+        let mut cmd = Command::new(&readelf);
+        cmd.args(["-S", "-W"]).arg(prefix.join(lib));
+        let sections = String::from_utf8_lossy(&output_of(cmd, RUN).stdout).into_owned();
+        // `.debug_gdb_scripts` is rustc's pointer to gdb's pretty printers
+        // (an allocated section, not debug info).
+        let debug = sections
+            .lines()
+            .filter(|l| l.contains(" .debug_") && !l.contains(".debug_gdb_scripts"))
+            .count();
+        assert_eq!(debug, 0, "{lib} was installed with {debug} debug sections");
+    }
     let pc = prefix.join("lib/pkgconfig");
     // Dynamic, through the installed .pc.
     let dynamic = prefix.join("version-dynamic");

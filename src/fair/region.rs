@@ -64,7 +64,11 @@ use crate::sys::clock::monotonic_ms;
 use crate::sys::robust_mutex::{LIBC_FLAVOUR, MUTEX_BYTES, MUTEX_LAYOUT_TAG};
 
 /// Revision of this object's layout, stored in the header params.
-const OBJECT_REV: u64 = 1;
+pub(crate) const OBJECT_REV: u64 = 1;
+
+/// The revision of the fair-share object area that this build reads and
+/// writes (see [`crate::object_revision`]).
+pub const OBJECT_REVISION: u64 = OBJECT_REV;
 
 /// Magic at the start of the object area: `"FAIRREG1"`.
 const OBJ_MAGIC: u64 = u64::from_le_bytes(*b"FAIRREG1");

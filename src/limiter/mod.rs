@@ -72,6 +72,10 @@ mod node;
 mod params;
 mod root;
 mod shared;
+
+/// The revision of this kind's object area that this build reads and
+/// writes (see [`crate::object_revision`]).
+pub const OBJECT_REVISION: u64 = shared::OBJECT_REV;
 mod stats;
 mod timer;
 mod view;

@@ -93,6 +93,18 @@ static uint32_t waiters(shmsched_scheduler *s) {
   return n;
 }
 
+/* Waits (at most 10 s, in 100 ms slices) until take gives something;
+ * returns how many completions it wrote to c[0..cap]. */
+static size_t take_some(shmsched_waitset *ws, shmsched_completion *c, size_t cap) {
+  size_t n = 0;
+  for (int k = 0; k < 100 && n == 0; k++) {
+    size_t ready = 0;
+    shmsched_waitset_wait(ws, 100000000ull, &ready);
+    ok("waitset_take", shmsched_waitset_take(ws, c, cap, &n));
+  }
+  return n;
+}
+
 /* Takes whatever is ready, blocking in shmsched_waitset_wait at most
  * `limit_s`; releases the permits it gets (counted in *granted), counts
  * the other statuses. Returns the number of completions taken. */
@@ -222,12 +234,7 @@ static void many_waits(void) {
   ok("acquire_start 3 units",
      shmsched_scheduler_acquire_start(s, 0, 3, SHMSCHED_FOREVER, ws, 77, &ids[0]));
   shmsched_completion c[4];
-  size_t n = 0;
-  for (int k = 0; k < 100 && n == 0; k++) {
-    size_t ready = 0;
-    shmsched_waitset_wait(ws, 100000000ull, &ready);
-    ok("waitset_take", shmsched_waitset_take(ws, c, 4, &n));
-  }
+  size_t n = take_some(ws, c, 4);
   check(n == 1 && c[0].status == SHMSCHED_STATUS_OK && c[0].tag == 77,
         "a 3-unit acquire completes");
   check(stats(s).region.running == 3, "it holds 3 units");
@@ -273,12 +280,7 @@ static void consumes(void) {
   /* About 100 tokens left: 200 at 1000/s come in about 0.1 s. */
   double t0 = now_s();
   ok("consume_start", shmsched_limiter_consume_start(l, 200, 1, SHMSCHED_FOREVER, ws, 6, &id));
-  n = 0;
-  for (int k = 0; k < 100 && n == 0; k++) {
-    size_t ready = 0;
-    shmsched_waitset_wait(ws, 100000000ull, &ready);
-    ok("waitset_take", shmsched_waitset_take(ws, c, 4, &n));
-  }
+  n = take_some(ws, c, 4);
   double waited = now_s() - t0;
   printf("figure consume_200_at_1000_ms %.2f\n", waited * 1e3);
   check(n == 1 && c[0].status == SHMSCHED_STATUS_OK && c[0].kind == SHMSCHED_WAIT_CONSUME &&
@@ -287,12 +289,7 @@ static void consumes(void) {
   check(waited > 0.05, "the refill took its time");
   /* A consume that times out gets its charged levels back. */
   ok("consume_start", shmsched_limiter_consume_start(l, 900, 0, 5000000ull, ws, 7, &id));
-  n = 0;
-  for (int k = 0; k < 100 && n == 0; k++) {
-    size_t ready = 0;
-    shmsched_waitset_wait(ws, 100000000ull, &ready);
-    ok("waitset_take", shmsched_waitset_take(ws, c, 4, &n));
-  }
+  n = take_some(ws, c, 4);
   check(n == 1 && c[0].status == SHMSCHED_STATUS_TIMEOUT, "a consume times out");
   /* Interrupt makes a wait return at once. */
   ok("waitset_interrupt", shmsched_waitset_interrupt(ws));
@@ -352,12 +349,7 @@ static void across_processes(void) {
   check(stats(s).region.waiters[SHMSCHED_PRIORITY_HIGH + 3] == 1, "the High wait is published");
   ok("release", shmsched_permit_release(held));
   shmsched_completion c[2];
-  size_t n = 0;
-  for (int k = 0; k < 100 && n == 0; k++) {
-    size_t ready = 0;
-    shmsched_waitset_wait(ws, 100000000ull, &ready);
-    ok("waitset_take", shmsched_waitset_take(ws, c, 2, &n));
-  }
+  size_t n = take_some(ws, c, 2);
   check(n == 1 && c[0].status == SHMSCHED_STATUS_OK && c[0].tag == 9,
         "the High wait in the waitset got the slot");
   check(stats(s).region.waiters[SHMSCHED_PRIORITY_LOW + 3] == 1,

@@ -162,6 +162,11 @@ pub fn entry(path: &Path) -> Entry {
     };
     match RegionView::probe(path) {
         Ok(Probe::Uninitialised) => e.kind = "uninitialised".into(),
+        Ok(Probe::Region(v)) if crate::layout::other_layout(&v.header()).is_some() => {
+            let h = v.header();
+            e.kind = h.kind.name().into();
+            e.note = crate::layout::other_layout(&h);
+        }
         Ok(Probe::Region(v)) => {
             let h = v.header();
             e.kind = h.kind.name().into();

@@ -21,6 +21,7 @@
 mod cluster;
 mod demo;
 mod fair;
+mod layout;
 mod ls;
 mod metrics;
 mod out;
@@ -36,7 +37,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// Share one concurrency budget across processes; look inside live regions.
 #[derive(Debug, Parser)]
-#[command(name = "shmsched", version, about, propagate_version = true)]
+#[command(name = "shmsched", version = layout::version(), about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -295,6 +295,12 @@ fn header(v: &RegionView, h: &HeaderInfo) -> Header {
 /// Builds the view of the region `name` opened as `v`.
 pub fn build(name: &str, v: &RegionView) -> Result<StatView, CliError> {
     let info = v.header();
+    if let Some(other) = crate::layout::other_layout(&info) {
+        return Err(CliError::new(
+            ErrorKind::BadRegion,
+            format!("region {name:?}: {other}"),
+        ));
+    }
     let mut sv = StatView {
         region: header(v, &info),
         scheduler: None,
