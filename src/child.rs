@@ -20,7 +20,7 @@
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
 
-pub use crate::sys::child::{signal_name, Forwarder, FORWARDED};
+pub use crate::sys::child::{signal_name, unblock as unblock_signals, Forwarder, FORWARDED};
 
 /// Makes `cmd`, once spawned, die by `SIGKILL` when this process (the
 /// thread that spawns it) dies; also clears close-on-exec on
@@ -29,10 +29,12 @@ pub use crate::sys::child::{signal_name, Forwarder, FORWARDED};
 pub fn bind_to_holder(cmd: &mut Command, inherit: Vec<i32>) {
     let parent = crate::sys::file::getpid();
     // SAFETY: the closure runs in the child between fork and exec and calls
-    // only async-signal-safe functions (prctl, getppid, kill, fcntl); it
+    // only async-signal-safe functions (sigprocmask, prctl, getppid, kill,
+    // fcntl); it
     // allocates nothing (the vector was built before the fork).
     unsafe {
         cmd.pre_exec(move || {
+            crate::sys::child::restore_child_mask()?;
             crate::sys::child::die_with_parent(parent, crate::sys::child::SIGKILL)?;
             for &fd in &inherit {
                 crate::sys::pipe::set_cloexec(fd, false)?;
@@ -40,6 +42,16 @@ pub fn bind_to_holder(cmd: &mut Command, inherit: Vec<i32>) {
             Ok(())
         });
     }
+}
+
+/// A descriptor that becomes readable when the child `pid` exits (a
+/// pidfd), to wait for it beside other events (`Bridge::serve_until`).
+pub fn exit_fd(pid: u32) -> crate::Result<std::os::fd::OwnedFd> {
+    crate::sys::pipe::pidfd_open(pid).map_err(|e| crate::Error::Io {
+        op: "pidfd_open",
+        path: None,
+        source: e,
+    })
 }
 
 /// The exit status a holder passes on for its command's end: the command's

@@ -105,6 +105,8 @@ pub struct BridgeStats {
     /// Bytes drained from the pipe with no slot left to release (a client
     /// wrote back more than it took).
     pub surplus: u64,
+    /// The most tokens held at once.
+    pub peak: u32,
     /// Slots granted that were given straight back because the pipe was no
     /// longer empty when they arrived.
     pub unneeded: u64,
@@ -380,7 +382,10 @@ impl Bridge {
             // Held first, then written: never a token without its slot.
             self.tokens.push(permit);
             match sp::write(self.own.as_fd(), &[TOKEN]) {
-                Ok(1) => self.stats.written += 1,
+                Ok(1) => {
+                    self.stats.written += 1;
+                    self.stats.peak = self.stats.peak.max(self.tokens.len() as u32);
+                }
                 _ => {
                     self.tokens.pop();
                 }

@@ -21,7 +21,7 @@
 //! handler only loads an atomic and calls `kill`, both async-signal-safe.
 
 use std::io;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// The signals a [`Forwarder`] passes on.
 pub const FORWARDED: [libc::c_int; 7] = [
@@ -58,6 +58,10 @@ pub fn die_with_parent(parent: i32, sig: i32) -> io::Result<()> {
 
 /// The child signals go to (0: none yet; never a group or `-1`).
 static TARGET: AtomicI32 = AtomicI32::new(0);
+
+/// Bit `i` set: `FORWARDED[i]` was already blocked before
+/// [`Forwarder::install`] (the child keeps it blocked, as it was given).
+static WAS_BLOCKED: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
@@ -101,11 +105,20 @@ impl Forwarder {
     /// Call it on the thread that will spawn and wait for the child.
     pub fn install() -> io::Result<Forwarder> {
         let set = sigset(&FORWARDED);
-        // SAFETY: `set` is an initialised sigset; the old mask is not needed.
-        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        let mut old = sigset(&[]);
+        // SAFETY: both sets are initialised sigsets that outlive the call.
+        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
         if r != 0 {
             return Err(io::Error::from_raw_os_error(r));
         }
+        let mut was = 0u32;
+        for (i, &sig) in FORWARDED.iter().enumerate() {
+            // SAFETY: `old` is an initialised sigset and `sig` a valid signal.
+            if unsafe { libc::sigismember(&old, sig) } == 1 {
+                was |= 1 << i;
+            }
+        }
+        WAS_BLOCKED.store(was, Ordering::SeqCst);
         for &sig in &FORWARDED {
             // SAFETY: a zeroed sigaction is a valid start; the handler is an
             // extern "C" function with the SA_SIGINFO signature that only
@@ -135,9 +148,38 @@ impl Forwarder {
 /// Unblocks the forwarded signals in the calling thread (also for a
 /// holder that gives up before it has a child).
 pub fn unblock() {
-    let set = sigset(&FORWARDED);
+    let was = WAS_BLOCKED.load(Ordering::SeqCst);
+    let ours: Vec<libc::c_int> = FORWARDED
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| was & (1 << i) == 0)
+        .map(|(_, &s)| s)
+        .collect();
+    let set = sigset(&ours);
     // SAFETY: `set` is an initialised sigset.
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// In a child between `fork` and `exec`: unblocks the forwarded signals
+/// that [`Forwarder::install`] blocked (the signal mask survives `exec`, and
+/// the command must get the mask its holder was given). Async-signal-safe.
+pub fn restore_child_mask() -> io::Result<()> {
+    let was = WAS_BLOCKED.load(Ordering::SeqCst);
+    // SAFETY: sigemptyset/sigaddset/sigprocmask are async-signal-safe and
+    // work on a local, initialised set.
+    unsafe {
+        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(set.as_mut_ptr());
+        for (i, &sig) in FORWARDED.iter().enumerate() {
+            if was & (1 << i) == 0 {
+                libc::sigaddset(set.as_mut_ptr(), sig);
+            }
+        }
+        if libc::sigprocmask(libc::SIG_UNBLOCK, set.as_ptr(), std::ptr::null_mut()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The name of signal `sig` (`"SIGTERM"`), or `"signal N"`.
