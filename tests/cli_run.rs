@@ -102,7 +102,10 @@ fn concurrent_runs_and_workers_never_exceed_max() {
     let seen = counts(&marks);
     let most = seen.iter().copied().max().unwrap_or(0);
     assert!(seen.len() >= 8, "jobs logged: {seen:?}");
-    assert!(most <= 3, "{most} holders at once under a max of 3: {seen:?}");
+    assert!(
+        most <= 3,
+        "{most} holders at once under a max of 3: {seen:?}"
+    );
     assert!(peak <= 3, "the region showed {peak} held");
     assert!(most >= 2, "nothing ran in parallel: {seen:?}");
     assert_eq!(sched.global_running(), 0);
@@ -119,7 +122,10 @@ fn exit_status_and_signals() {
     let code = |args: &[&str]| cli(args).status.code();
     assert_eq!(code(&["run", &r, "--", "sh", "-c", "exit 7"]), Some(7));
     assert_eq!(code(&["run", &r, "--", "true"]), Some(0));
-    assert_eq!(code(&["run", &r, "--", "sh", "-c", "kill -KILL $$"]), Some(137));
+    assert_eq!(
+        code(&["run", &r, "--", "sh", "-c", "kill -KILL $$"]),
+        Some(137)
+    );
     assert_eq!(code(&["run", &r, "--", "/nonexistent/command"]), Some(127));
     assert_eq!(code(&["run", &r, "--", "/dev/null"]), Some(126));
     // Bad region: missing, or of another kind; a usage error is 125 too.
@@ -143,7 +149,11 @@ fn exit_status_and_signals() {
     let o = cli(&["run", &r, "--timeout", "200ms", "--verbose", "--", "true"]);
     assert_eq!(o.status.code(), Some(124));
     let err = text(&o.stderr);
-    assert_eq!(err.matches("shmsched run: waiting for 1 unit").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("shmsched run: waiting for 1 unit").count(),
+        1,
+        "{err}"
+    );
     assert!(err.contains("timed out"), "{err}");
     drop(held);
     // SIGTERM to `run` reaches the command (which says so and exits 9).
@@ -182,7 +192,18 @@ fn sigkill_of_run_returns_its_units_and_kills_the_command() {
     let r = name("runkill");
     let _g = gone(&r);
     let mut c = Command::new(BIN)
-        .args(["run", &r, "--max", "2", "-n", "2", "--", "sh", "-c", "echo $$; exec sleep 60"])
+        .args([
+            "run",
+            &r,
+            "--max",
+            "2",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $$; exec sleep 60",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -203,7 +224,10 @@ fn sigkill_of_run_returns_its_units_and_kills_the_command() {
         })
     };
     until("the waiter to queue", 10, || {
-        sched.stats().shared.is_some_and(|s| s.waiters.iter().sum::<u32>() == 1)
+        sched
+            .stats()
+            .shared
+            .is_some_and(|s| s.waiters.iter().sum::<u32>() == 1)
     });
     let killed = Instant::now();
     c.kill().unwrap();
@@ -234,12 +258,7 @@ fn high_priority_run_is_served_first() {
     let dir = Scratch::new("runprio");
     let log = dir.path().join("order");
     let held = sched.acquire(Priority::Highest).unwrap();
-    let waiting = |p: Priority| {
-        sched
-            .stats()
-            .shared
-            .map_or(0, |s| s.waiters[p.index()])
-    };
+    let waiting = |p: Priority| sched.stats().shared.map_or(0, |s| s.waiters[p.index()]);
     let start = |p: &str| {
         Command::new(BIN)
             .args(["run", &r, "--priority", p, "--", "sh", "-c"])
@@ -279,11 +298,21 @@ fn create_and_set_round_trips() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains('9'), "{}", text(&o.stderr));
     let o = cli(&["set", &s, "--rate", "1M"]);
-    assert!(text(&o.stderr).contains("holds a scheduler"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("holds a scheduler"),
+        "{}",
+        text(&o.stderr)
+    );
     let o = cli(&["create", &s, "--max", "4"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("already exists"), "{}", text(&o.stderr));
-    assert!(cli(&["create", &s, "--max", "4", "--exist-ok"]).status.success());
+    assert!(
+        text(&o.stderr).contains("already exists"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(cli(&["create", &s, "--max", "4", "--exist-ok"])
+        .status
+        .success());
     let o = cli(&["create", &s, "--max", "5", "--exist-ok"]);
     assert!(text(&o.stderr).contains("mismatch"), "{}", text(&o.stderr));
     // An invalid max leaves no file behind.
@@ -300,14 +329,26 @@ fn create_and_set_round_trips() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let lregion = Region::open(&l).unwrap();
     let lim = Limiter::attach(&lregion).unwrap();
-    assert_eq!((lim.tokens_per_second(), lim.capacity()), (10_000_000, 65_536));
-    assert!(cli(&["set", &l, "--rate", "1.5MiB", "--capacity", "1M"]).status.success());
-    assert_eq!((lim.tokens_per_second(), lim.capacity()), (1_572_864, 1_000_000));
+    assert_eq!(
+        (lim.tokens_per_second(), lim.capacity()),
+        (10_000_000, 65_536)
+    );
+    assert!(cli(&["set", &l, "--rate", "1.5MiB", "--capacity", "1M"])
+        .status
+        .success());
+    assert_eq!(
+        (lim.tokens_per_second(), lim.capacity()),
+        (1_572_864, 1_000_000)
+    );
     let o = cli(&["set", &l, "--rate", "3GiB"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("3GiB"), "{}", text(&o.stderr));
     let o = cli(&["set", &l, "--ceiling", "1"]);
-    assert!(text(&o.stderr).contains("holds a limiter"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("holds a limiter"),
+        "{}",
+        text(&o.stderr)
+    );
     // Default burst of a limiter made from the shell: 100 ms of rate.
     let d = name("mkdef");
     let _gd = gone(&d);

