@@ -232,6 +232,15 @@ impl Bridge {
         &self.fifo.path
     }
 
+    /// Removes the FIFO's name (and its private directory) now: clients of
+    /// the `R,W` form need only the inherited descriptors, and a bridge
+    /// killed later leaves nothing behind. `fifo:` clients open the path, so
+    /// keep it for them.
+    pub fn unlink_fifo(&mut self) {
+        let _ = std::fs::remove_file(&self.fifo.path);
+        let _ = std::fs::remove_dir(&self.fifo.dir);
+    }
+
     /// The clients' descriptors `(R, W)` for the `R,W` form; a child must
     /// inherit them (clear close-on-exec between fork and exec, as
     /// [`bind_to_holder`](crate::child::bind_to_holder) does).
@@ -530,11 +539,7 @@ mod tests {
         // The spare was taken: the bridge asks for another slot and writes
         // the second (and last) token.
         until("a second token", || sched.global_running() == 3);
-        let _t2 = loop {
-            if take(&c).is_some() {
-                break;
-            }
-        };
+        while take(&c).is_none() {}
         // At the limit: no third token, whatever waits.
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(sp::fionread(c.as_fd()).unwrap(), 0);

@@ -2,6 +2,7 @@
 //! shared by several pipes and a library reader holds its rate, the burst
 //! rules, and throughput against `cat` and `pv`.
 
+mod procs;
 mod shell;
 mod tools;
 

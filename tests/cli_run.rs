@@ -8,43 +8,19 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use procs::{role, say, spawn, wait_parent};
-use shell::{cli, counts, dead, gone, name, text, until, wait_bounded, Marker, Scratch, BIN};
+use procs::{role, spawn};
+use shell::{cli, counts, dead, gone, name, text, until, wait_bounded, Scratch, BIN};
 use shmsched::limiter::Limiter;
 use shmsched::region::Region;
 use shmsched::scheduler::{Scheduler, REAP_INTERVAL_MS};
 use shmsched::Priority;
 
-/// Child role: a library worker that takes a slot, holds a marker in it
-/// for a few ms, releases, until its parent closes stdin.
+/// Child role: a library worker (see `shell::library_worker`).
 #[test]
 fn child_run_worker() {
     let Some((r, args)) = role() else { return };
     assert_eq!(r, "worker");
-    let region = Region::open(&args[0]).unwrap();
-    let sched = Scheduler::attach(&region).unwrap();
-    let dir = std::path::PathBuf::from(&args[1]);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let threads: Vec<_> = (0..2)
-        .map(|t| {
-            let (sched, dir, stop) = (sched.clone(), dir.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let p = sched.acquire(Priority::Normal).unwrap();
-                    let m = Marker::new(&dir, &format!("w{t}"));
-                    std::thread::sleep(Duration::from_millis(15));
-                    drop(m);
-                    drop(p);
-                }
-            })
-        })
-        .collect();
-    say("working");
-    wait_parent();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for t in threads {
-        t.join().unwrap();
-    }
+    shell::library_worker(&args);
 }
 
 /// N concurrent `run`s of a command plus library workers in another
@@ -63,7 +39,13 @@ fn concurrent_runs_and_workers_never_exceed_max() {
     let mut worker = spawn(
         "child_run_worker",
         "worker",
-        &[r.clone(), marks.display().to_string()],
+        &[
+            r.clone(),
+            marks.display().to_string(),
+            "2".into(),
+            "normal".into(),
+            "15".into(),
+        ],
     );
     worker.expect_line("working");
     let job = shell::marked(&marks, "sleep 0.1");

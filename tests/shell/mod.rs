@@ -151,3 +151,46 @@ pub fn proc_state(pid: u32) -> Option<char> {
 pub fn dead(pid: u32) -> bool {
     matches!(proc_state(pid), None | Some('Z') | Some('X'))
 }
+
+/// The body of a library-worker child role (args: region, marker dir,
+/// threads, priority, hold ms): each thread takes a slot, holds a marker in
+/// it for the hold time, releases, until the parent closes stdin; then
+/// prints `slots N` (the slots it got).
+pub fn library_worker(args: &[String]) {
+    use shmsched::region::Region;
+    use shmsched::scheduler::Scheduler;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let region = Region::open(&args[0]).unwrap();
+    let sched = Scheduler::attach(&region).unwrap();
+    let dir = PathBuf::from(&args[1]);
+    let threads: usize = args[2].parse().unwrap();
+    let prio: shmsched::Priority = args[3].parse().unwrap();
+    let hold = Duration::from_millis(args[4].parse().unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(AtomicU64::new(0));
+    let ts: Vec<_> = (0..threads)
+        .map(|t| {
+            let (sched, dir, stop, got) = (sched.clone(), dir.clone(), stop.clone(), got.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(p) = sched.acquire_timeout(prio, Duration::from_millis(200)) else {
+                        continue;
+                    };
+                    got.fetch_add(1, Ordering::SeqCst);
+                    let m = Marker::new(&dir, &format!("w{t}"));
+                    std::thread::sleep(hold);
+                    drop(m);
+                    drop(p);
+                }
+            })
+        })
+        .collect();
+    crate::procs::say("working");
+    crate::procs::wait_parent();
+    stop.store(true, Ordering::SeqCst);
+    for t in ts {
+        t.join().unwrap();
+    }
+    crate::procs::say(&format!("slots {}", got.load(Ordering::SeqCst)));
+}

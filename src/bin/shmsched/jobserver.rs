@@ -160,6 +160,7 @@ fn go(mut a: JobserverArgs) -> Result<ExitCode, Failed> {
     let flags = bridge.makeflags(std::env::var("MAKEFLAGS").ok().as_deref(), auth);
     let inherit = match auth {
         Auth::Fds => {
+            bridge.unlink_fifo();
             let (r, w) = bridge.client_fds();
             vec![r, w]
         }
