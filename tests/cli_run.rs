@@ -4,12 +4,14 @@
 mod procs;
 mod shell;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use procs::{role, spawn};
-use shell::{cli, counts, dead, gone, name, text, until, wait_bounded, Scratch, BIN};
+use shell::{
+    cli, counts, dead, gone, name, spawn_reading, text, until, wait_bounded, Scratch, BIN,
+};
 use shmsched::limiter::Limiter;
 use shmsched::region::Region;
 use shmsched::scheduler::{Scheduler, REAP_INTERVAL_MS};
@@ -139,26 +141,12 @@ fn exit_status_and_signals() {
     assert!(err.contains("timed out"), "{err}");
     drop(held);
     // SIGTERM to `run` reaches the command (which says so and exits 9).
-    let mut c = Command::new(BIN)
-        .args([
-            "run",
-            &r,
-            "--",
-            "sh",
-            "-c",
-            "trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.05; done",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let trap = "trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.05; done";
+    let (c, mut out, line) = spawn_reading(&["run", &r, "--", "sh", "-c", trap]);
+    assert_eq!(line, "ready");
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    line.clear();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "got-term");
     let o = wait_bounded(c, 20, "run with a forwarded SIGTERM");
@@ -173,26 +161,18 @@ fn exit_status_and_signals() {
 fn sigkill_of_run_returns_its_units_and_kills_the_command() {
     let r = name("runkill");
     let _g = gone(&r);
-    let mut c = Command::new(BIN)
-        .args([
-            "run",
-            &r,
-            "--max",
-            "2",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo $$; exec sleep 60",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut c, _out, line) = spawn_reading(&[
+        "run",
+        &r,
+        "--max",
+        "2",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 60",
+    ]);
     let child: u32 = line.trim().parse().unwrap();
     let region = Region::open(&r).unwrap();
     let sched = Scheduler::attach(&region).unwrap();

@@ -84,16 +84,25 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Polls `cond` until true, failing after `secs`.
-pub fn until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+#[allow(unused_imports)]
+pub use crate::procs::until;
+
+/// Spawns `shmsched ARGS` with stdout piped and returns it with its stdout
+/// and the first line it printed.
+pub fn spawn_reading(
+    args: &[&str],
+) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {
+    use std::io::BufRead;
+    let mut c = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    (c, out, line.trim().to_string())
 }
 
 /// A shell snippet that holds a marker in `dir` while `body` runs and logs

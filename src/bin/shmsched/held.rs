@@ -7,6 +7,7 @@ use std::io::IsTerminal;
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
+use clap::Args;
 use shmsched::region::Region;
 use shmsched::scheduler::{OwnedPermit, Scheduler};
 use shmsched::Priority;
@@ -23,6 +24,30 @@ pub const OWN_ERROR: u8 = 125;
 pub const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found.
 pub const NOT_FOUND: u8 = 127;
+
+/// The flags `run` and `jobserver` share: where the units come from, at
+/// which priority, for how long to wait.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// Scheduler region name (maps to /dev/shm/shmsched.NAME) or path.
+    pub region: String,
+    /// Create the region with this max when it does not exist; an existing
+    /// region must have this max.
+    #[arg(long)]
+    pub max: Option<u32>,
+    /// Priority to wait at: lowest, lower, low, normal, high, higher,
+    /// highest or -3..=3.
+    #[arg(long, short = 'p', default_value = "normal", value_parser = parse_priority)]
+    pub priority: Priority,
+    /// Give up (exit 124) if the (first) units are not free within this
+    /// time (500ms, 2.5s, 10, 1m).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Say what it waits for even when stderr is not a terminal (`jobserver`:
+    /// and print its counts when the build ends).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
 
 /// A failure of `run` or `jobserver` before the command ran: its message
 /// and its exit status.
@@ -51,44 +76,43 @@ pub fn report(r: Result<ExitCode, Failed>) -> ExitCode {
     })
 }
 
+/// A library error about region `name`, with `hint` (what to do) when the
+/// region does not exist.
+pub fn region_error(name: &str, e: &shmsched::Error, hint: &str) -> CliError {
+    let what = format!("region {name:?}");
+    let c = CliError::lib(&what, e);
+    if c.kind == ErrorKind::NotFound {
+        CliError::new(
+            ErrorKind::NotFound,
+            format!("{what}: no such region; {hint}"),
+        )
+    } else {
+        c
+    }
+}
+
 /// The scheduler of region `name`: created with `max` when it does not
 /// exist (an existing one must have that max, else the library's
 /// mismatch), joined whatever its max without `max`.
 pub fn open_scheduler(name: &str, max: Option<u32>) -> Result<Scheduler, CliError> {
-    let what = format!("region {name:?}");
     let r = match max {
-        Some(m) => Region::open_or_create(name)
-            .and_then(|region| Scheduler::shared(&region, m))
-            .map_err(|e| CliError::lib(&what, &e))?,
-        None => Region::open(name)
-            .and_then(|region| Scheduler::attach(&region))
-            .map_err(|e| {
-                let c = CliError::lib(&what, &e);
-                if c.kind == ErrorKind::NotFound {
-                    CliError::new(
-                        ErrorKind::NotFound,
-                        format!("{what}: no such region; create it with `shmsched create {name} --max N` or pass --max N"),
-                    )
-                } else {
-                    c
-                }
-            })?,
+        Some(m) => Region::open_or_create(name).and_then(|region| Scheduler::shared(&region, m)),
+        None => Region::open(name).and_then(|region| Scheduler::attach(&region)),
     };
-    Ok(r)
+    r.map_err(|e| {
+        region_error(
+            name,
+            &e,
+            &format!("create it with `shmsched create {name} --max N` or pass --max N"),
+        )
+    })
 }
 
 /// Takes `n` units at `priority`, waiting at most `timeout`. If they are
 /// not free at once, says once on stderr what it waits for (when stderr is
 /// a terminal, or with `verbose`).
-pub fn take(
-    sched: &Scheduler,
-    name: &str,
-    who: &str,
-    priority: Priority,
-    n: u32,
-    timeout: Option<Duration>,
-    verbose: bool,
-) -> Result<OwnedPermit, Failed> {
+pub fn take(sched: &Scheduler, a: &HoldArgs, who: &str, n: u32) -> Result<OwnedPermit, Failed> {
+    let (name, priority, timeout, verbose) = (&a.region, a.priority, a.timeout, a.verbose);
     let own = |e: shmsched::Error| Failed {
         msg: format!("{who}: region {name:?}: {e}"),
         code: OWN_ERROR,
@@ -96,7 +120,10 @@ pub fn take(
     if let Some(p) = sched.try_acquire_many(priority, n) {
         return Ok(p.into_owned());
     }
-    if verbose || std::io::stderr().is_terminal() {
+    // A request that can never be met is the library's error at once, with
+    // no note about waiting.
+    let possible = n > 0 && sched.concurrency().is_none_or(|m| n <= m);
+    if possible && (verbose || std::io::stderr().is_terminal()) {
         let s = sched.stats();
         let (held, ceiling, waiting) = s.shared.as_ref().map_or((0, 0, 0), |x| {
             (x.running, x.ceiling, x.waiters.iter().sum::<u32>())

@@ -8,16 +8,13 @@
 //! if the bridge dies), serves tokens until the build exits, then returns
 //! every slot and exits with the build's status.
 
+use clap::{Args, ValueEnum};
+use shmsched::jobserver::{Auth, Bridge};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use shmsched::jobserver::{Auth, Bridge};
-use shmsched::Priority;
-
-use crate::held::{self, Failed, OWN_ERROR};
+use crate::held::{self, Failed, HoldArgs, OWN_ERROR};
 
 /// Which `--jobserver-auth` form to give the build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -33,15 +30,8 @@ pub enum AuthArg {
 /// Arguments of `jobserver`.
 #[derive(Debug, Args)]
 pub struct JobserverArgs {
-    /// Scheduler region name (maps to /dev/shm/shmsched.NAME) or path.
-    region: String,
-    /// Create the region with this max when it does not exist; an existing
-    /// region must have this max.
-    #[arg(long)]
-    max: Option<u32>,
-    /// Priority the build's slots are asked for at.
-    #[arg(long, short = 'p', default_value = "normal", value_parser = held::parse_priority)]
-    priority: Priority,
+    #[command(flatten)]
+    hold: HoldArgs,
     /// Most jobs of this build at once, the implicit one included (default:
     /// a `-jN` given to make or ninja, which is taken off their command
     /// line, else the region's ceiling).
@@ -50,13 +40,6 @@ pub struct JobserverArgs {
     /// The `--jobserver-auth` form.
     #[arg(long, value_enum, default_value = "auto")]
     auth: AuthArg,
-    /// Give up (exit 124) if the implicit slot is not free within this time.
-    #[arg(long, value_parser = held::parse_duration)]
-    timeout: Option<Duration>,
-    /// Say what it waits for even when stderr is not a terminal, and print
-    /// the bridge's counts when the build ends.
-    #[arg(long, short = 'v')]
-    verbose: bool,
     /// The build command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -140,21 +123,13 @@ fn go(mut a: JobserverArgs) -> Result<ExitCode, Failed> {
         }
         AuthArg::Auto => Auth::Fds,
     };
-    let sched = held::open_scheduler(&a.region, a.max)?;
+    let sched = held::open_scheduler(&a.hold.region, a.hold.max)?;
     let jobs = jobs.unwrap_or_else(|| sched.ceiling()).max(1);
     let own = |e: &dyn std::fmt::Display| Failed {
-        msg: format!("jobserver: region {:?}: {e}", a.region),
+        msg: format!("jobserver: region {:?}: {e}", a.hold.region),
         code: OWN_ERROR,
     };
-    let implicit = held::take(
-        &sched,
-        &a.region,
-        "jobserver",
-        a.priority,
-        1,
-        a.timeout,
-        a.verbose,
-    )?;
+    let implicit = held::take(&sched, &a.hold, "jobserver", 1)?;
     let mut bridge =
         Bridge::new(&sched, implicit, jobs, &std::env::temp_dir()).map_err(|e| own(&e))?;
     let flags = bridge.makeflags(std::env::var("MAKEFLAGS").ok().as_deref(), auth);
@@ -176,7 +151,7 @@ fn go(mut a: JobserverArgs) -> Result<ExitCode, Failed> {
     let code = held::wait(child);
     let stats = bridge.stats();
     bridge.release_all();
-    if a.verbose {
+    if a.hold.verbose {
         eprintln!(
             "shmsched jobserver: {} jobs at most; {} tokens written, {} returned to the region, \
              {} slots held at most; {} unread at the end",

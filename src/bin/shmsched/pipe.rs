@@ -68,17 +68,8 @@ fn open_limiter(name: &str, rate: Option<u64>, capacity: Option<u64>) -> Result<
     let what = format!("region {name:?}");
     let lib = |e: shmsched::Error| CliError::lib(&what, &e);
     let Some(rate) = rate else {
-        let region = Region::open(name).map_err(|e| {
-            let c = CliError::lib(&what, &e);
-            if c.kind == ErrorKind::NotFound {
-                CliError::new(
-                    ErrorKind::NotFound,
-                    format!("{what}: no such region; pass --rate R to create it (or `shmsched create {name} --rate R`)"),
-                )
-            } else {
-                c
-            }
-        })?;
+        let hint = format!("pass --rate R to create it (or `shmsched create {name} --rate R`)");
+        let region = Region::open(name).map_err(|e| held::region_error(name, &e, &hint))?;
         return Limiter::attach(&region).map_err(lib);
     };
     let region = Region::open_or_create(name).map_err(lib)?;

@@ -9,36 +9,19 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
-use shmsched::Priority;
 
-use crate::held::{self, Failed};
+use crate::held::{self, Failed, HoldArgs};
 
 /// Arguments of `run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Scheduler region name (maps to /dev/shm/shmsched.NAME) or path.
-    region: String,
-    /// Create the region with this max when it does not exist; an existing
-    /// region must have this max.
-    #[arg(long)]
-    max: Option<u32>,
-    /// Priority to wait at: lowest, lower, low, normal, high, higher,
-    /// highest or -3..=3.
-    #[arg(long, short = 'p', default_value = "normal", value_parser = held::parse_priority)]
-    priority: Priority,
+    #[command(flatten)]
+    hold: HoldArgs,
     /// Units to hold (a weighted acquire: all at once or none).
     #[arg(short = 'n', long = "units", default_value_t = 1)]
     units: u32,
-    /// Give up (exit 124) if the units are not free within this time
-    /// (500ms, 2.5s, 10, 1m).
-    #[arg(long, value_parser = held::parse_duration)]
-    timeout: Option<Duration>,
-    /// Say what it waits for even when stderr is not a terminal.
-    #[arg(long, short = 'v')]
-    verbose: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -50,10 +33,8 @@ pub fn run(a: RunArgs) -> ExitCode {
 }
 
 fn go(a: RunArgs) -> Result<ExitCode, Failed> {
-    let sched = held::open_scheduler(&a.region, a.max)?;
-    let permit = held::take(
-        &sched, &a.region, "run", a.priority, a.units, a.timeout, a.verbose,
-    )?;
+    let sched = held::open_scheduler(&a.hold.region, a.hold.max)?;
+    let permit = held::take(&sched, &a.hold, "run", a.units)?;
     let child = held::spawn(held::command(&a.command, Vec::new()), &a.command[0])?;
     let code = held::wait(child);
     drop(permit);
