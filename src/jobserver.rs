@@ -164,6 +164,8 @@ pub struct Bridge {
     implicit: Option<OwnedPermit>,
     tokens: Vec<OwnedPermit>,
     watching_empty: bool,
+    /// The pipe is one page, so "writable" means "empty".
+    one_page: bool,
     stats: BridgeStats,
 }
 
@@ -195,9 +197,9 @@ impl Bridge {
         let client_w = sp::open_fifo(&fifo.path, FifoEnd::Write)
             .map_err(|e| io_error("open", &fifo.path, e))?;
         // One page: the write side is writable exactly when the pipe is
-        // empty (one buffer slot, in use while any byte is unread).
-        sp::set_pipe_size(own.as_fd(), 4096)
-            .map_err(|e| io_error("F_SETPIPE_SZ", &fifo.path, e))?;
+        // empty (one buffer slot, in use while any byte is unread). Where
+        // the kernel refuses, "empty" is noticed by the backstop instead.
+        let one_page = sp::set_pipe_size(own.as_fd(), 4096).is_ok_and(|n| n == 4096);
         let epoll = Epoll::new().map_err(|e| Error::io("epoll_create", None, e))?;
         let waker = Arc::new(EventWaker(
             EventFd::new().map_err(|e| Error::io("eventfd", None, e))?,
@@ -220,6 +222,7 @@ impl Bridge {
             implicit: Some(implicit),
             tokens: Vec::new(),
             watching_empty: false,
+            one_page,
             stats: BridgeStats {
                 limit: jobs - 1,
                 ..BridgeStats::default()
@@ -356,7 +359,7 @@ impl Bridge {
             }
             // Watch for "empty" only when a token could be added and no
             // slot is being asked for (else it would fire while we wait).
-            self.watch_empty(!empty && room && pending.is_none())?;
+            self.watch_empty(self.one_page && !empty && room && pending.is_none())?;
             let keys = self
                 .epoll
                 .wait(Some(BACKSTOP))
