@@ -65,6 +65,10 @@
 //! - [`io`]: `Read`/`Write` adapters throttled by a [`limiter::Limiter`], and
 //!   file operations gated by a [`scheduler::Scheduler`].
 //! - [`pressure`]: a PSI-style stall signal computed from stats.
+//! - [`pump`], [`jobserver`], [`child`]: the shell front ends' logic
+//!   (`shmsched pipe`, `jobserver`, `run`): a byte pump charging a Limiter
+//!   before it passes, a make jobserver backed by Scheduler slots, and a
+//!   command that dies with the process holding its units.
 //! - [`cluster`]: a cluster-wide budget leased from Redis by one agent per
 //!   region, moving a shared Scheduler's ceiling or Limiter's rate.
 
@@ -81,13 +85,16 @@ compile_error!(
      (see docs/operations.md, \"Platform\")"
 );
 
+pub mod child;
 pub mod cluster;
 pub mod error;
 pub mod fair;
 pub mod io;
+pub mod jobserver;
 pub mod limiter;
 pub mod pressure;
 pub mod priority;
+pub mod pump;
 pub mod region;
 pub mod scheduler;
 #[doc(hidden)]

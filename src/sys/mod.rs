@@ -13,6 +13,9 @@
 //!   liveness locks in a forked child, and the fork gate that keeps a lock
 //!   fd from being copied before it is recorded.
 //!
+//! - [`pipe`]: `splice`, `FIONREAD`, FIFOs, pipe sizes, `poll`, `epoll`,
+//!   `eventfd`, `pidfd_open` (the shell front ends).
+//! - [`child`]: a child's death signal and signals forwarded to it.
 //! - [`signal`]: SIGINT/SIGTERM as a flag for long-running programs.
 //! - [`robust_mutex`]: a process-shared robust pthread mutex for the
 //!   fair-share ledger (`EOWNERDEAD` recovery, bounded waits, repair of a
@@ -22,12 +25,14 @@
 //! - [`event`]: one readiness descriptor for event loops (epoll over an
 //!   eventfd doorbell and a timerfd deadline), for the C ABI's waitset.
 
+pub mod child;
 pub mod clock;
 pub mod event;
 pub mod file;
 pub mod fork;
 pub mod futex;
 pub mod lock;
+pub mod pipe;
 pub mod proc;
 pub mod robust_mutex;
 pub mod signal;

