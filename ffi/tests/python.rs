@@ -134,22 +134,29 @@ fn python_package_installs_and_its_tests_pass() {
         Duration::from_secs(300),
     );
 
+    // The venv's python, in the scratch directory, with nothing pointing
+    // at the checkout.
+    let venv_python = |args: &[&str]| {
+        let mut c = Command::new(&py);
+        c.args(args)
+            .current_dir(&scratch)
+            .env_remove("SHMSCHED_LIB")
+            .env_remove("PYTHONPATH")
+            .env("RUST_BACKTRACE", "0");
+        c
+    };
     let (target, profile) = target_and_profile();
-    let mut pip = Command::new(&py);
-    pip.args([
+    let mut pip = venv_python(&[
         "-m",
         "pip",
         "install",
         "--no-input",
         "--progress-bar",
         "off",
-    ])
-    .arg(root.join("python"))
-    .current_dir(&scratch)
-    .env("CARGO_TARGET_DIR", &target)
-    .env("SETUPTOOLS_RUST_CARGO_PROFILE", &profile)
-    .env_remove("SHMSCHED_LIB")
-    .env_remove("PYTHONPATH");
+    ]);
+    pip.arg(root.join("python"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env("SETUPTOOLS_RUST_CARGO_PROFILE", &profile);
     run_bounded(
         "pip install ./python",
         pip,
@@ -158,33 +165,22 @@ fn python_package_installs_and_its_tests_pass() {
     );
 
     let check = r#"
-import os, shmsched, sys
+import os, shmsched
 here = os.path.dirname(shmsched.__file__)
 assert "site-packages" in here, here
 assert os.path.dirname(shmsched.LIBRARY_PATH) == here, shmsched.LIBRARY_PATH
 assert os.path.exists(os.path.join(here, "py.typed"))
 print("installed", shmsched.__version__, shmsched.LIBRARY_PATH)
 "#;
-    let mut cmd = Command::new(&py);
-    cmd.args(["-c", check])
-        .current_dir(&scratch)
-        .env_remove("SHMSCHED_LIB")
-        .env_remove("PYTHONPATH");
     run_bounded(
         "import the installed package",
-        cmd,
+        venv_python(&["-c", check]),
         &scratch.join("import.log"),
         Duration::from_secs(120),
     );
 
-    let mut tests = Command::new(&py);
-    tests
-        .args(["-m", "unittest", "discover", "-v", "-s"])
-        .arg(root.join("python/tests"))
-        .current_dir(&scratch)
-        .env_remove("SHMSCHED_LIB")
-        .env_remove("PYTHONPATH")
-        .env("RUST_BACKTRACE", "0");
+    let mut tests = venv_python(&["-m", "unittest", "discover", "-v", "-s"]);
+    tests.arg(root.join("python/tests"));
     run_bounded(
         "python tests against the installed package",
         tests,

@@ -51,30 +51,27 @@ from typing import (
     BinaryIO,
     Callable,
     Dict,
-    Generator,
-    Iterator,
     List,
     Mapping,
     Optional,
+    TYPE_CHECKING,
     Tuple,
     TypeVar,
     Union,
+    cast,
 )
 
 from . import _args
 from ._args import PRIORITIES
 from ._errors import *  # noqa: F401,F403 (the exceptions are part of the API)
-from ._errors import (
-    AlreadyReleased,
-    ArgumentTypeError,
-    Error,
-    InvalidArgument,
-    InvalidPriority,
-    OutOfRange,
-    __all__ as _error_names,
-)
-from ._ffi import ABI_VERSION, LIBRARY_PATH, SIGNATURES
+from ._errors import Error, InvalidArgument
+from ._errors import __all__ as _error_names
+# SIGNATURES: the table of every bound C function (name -> prototype).
+from ._ffi import ABI_VERSION, LIBRARY_PATH, SIGNATURES  # noqa: F401
 from . import _ffi
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._aio import AsyncAcquire
 
 __version__ = "0.1.0"
 
@@ -118,9 +115,9 @@ _byref = ctypes.byref
 _acquire = _lib.shmsched_scheduler_acquire
 _acquire_timeout = _lib.shmsched_scheduler_acquire_timeout
 _release = _lib.shmsched_permit_release
-_PRIO_FAST = dict(PRIORITIES)
+_PRIO_FAST: Dict[Any, int] = dict(PRIORITIES)
 for _name, _v in PRIORITIES.items():
-    _PRIO_FAST[_v] = _v  # type: ignore[index]
+    _PRIO_FAST[_v] = _v
 
 # The pid permits are checked against when garbage-collected (a forked
 # child's copy of a parent's permit is not the child's to release).
@@ -225,7 +222,8 @@ def _out_handle(fn: Callable[..., int], *args: Any) -> int:
 def _handle_of(obj: Any, cls: type, what: str) -> int:
     if not isinstance(obj, cls):
         raise _args.type_error(what, f"a shmsched.{cls.__name__}", obj)
-    return obj._h
+    h: int = getattr(obj, "_h")
+    return h
 
 
 # --------------------------------------------------------------------------
@@ -443,6 +441,15 @@ class Permit:
         return f"<Permit {self.priority}{units} {state}>"
 
 
+def _plain(x: Any) -> Any:
+    """A ctypes struct as plain Python: dicts, lists, ints."""
+    if isinstance(x, ctypes.Structure):
+        return {k: _plain(getattr(x, k)) for k, *_ in x._fields_}
+    if isinstance(x, ctypes.Array):
+        return [_plain(v) for v in x]
+    return x
+
+
 class SchedulerSnapshot:
     """The scheduler's gauges and counters read through the C struct (no
     JSON): the same figures as :meth:`Scheduler.stats`."""
@@ -458,29 +465,16 @@ class SchedulerSnapshot:
     )
 
     def __init__(self, s: Any) -> None:
-        def q(x: Any) -> Dict[str, int]:
-            return {k: getattr(x, k) for k, _ in x._fields_}
-
+        d = _plain(s)
         self.concurrency: Optional[int] = None if s.concurrency == _ffi.UNLIMITED else s.concurrency
-        self.running: int = s.running
-        self.pending: int = s.pending
-        self.stall_ns: int = s.stall_ns
-        self.total: Dict[str, int] = q(s.total)
-        self.queues: List[Dict[str, int]] = [q(x) for x in s.queues]
-        r = s.region
-        self.shared: Optional[Dict[str, Any]] = (
-            {
-                "running": r.running,
-                "max": r.max,
-                "processes": r.processes,
-                "waiters": list(r.waiters),
-                "reclaimed": r.reclaimed,
-                "reaped_processes": r.reaped_processes,
-                "stall_ns": r.stall_ns,
-            }
-            if s.has_region
-            else None
-        )
+        self.running: int = d["running"]
+        self.pending: int = d["pending"]
+        self.stall_ns: int = d["stall_ns"]
+        self.total: Dict[str, int] = d["total"]
+        self.queues: List[Dict[str, int]] = d["queues"]
+        #: The region-wide figures (running, max, processes, waiters per
+        #: priority, reclaimed, reaped_processes, stall_ns).
+        self.shared: Optional[Dict[str, Any]] = d["region"] if s.has_region else None
 
     def __repr__(self) -> str:
         return (
@@ -726,7 +720,7 @@ class Scheduler(_Handle):
 # Limiter
 
 
-class Grant(tuple):
+class Grant(Tuple[bool, bool]):
     """How a consume went: ``(immediate, forced)``."""
 
     __slots__ = ()
@@ -763,30 +757,18 @@ class LimiterSnapshot:
     )
 
     def __init__(self, s: Any) -> None:
-        def q(x: Any) -> Dict[str, int]:
-            return {k: getattr(x, k) for k, _ in x._fields_}
-
-        self.tokens_per_second: int = s.tokens_per_second
-        self.tokens: int = s.tokens
-        self.pending: int = s.pending
-        self.forced: int = s.forced
-        self.clock: int = s.clock
-        self.stall_ns: int = s.stall_ns
-        self.total: Dict[str, int] = q(s.total)
-        self.queues: List[Dict[str, int]] = [q(x) for x in s.queues]
-        r = s.region
-        self.shared: Optional[Dict[str, Any]] = (
-            {
-                "forced": r.forced,
-                "waiters": list(r.waiters),
-                "processes": r.processes,
-                "tsc_clock": bool(r.tsc_clock),
-                "stall_ns": r.stall_ns,
-                "wakes": r.wakes,
-            }
-            if s.has_region
-            else None
-        )
+        d = _plain(s)
+        self.tokens_per_second: int = d["tokens_per_second"]
+        self.tokens: int = d["tokens"]
+        self.pending: int = d["pending"]
+        self.forced: int = d["forced"]
+        self.clock: int = d["clock"]
+        self.stall_ns: int = d["stall_ns"]
+        self.total: Dict[str, int] = d["total"]
+        self.queues: List[Dict[str, int]] = d["queues"]
+        #: The region-wide figures (forced, waiters per priority, processes,
+        #: tsc_clock, stall_ns, wakes).
+        self.shared: Optional[Dict[str, Any]] = d["region"] if s.has_region else None
 
     def __repr__(self) -> str:
         return (
@@ -967,13 +949,13 @@ class Limiter(_Handle):
         p = _args.priority(priority)
         raw = ThrottledFile(io.open(file, mode, buffering=0), self, p)
         if buffering == 0:
-            return raw  # type: ignore[return-value]
+            return cast(BinaryIO, raw)
         size = io.DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
         if raw.readable() and raw.writable():
-            return io.BufferedRandom(raw, size)  # type: ignore[return-value]
+            return io.BufferedRandom(raw, size)
         if raw.writable():
-            return io.BufferedWriter(raw, size)  # type: ignore[return-value]
-        return io.BufferedReader(raw, size)  # type: ignore[return-value]
+            return io.BufferedWriter(raw, size)
+        return io.BufferedReader(raw, size)
 
     def __repr__(self) -> str:
         if self._ptr is None:
@@ -1117,7 +1099,7 @@ class _Callbacks:
 # FairShare
 
 
-class Lease(tuple):
+class Lease(Tuple[str, int]):
     """A granted fair-share lease: ``(id, deadline_ms)``."""
 
     __slots__ = ()
@@ -1140,7 +1122,7 @@ class Lease(tuple):
         return True
 
 
-class Refusal(tuple):
+class Refusal(Tuple[str, Optional[int], str]):
     """A refused acquire (an answer, not an error): ``(reason,
     retry_after_ms, explanation)``; ``retry_after_ms`` is None when no time
     can be promised. False in a boolean context."""

@@ -35,11 +35,9 @@ event loop gets a waitset of its own on its first wait.
 from __future__ import annotations
 
 import asyncio
-import collections.abc
-import ctypes
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Generator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Coroutine, Dict, Generator, Optional, Tuple
 
 from . import _args, _ffi
 from ._errors import Error
@@ -65,11 +63,11 @@ class _LoopWaits:
         self.loop = loop
         self.pid = os.getpid()
         self.ws = _Waitset()
-        self.pending: Dict[int, Tuple[asyncio.Future, str, Any]] = {}
+        self.pending: Dict[int, Tuple["asyncio.Future[Any]", str, Any]] = {}
         self.next_tag = 1
         loop.add_reader(self.ws.fd, self._ready)
 
-    def start(self, kind: str, obj: Any, *args: Any) -> Tuple[asyncio.Future, int]:
+    def start(self, kind: str, obj: Any, *args: Any) -> Tuple["asyncio.Future[Any]", int]:
         tag = self.next_tag
         self.next_tag += 1
         fut = self.loop.create_future()
@@ -166,7 +164,7 @@ def consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> "asyncio.Futur
     return _consume(lim, n, p, ns)  # type: ignore[return-value]
 
 
-class AsyncAcquire(collections.abc.Coroutine):
+class AsyncAcquire(Coroutine[Any, Any, "Permit"]):
     """What :meth:`Scheduler.acquire_async` returns: await it for a
     :class:`~shmsched.Permit` (it is a coroutine: ``asyncio.create_task``,
     ``wait_for`` and ``gather`` take it), or use it as an async context

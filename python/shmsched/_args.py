@@ -62,6 +62,9 @@ PRIORITIES = {
 _PRIORITY_NAMES = "lowest, lower, low, normal, high, higher, highest"
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
 def debug_str(s: Union[str, bytes]) -> str:
     """``s`` quoted as the Rust library quotes text in its messages
     (``{:?}``): double quotes, escapes for quotes, backslashes and control
@@ -70,18 +73,9 @@ def debug_str(s: Union[str, bytes]) -> str:
         s = s.decode("utf-8", "backslashreplace")
     out = ['"']
     for ch in s:
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\0":
-            out.append("\\0")
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
         elif ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF:
             out.append(f"\\u{{{ord(ch):x}}}")
         else:
@@ -212,12 +206,12 @@ def priority(value: Any) -> int:
     else:
         index = getattr(type(value), "__index__", None)
         try:
-            v = index(value) if index is not None else None
+            got = index(value) if index is not None else None
         except Exception:
-            v = None
-        if isinstance(v, bool) or not isinstance(v, int):
+            got = None
+        if isinstance(got, bool) or not isinstance(got, int):
             raise type_error("priority", "a name (str) or an int -3..=3", value)
-        v = int(v)
+        v = int(got)
     if -3 <= v <= 3:
         return v
     raise InvalidPriority(
@@ -251,7 +245,7 @@ def timeout_ns(value: Any, what: str = "timeout") -> Optional[int]:
         s = float(value)
     except (OverflowError, ValueError):
         # A Fraction or Decimal beyond a float's range.
-        s = math.inf if value > 0 else -math.inf
+        s = math.inf if value > 0 else -math.inf  # type: ignore[operator]
     if math.isnan(s):
         raise InvalidArgument(INVALID_ARGUMENT, f"{what} {s} is not a number of seconds (NaN)")
     if s < 0:

@@ -107,29 +107,24 @@ class BadInputTable(RegionTest):
         for v in out_of_range(lo, hi):
             self.refused(fn, v, OutOfRange, OverflowError)
 
-    def priority_param(self, fn):
-        for v in NOT_PRIORITIES:
+    def walk(self, fn, wrong_types, bad_values, kind, builtin, named=True):
+        """Wrong types raise ArgumentTypeError; bad values raise ``kind``."""
+        for v in wrong_types:
             self.refused(fn, v, ArgumentTypeError, TypeError)
-        for v in BAD_PRIORITIES:
-            self.refused(fn, v, InvalidPriority, ValueError)
+        for v in bad_values:
+            self.refused(fn, v, kind, builtin, named=named)
+
+    def priority_param(self, fn):
+        self.walk(fn, NOT_PRIORITIES, BAD_PRIORITIES, InvalidPriority, ValueError)
 
     def timeout_param(self, fn):
-        for v in NOT_TIMEOUTS:
-            self.refused(fn, v, ArgumentTypeError, TypeError)
-        for v in BAD_TIMEOUTS:
-            self.refused(fn, v, InvalidArgument, ValueError, named=False)
+        self.walk(fn, NOT_TIMEOUTS, BAD_TIMEOUTS, InvalidArgument, ValueError, named=False)
 
     def name_param(self, fn):
-        for v in NOT_NAMES:
-            self.refused(fn, v, ArgumentTypeError, TypeError)
-        for v in BAD_NAMES:
-            self.refused(fn, v, InvalidArgument, ValueError)
+        self.walk(fn, NOT_NAMES, BAD_NAMES, InvalidArgument, ValueError)
 
     def text_param(self, fn):
-        for v in NOT_TEXT:
-            self.refused(fn, v, ArgumentTypeError, TypeError)
-        for v in BAD_TEXT:
-            self.refused(fn, v, InvalidArgument, ValueError)
+        self.walk(fn, NOT_TEXT, BAD_TEXT, InvalidArgument, ValueError)
 
     def handle_param(self, fn):
         for v in [None, 1, "region", self.sched, object()]:
@@ -281,12 +276,8 @@ class BadInputTable(RegionTest):
                      InvalidArgument, ValueError)
         self.int_param(lambda v: shmsched.FairShare.shared(fresh, {}, v), 0, 2**32 - 1)
         self.text_param(lambda v: f.acquire(v, 1, 10, now_ms=1000))
-        for v in NOT_REALS:
-            self.refused(lambda v: f.acquire("a", v, 10, now_ms=1000), v,
-                         ArgumentTypeError, TypeError)
-        for v in BAD_REALS:
-            self.refused(lambda v: f.acquire("a", v, 10, now_ms=1000), v,
-                         InvalidArgument, ValueError, named=False)
+        self.walk(lambda v: f.acquire("a", v, 10, now_ms=1000), NOT_REALS, BAD_REALS,
+                  InvalidArgument, ValueError, named=False)
         self.int_param(lambda v: f.acquire("a", 1, v, now_ms=1000), 0, 2**64 - 1)
         self.int_param(lambda v: f.acquire("a", 1, 10, now_ms=v), 0, 2**64 - 1, True)
         self.text_param(lambda v: f.release(v, now_ms=1000))

@@ -14,7 +14,8 @@ import unittest
 
 import shmsched
 
-from common import RegionTest, temp_path
+from common import RegionTest, run_in_fork, temp_path
+
 
 class Versions(unittest.TestCase):
     def test_abi_version_matches(self):
@@ -140,29 +141,25 @@ class SchedulerTest(RegionTest):
         r = self.region("fork")
         sched = shmsched.Scheduler.shared(r, 2)
         permit = sched.acquire()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
+
+        def child():
             try:
-                try:
-                    sched.acquire()
-                    code = 1
-                except shmsched.Forked:
-                    pass
-                try:
-                    permit.release()
-                    code = 2
-                except shmsched.ForeignPermit:
-                    pass
-                mine = shmsched.Scheduler.attach(r)
-                with mine.acquire("high"):
-                    if mine.global_running != 2:
-                        code = 3
-            except BaseException:
-                code = 4
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+                sched.acquire()
+                return 1
+            except shmsched.Forked:
+                pass
+            try:
+                permit.release()
+                return 2
+            except shmsched.ForeignPermit:
+                pass
+            mine = shmsched.Scheduler.attach(r)
+            with mine.acquire("high"):
+                if mine.global_running != 2:
+                    return 3
+            return 0
+
+        self.assertEqual(run_in_fork(child), 0)
         self.assertEqual(sched.global_running, 1, "the child's refusals freed nothing")
         permit.release()
 
@@ -329,28 +326,22 @@ class PermitCollectedTest(RegionTest):
         self.assertEqual(seen, [])
 
     def test_a_forked_childs_copy_is_not_released(self):
-        sched = shmsched.Scheduler.shared(self.region("gcfork"), 2)
-        permit = sched.acquire()
-        pid = os.fork()
-        if pid == 0:
-            import gc
-            import warnings
+        import gc
+        import warnings
 
-            code = 0
-            try:
-                with warnings.catch_warnings(record=True) as seen:
-                    warnings.simplefilter("always")
-                    del permit  # the child's copy, garbage-collected here
-                    gc.collect()
-                if seen:
-                    code = 1
-            except BaseException:
-                code = 2
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        sched = shmsched.Scheduler.shared(self.region("gcfork"), 2)
+        box = [sched.acquire()]
+
+        def child():
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                box.pop()  # the child's copy, collected here
+                gc.collect()
+            return 1 if seen else 0
+
+        self.assertEqual(run_in_fork(child), 0)
         self.assertEqual(sched.global_running, 1, "the child's copy released nothing")
-        permit.release()
+        box[0].release()
 
 
 class CountingLimiter:
