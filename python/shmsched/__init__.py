@@ -450,6 +450,19 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _snapshot(snap: Any, s: Any) -> Dict[str, Any]:
+    """Sets what both snapshots have (pending, stall_ns, total, queues per
+    priority, the region-wide figures in ``shared``); returns the struct
+    as a dict."""
+    d: Dict[str, Any] = _plain(s)
+    snap.pending = d["pending"]
+    snap.stall_ns = d["stall_ns"]
+    snap.total = d["total"]
+    snap.queues = d["queues"]
+    snap.shared = d["region"] if s.has_region else None
+    return d
+
+
 class SchedulerSnapshot:
     """The scheduler's gauges and counters read through the C struct (no
     JSON): the same figures as :meth:`Scheduler.stats`."""
@@ -464,17 +477,18 @@ class SchedulerSnapshot:
         "shared",
     )
 
+    pending: int
+    stall_ns: int
+    total: Dict[str, int]
+    #: Per priority, index = priority + 3.
+    queues: List[Dict[str, int]]
+    #: The region-wide figures (waiters per priority, processes, …).
+    shared: Optional[Dict[str, Any]]
+
     def __init__(self, s: Any) -> None:
-        d = _plain(s)
+        d = _snapshot(self, s)
         self.concurrency: Optional[int] = None if s.concurrency == _ffi.UNLIMITED else s.concurrency
         self.running: int = d["running"]
-        self.pending: int = d["pending"]
-        self.stall_ns: int = d["stall_ns"]
-        self.total: Dict[str, int] = d["total"]
-        self.queues: List[Dict[str, int]] = d["queues"]
-        #: The region-wide figures (running, max, processes, waiters per
-        #: priority, reclaimed, reaped_processes, stall_ns).
-        self.shared: Optional[Dict[str, Any]] = d["region"] if s.has_region else None
 
     def __repr__(self) -> str:
         return (
@@ -756,19 +770,20 @@ class LimiterSnapshot:
         "shared",
     )
 
+    pending: int
+    stall_ns: int
+    total: Dict[str, int]
+    #: Per priority, index = priority + 3.
+    queues: List[Dict[str, int]]
+    #: The region-wide figures (waiters per priority, processes, …).
+    shared: Optional[Dict[str, Any]]
+
     def __init__(self, s: Any) -> None:
-        d = _plain(s)
+        d = _snapshot(self, s)
         self.tokens_per_second: int = d["tokens_per_second"]
         self.tokens: int = d["tokens"]
-        self.pending: int = d["pending"]
         self.forced: int = d["forced"]
         self.clock: int = d["clock"]
-        self.stall_ns: int = d["stall_ns"]
-        self.total: Dict[str, int] = d["total"]
-        self.queues: List[Dict[str, int]] = d["queues"]
-        #: The region-wide figures (forced, waiters per priority, processes,
-        #: tsc_clock, stall_ns, wakes).
-        self.shared: Optional[Dict[str, Any]] = d["region"] if s.has_region else None
 
     def __repr__(self) -> str:
         return (
