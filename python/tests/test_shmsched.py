@@ -29,6 +29,28 @@ class Versions(unittest.TestCase):
         self.assertEqual(cm.exception.status, 24)
 
 
+class ParityTest(unittest.TestCase):
+    """Every function of the C header is bound (shmsched._ffi.SIGNATURES),
+    and nothing is bound that the header lacks."""
+
+    def test_every_header_function_is_bound(self):
+        import re
+
+        header = os.path.join(
+            os.path.dirname(__file__), "..", "..", "ffi", "include", "shmsched.h"
+        )
+        with open(header) as f:
+            text = f.read()
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        text = re.sub(r"//[^\n]*", "", text)
+        declared = set(re.findall(r"\b(shmsched_[a-z0-9_]+)\s*\(", text))
+        bound = set(shmsched._ffi.SIGNATURES)
+        self.assertEqual(sorted(declared - bound), [], "C functions without a binding")
+        self.assertEqual(sorted(bound - declared), [], "bindings of no C function")
+        for name in declared:
+            self.assertTrue(hasattr(shmsched._lib, name), name)
+
+
 class SchedulerTest(RegionTest):
     def test_with_acquire_releases(self):
         sched = shmsched.Scheduler.shared(self.region("with"), 2)
