@@ -119,8 +119,8 @@ _PRIO_FAST: Dict[Any, int] = dict(PRIORITIES)
 for _name, _v in PRIORITIES.items():
     _PRIO_FAST[_v] = _v
 
-# The pid permits are checked against when garbage-collected (a forked
-# child's copy of a parent's permit is not the child's to release).
+# This process's pid, which a permit is checked against when it is
+# garbage-collected (kept current in a forked child).
 _pid = os.getpid()
 
 
@@ -384,14 +384,13 @@ class Permit:
     ``-W default``): release it, or use ``with``.
     """
 
-    __slots__ = ("_permit", "priority", "units", "_released", "_pid")
+    __slots__ = ("_permit", "priority", "units", "_released")
 
     def __init__(self, permit: Any, priority: PriorityLike, units: int = 1) -> None:
         self._permit = permit
         self.priority = priority
         self.units = units
         self._released = False
-        self._pid = _pid
 
     @property
     def released(self) -> bool:
@@ -419,7 +418,9 @@ class Permit:
             self.release()
 
     def __del__(self) -> None:
-        if self._released or self._pid != _pid:
+        # The token's process tag holds the acquiring process's pid in its
+        # low 32 bits: a forked child's copy is not the child's to release.
+        if self._released or self._permit.process & 0xFFFFFFFF != _pid:
             return
         try:
             if _release(self._permit) == 0:
