@@ -90,6 +90,8 @@ __all__ = [
     "Scheduler",
     "SchedulerSnapshot",
     "ThrottledFile",
+    "Completion",
+    "Waitset",
     "abi_version",
     "layout_version",
     "monotonic_ms",
@@ -115,6 +117,7 @@ _byref = ctypes.byref
 _acquire = _lib.shmsched_scheduler_acquire
 _acquire_timeout = _lib.shmsched_scheduler_acquire_timeout
 _release = _lib.shmsched_permit_release
+_try_acquire = _lib.shmsched_scheduler_try_acquire
 _PRIO_FAST: Dict[Any, int] = dict(PRIORITIES)
 for _name, _v in PRIORITIES.items():
     _PRIO_FAST[_v] = _v
@@ -210,6 +213,19 @@ class _Handle:
             self.close()
         except Exception:
             pass
+
+
+_aio_module: Any = None
+
+
+def _asyncio() -> Any:
+    """The asyncio layer, imported on first use (it imports asyncio)."""
+    global _aio_module
+    if _aio_module is None:
+        from . import _aio
+
+        _aio_module = _aio
+    return _aio_module
 
 
 def _out_handle(fn: Callable[..., int], *args: Any) -> int:
@@ -573,25 +589,24 @@ class Scheduler(_Handle):
     def try_acquire(self, priority: PriorityLike = "normal") -> Optional[Permit]:
         """A :class:`Permit` if a slot is free now (and nobody waits at this
         priority), else None."""
-        permit = _ffi.Permit()
-        st = _lib.shmsched_scheduler_try_acquire(self._h, _prio(priority), _byref(permit))
-        if st == _ffi.WOULD_BLOCK:
-            return None
-        _check(st)
-        return Permit(permit, priority)
+        return self._try_take(_prio(priority), priority, 1)
 
-    def try_acquire_many(self, n: int, priority: PriorityLike = "normal") -> Optional[Permit]:
-        """A :class:`Permit` for ``n`` units (1..max) if they are all free
-        now (and nobody waits at this priority or above), else None."""
-        units = _args.u32(n, "n")
+    def _try_take(self, p: int, priority: PriorityLike, units: int) -> Optional[Permit]:
+        # The arguments are checked.
         permit = _ffi.Permit()
-        st = _lib.shmsched_scheduler_try_acquire_many(
-            self._h, _prio(priority), units, _byref(permit)
-        )
+        if units == 1:
+            st = _try_acquire(self._h, p, _byref(permit))
+        else:
+            st = _lib.shmsched_scheduler_try_acquire_many(self._h, p, units, _byref(permit))
         if st == _ffi.WOULD_BLOCK:
             return None
         _check(st)
         return Permit(permit, priority, units)
+
+    def try_acquire_many(self, n: int, priority: PriorityLike = "normal") -> Optional[Permit]:
+        """A :class:`Permit` for ``n`` units (1..max) if they are all free
+        now (and nobody waits at this priority or above), else None."""
+        return self._try_take(_prio(priority), priority, _args.u32(n, "n"))
 
     def acquire_async(
         self,
@@ -618,9 +633,7 @@ class Scheduler(_Handle):
         p = _prio(priority)
         ns = _args.timeout_ns(timeout)
         self._h  # raises if closed
-        from . import _aio
-
-        return _aio.AsyncAcquire(self, p, priority, units, ns)
+        return _asyncio().AsyncAcquire(self, p, priority, units, ns)
 
     def acquire_with_callback(
         self,
@@ -858,9 +871,7 @@ class Limiter(_Handle):
         p = _prio(priority)
         ns = _args.timeout_ns(timeout)
         self._h  # raises if closed
-        from . import _aio
-
-        return _aio.consume(self, n, p, ns)
+        return _asyncio().consume(self, n, p, ns)
 
     def consume_with_callback(
         self,
@@ -1109,6 +1120,206 @@ class _Callbacks:
         if st:
             cls._drop(key)
             _check(st)
+
+
+# --------------------------------------------------------------------------
+# Waitsets
+
+
+class Completion:
+    """A finished wait of a :class:`Waitset`: ``tag`` and ``id`` as given by
+    the start call, and either ``permit`` (an acquire), ``grant`` (a
+    consume) or ``error`` (why it ended without one: :class:`Timeout`,
+    :class:`Disposed`, …; ``cancelled`` is True for a cancelled wait)."""
+
+    __slots__ = ("tag", "id", "permit", "grant", "error", "cancelled")
+
+    def __init__(
+        self,
+        tag: int,
+        id: int,
+        permit: Optional[Permit],
+        grant: Optional[Grant],
+        error: Optional[Error],
+    ) -> None:
+        self.tag = tag
+        self.id = id
+        self.permit = permit
+        self.grant = grant
+        self.error = error
+        self.cancelled = error is not None and error.status == _ffi.CANCELLED
+
+    def __repr__(self) -> str:
+        what = self.permit or self.grant or self.error
+        return f"<Completion tag={self.tag} {what!r}>"
+
+
+class Waitset(_Handle):
+    """Many pending waits without a thread each: acquires and consumes
+    started here are real waiters in the region (served in the region's
+    order across processes), and their completions are collected with
+    :meth:`take`. :meth:`fileno` is readable while completions are ready
+    (for ``selectors`` or an event loop: the asyncio API is built on it);
+    :meth:`wait` blocks a thread until then (one thread serving every
+    pending wait). Closing it cancels every pending wait and gives back
+    what untaken completions hold. Belongs to the process that made it.
+
+    A permit or grant in a completion is the caller's once taken. The
+    scheduler and limiter of a pending wait are kept open by the waitset.
+    """
+
+    _close = "shmsched_waitset_close"
+
+    def __init__(self) -> None:
+        super().__init__(_out_handle(_lib.shmsched_waitset_create))
+        self._buf = (_ffi.Completion * 256)()
+        # Handles of the pending waits (kept open until their completion).
+        self._owners: Dict[int, Tuple[Any, PriorityLike, int]] = {}
+
+    def fileno(self) -> int:
+        """The descriptor, readable while completions are ready (it stays
+        the waitset's: never close it)."""
+        fd = ctypes.c_int32(-1)
+        _check(_lib.shmsched_waitset_fd(self._h, _byref(fd)))
+        return fd.value
+
+    def start_acquire(
+        self,
+        sched: Scheduler,
+        priority: PriorityLike = "normal",
+        n: int = 1,
+        timeout: TimeoutLike = None,
+        tag: int = 0,
+    ) -> int:
+        """Starts an acquire of ``n`` units; returns the wait's id."""
+        _handle_of(sched, Scheduler, "sched")
+        return self._start_acquire(
+            sched,
+            _prio(priority),
+            priority,
+            _args.u32(n, "n"),
+            _args.timeout_ns(timeout),
+            _args.u64(tag, "tag"),
+        )
+
+    def _start_acquire(
+        self,
+        sched: Scheduler,
+        p: int,
+        priority: PriorityLike,
+        units: int,
+        ns: Optional[int],
+        tag: int,
+    ) -> int:
+        # The arguments are checked.
+        wait_id = ctypes.c_uint64(0)
+        _check(
+            _lib.shmsched_scheduler_acquire_start(
+                sched._h,
+                p,
+                units,
+                _args.FOREVER_NS if ns is None else ns,
+                self._h,
+                tag,
+                _byref(wait_id),
+            )
+        )
+        self._owners[wait_id.value] = (sched, priority, units)
+        return wait_id.value
+
+    def start_consume(
+        self,
+        lim: Limiter,
+        n: int,
+        priority: PriorityLike = "normal",
+        timeout: TimeoutLike = None,
+        tag: int = 0,
+    ) -> int:
+        """Starts a consume of ``n`` tokens; returns the wait's id."""
+        _handle_of(lim, Limiter, "lim")
+        return self._start_consume(
+            lim,
+            _args.tokens(n),
+            _prio(priority),
+            _args.timeout_ns(timeout),
+            _args.u64(tag, "tag"),
+        )
+
+    def _start_consume(
+        self, lim: Limiter, n: int, p: int, ns: Optional[int], tag: int
+    ) -> int:
+        # The arguments are checked.
+        wait_id = ctypes.c_uint64(0)
+        _check(
+            _lib.shmsched_limiter_consume_start(
+                lim._h,
+                n,
+                p,
+                _args.FOREVER_NS if ns is None else ns,
+                self._h,
+                tag,
+                _byref(wait_id),
+            )
+        )
+        self._owners[wait_id.value] = (lim, "normal", 0)
+        return wait_id.value
+
+    def cancel(self, wait_id: int) -> None:
+        """Cancels a pending wait: it completes as cancelled, holding
+        nothing. :class:`AlreadyReleased` if it was already taken."""
+        _check(_lib.shmsched_waitset_cancel(self._h, _args.u64(wait_id, "wait id")))
+
+    def take(self, max: int = 256) -> List[Completion]:
+        """The completions ready now (at most ``max``), without blocking."""
+        cap = _args.integer(max, "max", 1, len(self._buf))
+        n = ctypes.c_size_t(0)
+        _check(_lib.shmsched_waitset_take(self._h, self._buf, cap, _byref(n)))
+        out = []
+        for c in self._buf[: n.value]:
+            owner = self._owners.pop(c.id, None)
+            priority, units = (owner[1], owner[2]) if owner else ("normal", 1)
+            if c.status != _ffi.OK:
+                text = c.message.decode("utf-8", "replace")
+                out.append(Completion(c.tag, c.id, None, None, _ffi.error(c.status, text)))
+            elif c.kind == _ffi.WAIT_ACQUIRE:
+                kept = _ffi.Permit(c.permit.process, c.permit.serial)
+                out.append(Completion(c.tag, c.id, Permit(kept, priority, units), None, None))
+            else:
+                grant = Grant(c.grant.immediate, c.grant.forced)
+                out.append(Completion(c.tag, c.id, None, grant, None))
+        return out
+
+    def wait(self, timeout: TimeoutLike = None) -> int:
+        """Blocks (without the GIL) until something is ready to take, the
+        timeout passes (0 then) or :meth:`interrupt` is called; returns how
+        many waits have something to collect (an upper bound). Use either
+        this or :meth:`fileno` on one waitset, not both."""
+        ns = _args.timeout_ns(timeout)
+        ready = ctypes.c_size_t(0)
+        st = _lib.shmsched_waitset_wait(
+            self._h, _args.FOREVER_NS if ns is None else ns, _byref(ready)
+        )
+        if st == 14:  # TIMEOUT: nothing came
+            return 0
+        _check(st)
+        return ready.value
+
+    def interrupt(self) -> None:
+        """Makes a :meth:`wait` in another thread return now."""
+        _check(_lib.shmsched_waitset_interrupt(self._h))
+
+    @property
+    def pending(self) -> int:
+        """Waits started and not yet taken."""
+        n = ctypes.c_size_t(0)
+        _check(_lib.shmsched_waitset_pending(self._h, _byref(n)))
+        return n.value
+
+    def close(self) -> None:
+        """Cancels every pending wait (nothing stays held) and closes the
+        waitset (idempotent)."""
+        super().close()
+        self._owners = {}
 
 
 # --------------------------------------------------------------------------

@@ -13,7 +13,10 @@ with a number that maps to an asyncio future. When the descriptor is
 readable, the reader callback takes every ready completion (without
 blocking) and resolves the futures. No thread is started per wait, and none
 is blocked in Python: 5,000 pending waits cost 5,000 futures and one
-descriptor.
+descriptor (the library wakes waits from the one helper thread it keeps per
+process while async waiters are queued). A wait that can go at once (a free
+slot, nobody queued at its priority; tokens in the bucket) is granted on the
+spot, without the waitset.
 
 # Cancellation
 
@@ -23,8 +26,15 @@ wait: the library removes the waiter (its queued place, its count in the
 region) and reports the wait as cancelled. If the grant won the race (the
 completion was already on its way), the reader callback finds the future
 cancelled and releases the permit at once. Either way nothing stays held and
-no waiter stays queued. Only the waitset glue (:class:`_Waitset`) knows the
-C calls; the rest is asyncio.
+no waiter stays queued. The C calls are :class:`~shmsched.Waitset`'s (a
+public class, for ``selectors`` or a thread); this module is the asyncio
+around it.
+
+# Lifetime
+
+The loop owns its waits' state (through its reader callback), not the
+reverse: a finished loop is collected, and its waitset is closed with it,
+which cancels whatever is still pending.
 
 # Fork
 
@@ -35,76 +45,92 @@ event loop gets a waitset of its own on its first wait.
 from __future__ import annotations
 
 import asyncio
-import os
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Coroutine, Dict, Generator, Optional, Tuple
 
-from . import _args, _ffi
 from ._errors import Error
+
+# The package (loaded before this module): its `_pid` is kept current in a
+# forked child.
+_pkg = sys.modules[__name__.rpartition(".")[0]]
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Grant, Limiter, Permit, PriorityLike, Scheduler
 
-_lib = _ffi.lib
-
-
-class _Waitset:
-    """The C waitset: the only part of this module that knows its calls."""
-
-    def __init__(self) -> None:
-        raise Error(24, "the loaded libshmsched has no waitset (shmsched_waitset_create)")
-
 
 class _LoopWaits:
-    """The waits of one event loop: its waitset, its reader, and the futures
-    of the waits in flight (by tag)."""
+    """The waits of one event loop: its :class:`~shmsched.Waitset`, the
+    reader on its descriptor, and the future of each wait in flight (by
+    tag)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.pid = os.getpid()
-        self.ws = _Waitset()
-        self.pending: Dict[int, Tuple["asyncio.Future[Any]", str, Any]] = {}
-        self.next_tag = 1
-        loop.add_reader(self.ws.fd, self._ready)
+        from . import Waitset
 
-    def start(self, kind: str, obj: Any, *args: Any) -> Tuple["asyncio.Future[Any]", int]:
+        # Weak: the loop owns this (through its reader), not the reverse, so
+        # that a finished loop is collected and its waitset closed with it.
+        self.loop = weakref.ref(loop)
+        self.pid = _pkg._pid
+        self.ws = Waitset()
+        self.fd = self.ws.fileno()
+        self.futures: Dict[int, "asyncio.Future[Any]"] = {}
+        self.next_tag = 1
+        loop.add_reader(self.fd, self._ready)
+
+    def start_acquire(self, sched: "Scheduler", p: int, priority: "PriorityLike", units: int,
+                      ns: Optional[int]) -> Tuple[int, "asyncio.Future[Any]", int]:
+        tag = self._tag()
+        wait_id = self.ws._start_acquire(sched, p, priority, units, ns, tag)
+        return tag, self._future(tag), wait_id
+
+    def start_consume(self, lim: "Limiter", n: int, p: int,
+                      ns: Optional[int]) -> Tuple[int, "asyncio.Future[Any]", int]:
+        tag = self._tag()
+        wait_id = self.ws._start_consume(lim, n, p, ns, tag)
+        return tag, self._future(tag), wait_id
+
+    def _tag(self) -> int:
         tag = self.next_tag
         self.next_tag += 1
-        fut = self.loop.create_future()
-        if kind == "acquire":
-            wait_id = self.ws.acquire_start(obj, tag, *args)
-        else:
-            wait_id = self.ws.consume_start(obj, tag, *args)
-        # The handle stays referenced (and so open) until the completion.
-        self.pending[tag] = (fut, kind, obj)
-        return fut, wait_id
+        return tag
 
-    def cancel(self, wait_id: int) -> None:
-        self.ws.cancel(wait_id)
+    def _future(self, tag: int) -> "asyncio.Future[Any]":
+        fut = asyncio.get_running_loop().create_future()
+        self.futures[tag] = fut
+        return fut
+
+    def cancel(self, tag: int, wait_id: int) -> None:
+        # The future goes now (nothing pending keeps the loop alive); the
+        # completion, when taken, finds none and gives back what it holds.
+        self.futures.pop(tag, None)
+        try:
+            self.ws.cancel(wait_id)
+        except Error:
+            pass  # already taken: the reader gave back what it held
 
     def _ready(self) -> None:
-        for tag, status, permit, grant, message in self.ws.take():
-            entry = self.pending.pop(tag, None)
-            if entry is None:
-                continue
-            fut, kind, _obj = entry
-            if fut.done():
-                # Cancelled while the grant was on its way: give it back.
-                if status == _ffi.OK and kind == "acquire":
-                    _lib.shmsched_permit_release(permit)
-                continue
-            if status == _ffi.OK:
-                fut.set_result(permit if kind == "acquire" else grant)
-            elif self.ws.is_cancelled(status):
-                fut.cancel()
-            else:
-                fut.set_exception(_ffi.error(status, message))
+        while True:
+            done = self.ws.take()
+            for c in done:
+                fut = self.futures.pop(c.tag, None)
+                if fut is None or fut.done():
+                    # Cancelled while the grant was on its way: give it back.
+                    if c.permit is not None:
+                        c.permit.release()
+                    continue
+                if c.error is None:
+                    fut.set_result(c.permit if c.permit is not None else c.grant)
+                elif c.cancelled:
+                    fut.cancel()
+                else:
+                    fut.set_exception(c.error)
+            if len(done) < 256:
+                return
 
     def close(self) -> None:
-        try:
-            self.loop.remove_reader(self.ws.fd)
-        except Exception:
-            pass
+        loop = self.loop()
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self.fd)
         self.ws.close()
 
 
@@ -116,39 +142,38 @@ _by_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaits]" = (
 def _waits() -> _LoopWaits:
     loop = asyncio.get_running_loop()
     w = _by_loop.get(loop)
-    if w is None or w.pid != os.getpid():
+    if w is None or w.pid != _pkg._pid:
         w = _LoopWaits(loop)
         _by_loop[loop] = w
-        weakref.finalize(loop, _LoopWaits.close, w)
+        # When the loop is collected, the waitset is closed (which cancels
+        # any wait still pending and gives back what it held).
+        weakref.finalize(loop, w.ws.close)
     return w
 
 
-async def _wait(kind: str, obj: Any, *args: Any) -> Any:
-    w = _waits()
-    fut, wait_id = w.start(kind, obj, *args)
+async def _wait(w: _LoopWaits, tag: int, fut: "asyncio.Future[Any]", wait_id: int) -> Any:
     try:
         return await fut
     except asyncio.CancelledError:
         if fut.done() and not fut.cancelled():
             # The grant arrived, then the task was cancelled before it ran.
-            if kind == "acquire":
-                _lib.shmsched_permit_release(fut.result())
+            result = fut.result()
+            if hasattr(result, "release"):
+                result.release()
         else:
-            w.cancel(wait_id)
+            w.cancel(tag, wait_id)
         raise
 
 
 async def _acquire(sched: "Scheduler", p: int, priority: "PriorityLike", units: int,
                    ns: Optional[int]) -> "Permit":
-    from . import Permit
-
     # A free slot with nobody queued at this priority is taken at once.
-    now = sched.try_acquire_many(units, p) if units != 1 else sched.try_acquire(p)
+    now = sched._try_take(p, priority, units)
     if now is not None:
-        now.priority = priority
         return now
-    token = await _wait("acquire", sched, p, units, _args.FOREVER_NS if ns is None else ns)
-    return Permit(token, priority, units)
+    w = _waits()
+    permit: "Permit" = await _wait(w, *w.start_acquire(sched, p, priority, units, ns))
+    return permit
 
 
 async def _consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> "Grant":
@@ -156,12 +181,13 @@ async def _consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> "Grant"
 
     if lim.try_consume(n):
         return Grant(True, False)
-    g = await _wait("consume", lim, n, p, _args.FOREVER_NS if ns is None else ns)
-    return Grant(g.immediate, g.forced)
+    w = _waits()
+    grant: "Grant" = await _wait(w, *w.start_consume(lim, n, p, ns))
+    return grant
 
 
-def consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> "asyncio.Future[Grant]":
-    return _consume(lim, n, p, ns)  # type: ignore[return-value]
+def consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> Coroutine[Any, Any, "Grant"]:
+    return _consume(lim, n, p, ns)
 
 
 class AsyncAcquire(Coroutine[Any, Any, "Permit"]):

@@ -166,8 +166,8 @@ class InternalError(Error):
 
 
 class Cancelled(Error):
-    """A wait was cancelled inside the library (seen only by the waitset
-    layer; an asyncio caller sees ``asyncio.CancelledError``)."""
+    """A wait of a :class:`~shmsched.Waitset` was cancelled (an asyncio
+    caller sees ``asyncio.CancelledError`` instead)."""
 
 
 #: The exception class of each C status code.
@@ -196,4 +196,5 @@ BY_STATUS: Dict[int, Type[Error]] = {
     22: TimeWentBackwards,
     23: CapacityExhausted,
     24: InternalError,
+    25: Cancelled,
 }

@@ -141,6 +141,28 @@ class LimiterStats(ctypes.Structure):
     ]
 
 
+#: Bytes of `shmsched_completion.message`, NUL included.
+COMPLETION_MESSAGE_MAX = 128
+#: `shmsched_completion.kind`
+WAIT_ACQUIRE = 1
+WAIT_CONSUME = 2
+#: `SHMSCHED_STATUS_CANCELLED`
+CANCELLED = 25
+
+
+class Completion(ctypes.Structure):
+    _fields_ = [
+        ("tag", ctypes.c_uint64),
+        ("id", ctypes.c_uint64),
+        ("permit", Permit),
+        ("status", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("grant", Grant),
+        ("reserved", ctypes.c_uint8 * 6),
+        ("message", ctypes.c_char * COMPLETION_MESSAGE_MAX),
+    ]
+
+
 #: `shmsched_acquire_callback`
 ACQUIRE_CALLBACK = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_uint32, Permit, ctypes.c_char_p
@@ -235,6 +257,17 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "shmsched_limiter_stats_json": (_S, [_P, _BUF, _SIZE, _SIZEP]),
     "shmsched_limiter_detach": (_S, [_P]),
     "shmsched_limiter_close": (None, [_P]),
+    # Waitsets (many waits, no thread each)
+    "shmsched_waitset_create": (_S, [_PP]),
+    "shmsched_waitset_fd": (_S, [_P, _I32P]),
+    "shmsched_scheduler_acquire_start": (_S, [_P, _I32, _U32, _U64, _P, _U64, _U64P]),
+    "shmsched_limiter_consume_start": (_S, [_P, _U64, _I32, _U64, _P, _U64, _U64P]),
+    "shmsched_waitset_cancel": (_S, [_P, _U64]),
+    "shmsched_waitset_take": (_S, [_P, ctypes.POINTER(Completion), _SIZE, _SIZEP]),
+    "shmsched_waitset_wait": (_S, [_P, _U64, _SIZEP]),
+    "shmsched_waitset_interrupt": (_S, [_P]),
+    "shmsched_waitset_pending": (_S, [_P, _SIZEP]),
+    "shmsched_waitset_close": (None, [_P]),
     # Fair shares
     "shmsched_fair_shared": (_S, [_P, _STR, _U32, _PP]),
     "shmsched_fair_attach": (_S, [_P, _PP]),
