@@ -167,6 +167,25 @@ class CancellationTest(AioTest):
             p.release()
         self.assertEqual(sched.global_running, 0)
 
+    def test_a_cancelled_consume_charges_nothing(self):
+        lim = shmsched.Limiter.shared(self.region("cancel-lim"), 1000)
+        lim.consume(1000)  # the bucket is empty now
+
+        def waiters():
+            return sum(lim.snapshot().shared["waiters"])
+
+        async def main():
+            tasks = [asyncio.create_task(lim.consume_async(900, p)) for p in ("low", "high")]
+            await self.until("both consumes queued", lambda: waiters() == 2)
+            for t in tasks:
+                t.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            self.assertTrue(all(isinstance(d, asyncio.CancelledError) for d in done))
+
+        asyncio.run(main())
+        self.assertEqual(waiters(), 0)
+        self.assertGreaterEqual(lim.tokens, 0, "a cancelled consume left the bucket in debt")
+
     def test_a_grant_racing_the_cancel_is_given_back(self):
         sched = shmsched.Scheduler.shared(self.region("race"), 1)
 
