@@ -467,43 +467,39 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _snapshot(snap: Any, s: Any) -> Dict[str, Any]:
-    """Sets what both snapshots have (pending, stall_ns, total, queues per
-    priority, the region-wide figures in ``shared``); returns the struct
-    as a dict."""
-    d: Dict[str, Any] = _plain(s)
-    snap.pending = d["pending"]
-    snap.stall_ns = d["stall_ns"]
-    snap.total = d["total"]
-    snap.queues = d["queues"]
-    snap.shared = d["region"] if s.has_region else None
-    return d
+class _Snapshot:
+    """What both stats snapshots have."""
 
-
-class SchedulerSnapshot:
-    """The scheduler's gauges and counters read through the C struct (no
-    JSON): the same figures as :meth:`Scheduler.stats`."""
-
-    __slots__ = (
-        "concurrency",
-        "running",
-        "pending",
-        "stall_ns",
-        "total",
-        "queues",
-        "shared",
-    )
+    __slots__ = ("pending", "stall_ns", "total", "queues", "shared", "_d")
 
     pending: int
     stall_ns: int
     total: Dict[str, int]
     #: Per priority, index = priority + 3.
     queues: List[Dict[str, int]]
-    #: The region-wide figures (waiters per priority, processes, …).
+    #: The region-wide figures (waiters per priority, processes, …), or
+    #: None for a level not shared through a region.
     shared: Optional[Dict[str, Any]]
 
     def __init__(self, s: Any) -> None:
-        d = _snapshot(self, s)
+        d: Dict[str, Any] = _plain(s)
+        self.pending = d["pending"]
+        self.stall_ns = d["stall_ns"]
+        self.total = d["total"]
+        self.queues = d["queues"]
+        self.shared = d["region"] if s.has_region else None
+        self._d = d
+
+
+class SchedulerSnapshot(_Snapshot):
+    """The scheduler's gauges and counters read through the C struct (no
+    JSON): the same figures as :meth:`Scheduler.stats`."""
+
+    __slots__ = ("concurrency", "running")
+
+    def __init__(self, s: Any) -> None:
+        super().__init__(s)
+        d = self._d
         self.concurrency: Optional[int] = None if s.concurrency == _ffi.UNLIMITED else s.concurrency
         self.running: int = d["running"]
 
@@ -768,32 +764,15 @@ class Grant(Tuple[bool, bool]):
         return self[1]
 
 
-class LimiterSnapshot:
+class LimiterSnapshot(_Snapshot):
     """The limiter's gauges and counters read through the C struct (no
     JSON): the same figures as :meth:`Limiter.stats`."""
 
-    __slots__ = (
-        "tokens_per_second",
-        "tokens",
-        "pending",
-        "forced",
-        "clock",
-        "stall_ns",
-        "total",
-        "queues",
-        "shared",
-    )
-
-    pending: int
-    stall_ns: int
-    total: Dict[str, int]
-    #: Per priority, index = priority + 3.
-    queues: List[Dict[str, int]]
-    #: The region-wide figures (waiters per priority, processes, …).
-    shared: Optional[Dict[str, Any]]
+    __slots__ = ("tokens_per_second", "tokens", "forced", "clock")
 
     def __init__(self, s: Any) -> None:
-        d = _snapshot(self, s)
+        super().__init__(s)
+        d = self._d
         self.tokens_per_second: int = d["tokens_per_second"]
         self.tokens: int = d["tokens"]
         self.forced: int = d["forced"]
