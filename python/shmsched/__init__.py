@@ -1052,53 +1052,60 @@ class _Callbacks:
             cls._live.pop(key, None)
 
     @classmethod
-    def start_acquire(cls, sched: Scheduler, callback: Callable[..., None], p: int,
-                      priority: PriorityLike, ns: Optional[int]) -> None:
+    def _start(
+        cls,
+        owner: Any,
+        ctype: Any,
+        convert: Callable[[Any], Any],
+        callback: Callable[..., None],
+        call: Callable[[Any], int],
+    ) -> None:
+        """Starts a wait with ``call(c_callback)``; its outcome goes to
+        ``callback(convert(value), None)`` or ``callback(None, error)``."""
         key = 0
 
-        def done(_ctx: Any, status: int, permit: Any, message: Optional[bytes]) -> None:
+        def done(_ctx: Any, status: int, value: Any, message: Optional[bytes]) -> None:
             try:
                 if status == 0:
-                    kept = _ffi.Permit(permit.process, permit.serial)
-                    callback(Permit(kept, priority), None)
+                    callback(convert(value), None)
                 else:
                     text = (message or b"").decode("utf-8", "replace")
                     callback(None, _ffi.error(status, text))
             finally:
                 cls._drop(key)
 
-        cb = _ffi.ACQUIRE_CALLBACK(done)
-        key = cls._keep(cb, sched)
-        st = _lib.shmsched_scheduler_acquire_async(
-            sched._h, p, _args.FOREVER_NS if ns is None else ns, cb, None
-        )
+        cb = ctype(done)
+        key = cls._keep(cb, owner)
+        st = call(cb)
         if st:
             cls._drop(key)
             _check(st)
 
     @classmethod
+    def start_acquire(cls, sched: Scheduler, callback: Callable[..., None], p: int,
+                      priority: PriorityLike, ns: Optional[int]) -> None:
+        cls._start(
+            sched,
+            _ffi.ACQUIRE_CALLBACK,
+            lambda t: Permit(_ffi.Permit(t.process, t.serial), priority),
+            callback,
+            lambda cb: _lib.shmsched_scheduler_acquire_async(
+                sched._h, p, _args.FOREVER_NS if ns is None else ns, cb, None
+            ),
+        )
+
+    @classmethod
     def start_consume(cls, lim: Limiter, callback: Callable[..., None], n: int, p: int,
                       ns: Optional[int]) -> None:
-        key = 0
-
-        def done(_ctx: Any, status: int, grant: Any, message: Optional[bytes]) -> None:
-            try:
-                if status == 0:
-                    callback(Grant(grant.immediate, grant.forced), None)
-                else:
-                    text = (message or b"").decode("utf-8", "replace")
-                    callback(None, _ffi.error(status, text))
-            finally:
-                cls._drop(key)
-
-        cb = _ffi.CONSUME_CALLBACK(done)
-        key = cls._keep(cb, lim)
-        st = _lib.shmsched_limiter_consume_async(
-            lim._h, n, p, _args.FOREVER_NS if ns is None else ns, cb, None
+        cls._start(
+            lim,
+            _ffi.CONSUME_CALLBACK,
+            lambda g: Grant(g.immediate, g.forced),
+            callback,
+            lambda cb: _lib.shmsched_limiter_consume_async(
+                lim._h, n, p, _args.FOREVER_NS if ns is None else ns, cb, None
+            ),
         )
-        if st:
-            cls._drop(key)
-            _check(st)
 
 
 # --------------------------------------------------------------------------
