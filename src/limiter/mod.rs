@@ -429,7 +429,10 @@ impl Limiter {
     /// as a consume that gives up is, and the region's queue moves on.
     /// Tokens are given back only up to what the levels hold at most; a
     /// refund of more than was charged is the caller's error (it creates
-    /// capacity).
+    /// capacity). For the crate's I/O adapters (bytes charged that never
+    /// moved) and the C ABI's waitset; hidden, because a refund the caller
+    /// was not charged for creates tokens.
+    #[doc(hidden)]
     pub fn refund(&self, n: u64) {
         let mut c = &*self.node;
         loop {
@@ -468,17 +471,6 @@ impl Limiter {
             node = n.parent();
         }
         (least / 4).max(1)
-    }
-
-    /// Gives back `n` tokens charged on every level of this handle's chain
-    /// and not used (the I/O adapters: bytes charged before a write that
-    /// then failed or wrote less). Waiters the tokens now cover are served.
-    pub(crate) fn refund(&self, n: u64) {
-        let mut node = Some(&self.node);
-        while let Some(c) = node {
-            c.refund(n);
-            node = c.parent();
-        }
     }
 
     /// The rate in force (tokens per second).
