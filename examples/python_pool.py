@@ -12,8 +12,9 @@ throttled reader, release. The master prints what each priority got, and
 that the cap held (every worker checks the global running count while it
 holds its slot).
 
-Needs libshmsched.so: `cargo build --release -p shmsched-ffi` (or set
-SHMSCHED_LIB).
+Needs the package: `pip install ./python` (then run it without PYTHONPATH),
+or the library built in the checkout (`cargo build --release -p
+shmsched-ffi`, or SHMSCHED_LIB set) with PYTHONPATH=python.
 """
 
 import argparse

@@ -7,7 +7,9 @@
 //!   sees more than 3 running; a C holder SIGKILLed mid-hold has its slot
 //!   reclaimed (a waiter gets it) and nothing leaks; priorities cross
 //!   languages (a Highest waiter in Python, then a High one in Node, are
-//!   served before a Low waiter in C).
+//!   served before a Low waiter in C). A Python asyncio waiter (no thread
+//!   per wait) that is cancelled leaves no waiter and takes nothing; one
+//!   that waits at Low is served before a Lowest waiter in C.
 //! - One Limiter: the five together consume at the budget's rate, within
 //!   1 % over 3 s, measured from each process's own completion times.
 //!
@@ -328,6 +330,56 @@ fn mixed_languages_share_one_scheduler() {
         assert!(k.finish().success());
     }
     assert_eq!(me.global_running(), 0);
+}
+
+/// A Python asyncio waiter in the same region (its waits take no thread
+/// each): cancelled, it leaves no waiter and takes nothing; served, it
+/// beats a lower-priority C waiter, as a blocking waiter would.
+#[test]
+fn mixed_languages_python_asyncio_waiter() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const CAP: u32 = 2;
+    let tmp = TempRegion::new("mixed-async");
+    let region = Region::create(&tmp.0).unwrap();
+    let me = Scheduler::shared(&region, CAP).unwrap();
+    me.set_lottery(None, false);
+    let mut held: Vec<_> = (0..CAP)
+        .map(|_| me.acquire(Priority::Normal).unwrap())
+        .collect();
+    let waiters = || me.stats().shared.unwrap().waiters;
+    let mut c = worker("c", "sched-hold", &[&tmp.0, "lowest"]);
+    until("the C waiter queued", || {
+        waiters()[Priority::Lowest.index()] == 1
+    });
+    let mut py = worker("python", "sched-async", &[&tmp.0]);
+    until("both Python asyncio waiters queued", || {
+        let w = waiters();
+        w[Priority::Highest.index()] == 1 && w[Priority::Low.index()] == 1
+    });
+    py.send("cancel");
+    py.expect_line("cancelled");
+    until("the cancelled asyncio waiter left", || {
+        waiters()[Priority::Highest.index()] == 0
+    });
+    assert_eq!(me.global_running(), CAP, "the cancelled wait took nothing");
+    drop(held.pop());
+    py.expect_line("got");
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.running, CAP);
+    assert_eq!(
+        st.waiters[Priority::Lowest.index()],
+        1,
+        "C (lowest) still waits"
+    );
+    drop(held.pop());
+    c.expect_line("got");
+    for mut k in [py, c] {
+        k.send("release");
+        k.expect_line("released");
+        assert!(k.finish().success());
+    }
+    let st = me.stats().shared.unwrap();
+    assert_eq!((st.running, st.waiters), (0, [0; 7]));
 }
 
 #[test]

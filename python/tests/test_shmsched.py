@@ -5,7 +5,6 @@ to the freshly built one), else target/release or target/debug.
 """
 
 import io
-import itertools
 import os
 import subprocess
 import sys
@@ -15,28 +14,7 @@ import unittest
 
 import shmsched
 
-_names = itertools.count()
-
-
-def temp_path(tag):
-    return f"/dev/shm/shmsched-pytest-{tag}-{os.getpid()}-{next(_names)}"
-
-
-class RegionTest(unittest.TestCase):
-    def setUp(self):
-        self.paths = []
-
-    def tearDown(self):
-        for p in self.paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-
-    def region(self, tag, **kw):
-        p = temp_path(tag)
-        self.paths.append(p)
-        return shmsched.Region.create(p, **kw)
+from common import RegionTest, run_in_fork, temp_path
 
 
 class Versions(unittest.TestCase):
@@ -49,6 +27,28 @@ class Versions(unittest.TestCase):
             shmsched._debug_panic()
         self.assertIn("the library panicked", str(cm.exception))
         self.assertEqual(cm.exception.status, 24)
+
+
+class ParityTest(unittest.TestCase):
+    """Every function of the C header is bound (shmsched._ffi.SIGNATURES),
+    and nothing is bound that the header lacks."""
+
+    def test_every_header_function_is_bound(self):
+        import re
+
+        header = os.path.join(
+            os.path.dirname(__file__), "..", "..", "ffi", "include", "shmsched.h"
+        )
+        with open(header) as f:
+            text = f.read()
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        text = re.sub(r"//[^\n]*", "", text)
+        declared = set(re.findall(r"\b(shmsched_[a-z0-9_]+)\s*\(", text))
+        bound = set(shmsched._ffi.SIGNATURES)
+        self.assertEqual(sorted(declared - bound), [], "C functions without a binding")
+        self.assertEqual(sorted(bound - declared), [], "bindings of no C function")
+        for name in declared:
+            self.assertTrue(hasattr(shmsched._lib, name), name)
 
 
 class SchedulerTest(RegionTest):
@@ -163,29 +163,25 @@ class SchedulerTest(RegionTest):
         r = self.region("fork")
         sched = shmsched.Scheduler.shared(r, 2)
         permit = sched.acquire()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
+
+        def child():
             try:
-                try:
-                    sched.acquire()
-                    code = 1
-                except shmsched.Forked:
-                    pass
-                try:
-                    permit.release()
-                    code = 2
-                except shmsched.ForeignPermit:
-                    pass
-                mine = shmsched.Scheduler.attach(r)
-                with mine.acquire("high"):
-                    if mine.global_running != 2:
-                        code = 3
-            except BaseException:
-                code = 4
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+                sched.acquire()
+                return 1
+            except shmsched.Forked:
+                pass
+            try:
+                permit.release()
+                return 2
+            except shmsched.ForeignPermit:
+                pass
+            mine = shmsched.Scheduler.attach(r)
+            with mine.acquire("high"):
+                if mine.global_running != 2:
+                    return 3
+            return 0
+
+        self.assertEqual(run_in_fork(child), 0)
         self.assertEqual(sched.global_running, 1, "the child's refusals freed nothing")
         permit.release()
 
@@ -214,6 +210,160 @@ class SchedulerTest(RegionTest):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.split(), ["5", "1"])
         held.release()
+
+
+class WholeApiTest(RegionTest):
+    """What the binding lacked: weighted acquires, the ceiling, burst
+    capacities, live retuning, the C stats struct, callbacks."""
+
+    def test_acquire_many_takes_all_or_nothing(self):
+        sched = shmsched.Scheduler.shared(self.region("many"), 4)
+        three = sched.acquire_many(3, "high")
+        self.assertEqual((three.units, sched.global_running), (3, 3))
+        self.assertIsNone(sched.try_acquire_many(2))
+        with self.assertRaises(shmsched.Timeout):
+            sched.acquire_many(2, timeout=0.01)
+        self.assertEqual(sched.global_running, 3, "a timed-out weighted wait took nothing")
+        one = sched.try_acquire_many(1)
+        self.assertIsNotNone(one)
+        one.release()
+        three.release()
+        self.assertEqual(sched.global_running, 0)
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            sched.acquire_many(5)
+        self.assertIn("5", str(cm.exception))
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            sched.acquire_many(0)
+        self.assertIn("at least 1", str(cm.exception))
+        with self.assertRaises(shmsched.InvalidArgument):
+            sched.try_acquire_many(0)
+
+    def test_set_ceiling_for_every_process(self):
+        r = self.region("ceiling")
+        sched = shmsched.Scheduler.shared(r, 4)
+        other = shmsched.Scheduler.attach(r)
+        self.assertEqual(sched.ceiling, 4)
+        self.assertTrue(sched.set_ceiling(2))
+        self.assertEqual(other.ceiling, 2)
+        a, b = other.acquire(), other.acquire()
+        self.assertIsNone(sched.try_acquire("highest"))
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            sched.set_ceiling(5)
+        self.assertIn("above the region's max 4", str(cm.exception))
+        self.assertFalse(sched.set_ceiling(1), "two held: the lower ceiling is not reached yet")
+        a.release()
+        b.release()
+        sched.set_ceiling(4)
+        four = [sched.acquire() for _ in range(4)]
+        self.assertEqual(sched.global_running, 4)
+        for p in four:
+            p.release()
+
+    def test_limiter_capacity_rate_and_retuning(self):
+        r = self.region("burst")
+        lim = shmsched.Limiter.shared(r, 1000, capacity=100)
+        self.assertEqual((lim.tokens_per_second, lim.capacity), (1000, 100))
+        self.assertTrue(lim.try_consume(100))
+        self.assertFalse(lim.try_consume(1), "the burst is spent")
+        with self.assertRaises(shmsched.Mismatch):
+            shmsched.Limiter.shared(r, 1000)
+        other = shmsched.Limiter.attach(r)
+        lim.set_rate(5000)
+        lim.set_capacity(50)
+        self.assertEqual((other.tokens_per_second, other.capacity), (5000, 50))
+        child = lim.child(10, capacity=3)
+        self.assertEqual((child.tokens_per_second, child.capacity), (10, 3))
+        with self.assertRaises(shmsched.InvalidArgument) as cm:
+            lim.set_rate(0)
+        self.assertIn("tokens_per_second 0 is out of range", str(cm.exception))
+
+    def test_snapshots_match_the_json_stats(self):
+        sched = shmsched.Scheduler.shared(self.region("snap"), 3, low=1)
+        held = sched.acquire_many(2)
+        snap, st = sched.snapshot(), sched.stats()
+        self.assertEqual(snap.shared["running"], st["shared"]["running"])
+        self.assertEqual(snap.shared["max"], 3)
+        self.assertEqual(snap.concurrency, st["concurrency"])
+        held.release()
+        lim = shmsched.Limiter.shared(self.region("limsnap"), 1000)
+        lim.consume(400)
+        ls = lim.snapshot()
+        self.assertEqual(ls.tokens_per_second, 1000)
+        self.assertLessEqual(ls.tokens, 1000)
+        self.assertEqual(ls.shared["processes"], 1)
+
+    def test_callbacks_run_on_a_library_thread(self):
+        sched = shmsched.Scheduler.shared(self.region("cb"), 1)
+        held = sched.acquire()
+        got = []
+        done = threading.Event()
+
+        def on_permit(permit, error):
+            got.append((permit, error, threading.get_ident()))
+            done.set()
+
+        sched.acquire_with_callback(on_permit, "high")
+        held.release()
+        self.assertTrue(done.wait(30))
+        permit, error, ident = got[0]
+        self.assertIsNone(error)
+        self.assertNotEqual(ident, threading.get_ident())
+        self.assertEqual(sched.global_running, 1)
+        permit.release()
+        done.clear()
+        held = sched.acquire()
+        sched.acquire_with_callback(on_permit, "low", timeout=0.01)
+        self.assertTrue(done.wait(30))
+        self.assertIsInstance(got[1][1], shmsched.Timeout)
+        held.release()
+        lim = shmsched.Limiter.shared(self.region("cblim"), 1000)
+        done.clear()
+        lim.consume_with_callback(lambda g, e: (got.append((g, e)), done.set()), 10)
+        self.assertTrue(done.wait(30))
+        self.assertEqual(got[2], (shmsched.Grant(True, False), None))
+
+
+class PermitCollectedTest(RegionTest):
+    def test_a_collected_permit_gives_its_slot_back_and_warns(self):
+        import gc
+        import warnings
+
+        sched = shmsched.Scheduler.shared(self.region("gc"), 2)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            sched.acquire("high")  # dropped at once
+            sched.acquire_many(2)
+            gc.collect()
+        self.assertEqual(sched.global_running, 0)
+        kinds = [w.category for w in seen]
+        self.assertEqual(kinds, [ResourceWarning, ResourceWarning], [str(w.message) for w in seen])
+        self.assertIn("garbage-collected without release()", str(seen[0].message))
+        # A released permit and one in a `with` do not warn.
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            sched.acquire().release()
+            with sched.acquire():
+                pass
+            gc.collect()
+        self.assertEqual(seen, [])
+
+    def test_a_forked_childs_copy_is_not_released(self):
+        import gc
+        import warnings
+
+        sched = shmsched.Scheduler.shared(self.region("gcfork"), 2)
+        box = [sched.acquire()]
+
+        def child():
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                box.pop()  # the child's copy, collected here
+                gc.collect()
+            return 1 if seen else 0
+
+        self.assertEqual(run_in_fork(child), 0)
+        self.assertEqual(sched.global_running, 1, "the child's copy released nothing")
+        box[0].release()
 
 
 class CountingLimiter:

@@ -19,7 +19,7 @@ sched = shmsched.Scheduler.shared(region, 8)
 lib = shmsched._lib
 h = sched._h
 acquire, release = lib.shmsched_scheduler_acquire, lib.shmsched_permit_release
-permit = shmsched._Permit()
+permit = shmsched._ffi.Permit()
 ref = ctypes.byref(permit)
 
 

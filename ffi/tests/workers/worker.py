@@ -1,6 +1,7 @@
 """A Python worker of the mixed-language tests (ffi/tests/mixed.rs); the
 same roles and line protocol as worker.c (see there)."""
 
+import asyncio
 import random
 import sys
 import threading
@@ -71,7 +72,44 @@ def lim_consume(path, chunk):
     say(f"consumed {total}")
 
 
-ROLES = {"sched-hold": sched_hold, "sched-churn": sched_churn, "lim-consume": lim_consume}
+def sched_async(path):
+    """asyncio waiters (no thread per wait): one at highest that is
+    cancelled on "cancel", one at low that is served; "release" releases."""
+    sched = shmsched.Scheduler.attach(shmsched.Region.open(path))
+    sched.set_lottery(0, False)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def line():
+            return loop.run_in_executor(None, sys.stdin.readline)
+
+        doomed = asyncio.create_task(sched.acquire_async("highest"))
+        served = asyncio.create_task(sched.acquire_async("low"))
+        await asyncio.sleep(0)  # both waits started
+        say("ready")
+        if (await line()).strip() != "cancel":
+            return
+        doomed.cancel()
+        try:
+            await doomed
+        except asyncio.CancelledError:
+            say("cancelled")
+        permit = await served
+        say("got")
+        await line()
+        permit.release()
+        say("released")
+
+    asyncio.run(main())
+
+
+ROLES = {
+    "sched-hold": sched_hold,
+    "sched-async": sched_async,
+    "sched-churn": sched_churn,
+    "lim-consume": lim_consume,
+}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](*sys.argv[2:])
