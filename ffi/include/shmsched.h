@@ -1025,6 +1025,24 @@ shmsched_status shmsched_limiter_shared(const struct shmsched_region *region,
                                         struct shmsched_limiter **out);
 
 /**
+ * Like `shmsched_limiter_shared`, with a bucket that holds at most
+ * `capacity` tokens (its burst, 1..=2147483647) instead of one second of
+ * rate. An existing region must have been created with the same rate and
+ * capacity (else `SHMSCHED_STATUS_MISMATCH`).
+ *
+ * Errors: as `shmsched_limiter_shared`. Threads: any. Fork: works in a
+ * forked child (it registers as its own process).
+ *
+ * # Safety
+ *
+ * `region` must be NULL or an open region handle; `out` NULL or writable.
+ */
+shmsched_status shmsched_limiter_shared_with_capacity(const struct shmsched_region *region,
+                                                      uint64_t tokens_per_second,
+                                                      uint64_t capacity,
+                                                      struct shmsched_limiter **out);
+
+/**
  * Joins the limiter already initialised in `region`, whatever its rate.
  *
  * Errors: `NULL_ARGUMENT`, `BAD_REGION`, `WRONG_KIND`,
@@ -1052,6 +1070,22 @@ shmsched_status shmsched_limiter_attach(const struct shmsched_region *region,
 shmsched_status shmsched_limiter_child(const struct shmsched_limiter *parent,
                                        uint64_t tokens_per_second,
                                        struct shmsched_limiter **out);
+
+/**
+ * Like `shmsched_limiter_child`, with a bucket of at most `capacity`
+ * tokens (1..=2147483647).
+ *
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`. Threads: any.
+ * Fork: belongs to this process, like its parent.
+ *
+ * # Safety
+ *
+ * `parent` must be NULL or an open limiter handle; `out` NULL or writable.
+ */
+shmsched_status shmsched_limiter_child_with_capacity(const struct shmsched_limiter *parent,
+                                                     uint64_t tokens_per_second,
+                                                     uint64_t capacity,
+                                                     struct shmsched_limiter **out);
 
 /**
  * Consumes `n` tokens (0..=2147483647) at `priority` (a
@@ -1146,7 +1180,8 @@ shmsched_status shmsched_limiter_try_consume(const struct shmsched_limiter *lim,
 shmsched_status shmsched_limiter_tokens(const struct shmsched_limiter *lim, int64_t *out);
 
 /**
- * Writes the configured rate (tokens per second, also the capacity).
+ * Writes the rate in force (tokens per second; see also
+ * `shmsched_limiter_capacity` and `shmsched_limiter_set_rate`).
  *
  * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
  *
@@ -1156,6 +1191,46 @@ shmsched_status shmsched_limiter_tokens(const struct shmsched_limiter *lim, int6
  */
 shmsched_status shmsched_limiter_tokens_per_second(const struct shmsched_limiter *lim,
                                                    uint32_t *out);
+
+/**
+ * Writes the capacity (burst) in force, in tokens.
+ *
+ * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle; `out` NULL or writable.
+ */
+shmsched_status shmsched_limiter_capacity(const struct shmsched_limiter *lim, uint32_t *out);
+
+/**
+ * Changes this level's rate to `tokens_per_second` (1..=2147483647) from
+ * now on; for a shared limiter, for every process at once. Tokens already
+ * refilled are kept (the bucket's clock is re-based, it does not jump).
+ *
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `BAD_REGION`.
+ * Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle.
+ */
+shmsched_status shmsched_limiter_set_rate(const struct shmsched_limiter *lim,
+                                          uint64_t tokens_per_second);
+
+/**
+ * Changes this level's capacity (burst) to `capacity` tokens
+ * (1..=2147483647) from now on; for a shared limiter, for every process.
+ *
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `BAD_REGION`.
+ * Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle.
+ */
+shmsched_status shmsched_limiter_set_capacity(const struct shmsched_limiter *lim,
+                                              uint64_t capacity);
 
 /**
  * Frees the process-table entries of dead processes sharing the region (a
@@ -1572,6 +1647,62 @@ shmsched_status shmsched_scheduler_try_acquire(const struct shmsched_scheduler *
                                                struct shmsched_permit *out);
 
 /**
+ * A weighted acquire: blocks until `n` units of the budget are free at
+ * `priority` and takes them all at once (never some of them; two weighted
+ * waiters cannot deadlock), then writes one permit for the `n` units to
+ * `*out` (one `shmsched_permit_release` gives them all back). `n` must be
+ * 1..=max, and at most `priority`'s cap when that cap is below the max.
+ *
+ * Errors: as `shmsched_scheduler_acquire`, and `INVALID_ARGUMENT` (`n` 0,
+ * above the max or above the priority's cap; the message names both).
+ * Threads: any; waiting threads sleep on a futex. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * As `shmsched_scheduler_acquire`.
+ */
+shmsched_status shmsched_scheduler_acquire_many(const struct shmsched_scheduler *sched,
+                                                int32_t priority,
+                                                uint32_t n,
+                                                struct shmsched_permit *out);
+
+/**
+ * Like `shmsched_scheduler_acquire_many`, giving up after `timeout_ns`
+ * nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (nothing taken, no count left
+ * behind).
+ *
+ * Errors: as `shmsched_scheduler_acquire_many`, and `TIMEOUT`. Threads:
+ * any; waiting threads sleep. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * As `shmsched_scheduler_acquire`.
+ */
+shmsched_status shmsched_scheduler_acquire_many_timeout(const struct shmsched_scheduler *sched,
+                                                        int32_t priority,
+                                                        uint32_t n,
+                                                        uint64_t timeout_ns,
+                                                        struct shmsched_permit *out);
+
+/**
+ * Takes `n` units only if they are all free at `priority` now and nothing
+ * waits at that priority or above; never waits.
+ * `SHMSCHED_STATUS_WOULD_BLOCK` when not.
+ *
+ * Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`n` 0),
+ * `INVALID_PRIORITY`, `ZERO_CONCURRENCY`, `DISPOSED`, `FORKED`,
+ * `CAPACITY_EXHAUSTED`. Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * As `shmsched_scheduler_acquire`.
+ */
+shmsched_status shmsched_scheduler_try_acquire_many(const struct shmsched_scheduler *sched,
+                                                    int32_t priority,
+                                                    uint32_t n,
+                                                    struct shmsched_permit *out);
+
+/**
  * Gives the permit's slot back, exactly once. The permit must have been
  * acquired by this process (`SHMSCHED_STATUS_FOREIGN_PERMIT` otherwise:
  * another process's permit, including one inherited across `fork`, whose
@@ -1671,6 +1802,43 @@ shmsched_status shmsched_scheduler_concurrency(const struct shmsched_scheduler *
 shmsched_status shmsched_scheduler_set_lottery(const struct shmsched_scheduler *sched,
                                                uint64_t seed,
                                                bool enabled);
+
+/**
+ * Moves the effective ceiling of a shared scheduler to `target` (at most
+ * the region's max), for every process sharing it: at most `target` slots
+ * are held at once from then on. Lowering it revokes nothing (holders keep
+ * their slots; releases go to the ceiling until it is reached); raising it
+ * serves waiters at once. Writes to the optional `*out_reached` whether the
+ * ceiling holds now (false while more than `target` slots are still held).
+ *
+ * Through a child handle it moves the ceiling of the region the child's
+ * root is shared through.
+ *
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`target` above the region's
+ * max), `FORKED`. Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `sched` must be NULL or an open scheduler handle; `out_reached` NULL or
+ * writable.
+ */
+shmsched_status shmsched_scheduler_set_ceiling(const struct shmsched_scheduler *sched,
+                                               uint32_t target,
+                                               bool *out_reached);
+
+/**
+ * Writes the effective ceiling of the region the scheduler (or its root,
+ * for a child) is shared through: its max unless moved by
+ * `shmsched_scheduler_set_ceiling`.
+ *
+ * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `sched` must be NULL or an open scheduler handle; `out` NULL or
+ * writable.
+ */
+shmsched_status shmsched_scheduler_ceiling(const struct shmsched_scheduler *sched, uint32_t *out);
 
 /**
  * Fills `*out` with a snapshot of the scheduler's gauges and counters (see

@@ -102,6 +102,33 @@ pub unsafe extern "C" fn shmsched_limiter_shared(
     })
 }
 
+/// Like `shmsched_limiter_shared`, with a bucket that holds at most
+/// `capacity` tokens (its burst, 1..=2147483647) instead of one second of
+/// rate. An existing region must have been created with the same rate and
+/// capacity (else `SHMSCHED_STATUS_MISMATCH`).
+///
+/// Errors: as `shmsched_limiter_shared`. Threads: any. Fork: works in a
+/// forked child (it registers as its own process).
+///
+/// # Safety
+///
+/// `region` must be NULL or an open region handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_shared_with_capacity(
+    region: *const shmsched_region,
+    tokens_per_second: u64,
+    capacity: u64,
+    out: *mut *mut shmsched_limiter,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
+        let lim =
+            r.bind(|region| Limiter::shared_with_capacity(region, tokens_per_second, capacity))?;
+        make(lim, out)
+    })
+}
+
 /// Joins the limiter already initialised in `region`, whatever its rate.
 ///
 /// Errors: `NULL_ARGUMENT`, `BAD_REGION`, `WRONG_KIND`,
@@ -143,6 +170,32 @@ pub unsafe extern "C" fn shmsched_limiter_child(
         // SAFETY: the caller's contract.
         let (p, out) = unsafe { (handle(parent, "parent")?, Out::new(out, "out")?) };
         let child = p.usable()?.child(tokens_per_second)?;
+        make(child, out)
+    })
+}
+
+/// Like `shmsched_limiter_child`, with a bucket of at most `capacity`
+/// tokens (1..=2147483647).
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`. Threads: any.
+/// Fork: belongs to this process, like its parent.
+///
+/// # Safety
+///
+/// `parent` must be NULL or an open limiter handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_child_with_capacity(
+    parent: *const shmsched_limiter,
+    tokens_per_second: u64,
+    capacity: u64,
+    out: *mut *mut shmsched_limiter,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (p, out) = unsafe { (handle(parent, "parent")?, Out::new(out, "out")?) };
+        let child = p
+            .usable()?
+            .child_with_capacity(tokens_per_second, capacity)?;
         make(child, out)
     })
 }
@@ -340,7 +393,8 @@ pub unsafe extern "C" fn shmsched_limiter_tokens(
     })
 }
 
-/// Writes the configured rate (tokens per second, also the capacity).
+/// Writes the rate in force (tokens per second; see also
+/// `shmsched_limiter_capacity` and `shmsched_limiter_set_rate`).
 ///
 /// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
 ///
@@ -356,6 +410,71 @@ pub unsafe extern "C" fn shmsched_limiter_tokens_per_second(
         // SAFETY: the caller's contract.
         let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out, "out")?) };
         out.set(h.usable()?.tokens_per_second());
+        Ok(())
+    })
+}
+
+/// Writes the capacity (burst) in force, in tokens.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `lim` must be NULL or an open limiter handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_capacity(
+    lim: *const shmsched_limiter,
+    out: *mut u32,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out, "out")?) };
+        out.set(h.usable()?.capacity());
+        Ok(())
+    })
+}
+
+/// Changes this level's rate to `tokens_per_second` (1..=2147483647) from
+/// now on; for a shared limiter, for every process at once. Tokens already
+/// refilled are kept (the bucket's clock is re-based, it does not jump).
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `BAD_REGION`.
+/// Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `lim` must be NULL or an open limiter handle.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_set_rate(
+    lim: *const shmsched_limiter,
+    tokens_per_second: u64,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(lim, "lim") }?;
+        h.usable()?.set_rate(tokens_per_second)?;
+        Ok(())
+    })
+}
+
+/// Changes this level's capacity (burst) to `capacity` tokens
+/// (1..=2147483647) from now on; for a shared limiter, for every process.
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `FORKED`, `BAD_REGION`.
+/// Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `lim` must be NULL or an open limiter handle.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_set_capacity(
+    lim: *const shmsched_limiter,
+    capacity: u64,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(lim, "lim") }?;
+        h.usable()?.set_capacity(capacity)?;
         Ok(())
     })
 }

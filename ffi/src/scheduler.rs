@@ -462,6 +462,105 @@ pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
     })
 }
 
+/// A weighted acquire: blocks until `n` units of the budget are free at
+/// `priority` and takes them all at once (never some of them; two weighted
+/// waiters cannot deadlock), then writes one permit for the `n` units to
+/// `*out` (one `shmsched_permit_release` gives them all back). `n` must be
+/// 1..=max, and at most `priority`'s cap when that cap is below the max.
+///
+/// Errors: as `shmsched_scheduler_acquire`, and `INVALID_ARGUMENT` (`n` 0,
+/// above the max or above the priority's cap; the message names both).
+/// Threads: any; waiting threads sleep on a futex. Fork: see the handle.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire_many(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    n: u32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        h.usable()?;
+        out.set(permits::acquire_with(h, |s| s.acquire_many(p, n))?);
+        Ok(())
+    })
+}
+
+/// Like `shmsched_scheduler_acquire_many`, giving up after `timeout_ns`
+/// nanoseconds with `SHMSCHED_STATUS_TIMEOUT` (nothing taken, no count left
+/// behind).
+///
+/// Errors: as `shmsched_scheduler_acquire_many`, and `TIMEOUT`. Threads:
+/// any; waiting threads sleep. Fork: see the handle.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_acquire_many_timeout(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    n: u32,
+    timeout_ns: u64,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        h.usable()?;
+        let timeout = Duration::from_nanos(timeout_ns);
+        out.set(permits::acquire_with(h, |s| {
+            s.acquire_many_timeout(p, n, timeout)
+        })?);
+        Ok(())
+    })
+}
+
+/// Takes `n` units only if they are all free at `priority` now and nothing
+/// waits at that priority or above; never waits.
+/// `SHMSCHED_STATUS_WOULD_BLOCK` when not.
+///
+/// Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`n` 0),
+/// `INVALID_PRIORITY`, `ZERO_CONCURRENCY`, `DISPOSED`, `FORKED`,
+/// `CAPACITY_EXHAUSTED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_try_acquire_many(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    n: u32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        let p = args::priority(priority)?;
+        let s = h.usable()?;
+        if n == 0 {
+            return Err(Fail::invalid(
+                "try_acquire_many of 0 slots: n must be at least 1",
+            ));
+        }
+        match s.try_acquire_many(p, n) {
+            Some(permit) => {
+                out.set(permits::insert(h, permit)?);
+                Ok(())
+            }
+            None => Err(why_not(s)),
+        }
+    })
+}
+
 /// Why a `try_acquire` took nothing.
 #[cold]
 fn why_not(s: &Scheduler) -> Fail {
@@ -633,6 +732,64 @@ pub unsafe extern "C" fn shmsched_scheduler_set_lottery(
         let h = unsafe { handle(sched, "sched") }?;
         h.usable()?
             .set_lottery((seed != 0).then_some(seed), enabled);
+        Ok(())
+    })
+}
+
+/// Moves the effective ceiling of a shared scheduler to `target` (at most
+/// the region's max), for every process sharing it: at most `target` slots
+/// are held at once from then on. Lowering it revokes nothing (holders keep
+/// their slots; releases go to the ceiling until it is reached); raising it
+/// serves waiters at once. Writes to the optional `*out_reached` whether the
+/// ceiling holds now (false while more than `target` slots are still held).
+///
+/// Through a child handle it moves the ceiling of the region the child's
+/// root is shared through.
+///
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`target` above the region's
+/// max), `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out_reached` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_set_ceiling(
+    sched: *const shmsched_scheduler,
+    target: u32,
+    out_reached: *mut bool,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { handle(sched, "sched") }?;
+        let reached = h.usable()?.set_ceiling(target)?;
+        // SAFETY: the caller's contract.
+        if let Some(o) = unsafe { Out::optional(out_reached) } {
+            o.set(reached);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the effective ceiling of the region the scheduler (or its root,
+/// for a child) is shared through: its max unless moved by
+/// `shmsched_scheduler_set_ceiling`.
+///
+/// Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `sched` must be NULL or an open scheduler handle; `out` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_scheduler_ceiling(
+    sched: *const shmsched_scheduler,
+    out: *mut u32,
+) -> shmsched_status {
+    boundary(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+        out.set(h.usable()?.ceiling());
         Ok(())
     })
 }
