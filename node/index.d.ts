@@ -225,9 +225,10 @@ export class Permit {
   readonly token: Readonly<{ process: number | bigint; serial: number | bigint }>;
   /** True once released. */
   readonly released: boolean;
-  /** Gives the units back; a second call throws AlreadyReleasedError. */
+  /** Gives the units back; a second call throws AlreadyReleasedError.
+   * (Where the runtime has `Symbol.dispose`, a Permit also has a
+   * `[Symbol.dispose]()` that releases it unless released: `using`.) */
   release(): void;
-  [Symbol.dispose](): void;
 }
 
 /** What the region knows about everyone sharing a scheduler. */

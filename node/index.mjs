@@ -35,7 +35,14 @@ import {
 } from './lib/native.mjs';
 import { pendingWaits, waitAcquire, waitConsume } from './lib/wait.mjs';
 
-export * from './lib/errors.mjs';
+export {
+  STATUS, STATUS_CODE, ShmschedError, ShmschedTypeError, ShmschedRangeError, ClosedError, AbortError,
+  NullArgumentError, InvalidArgumentError, InvalidPriorityError, NotFoundError, AlreadyExistsError,
+  IoError, BadRegionError, VersionMismatchError, WrongKindError, MismatchError, ProcessTableFullError,
+  ZeroConcurrencyError, DisposedError, TimeoutError, WouldBlockError, ForkedError, AlreadyReleasedError,
+  ForeignPermitError, BufferTooSmallError, UnknownTenantError, UnknownLeaseError, TimeWentBackwardsError,
+  CapacityExhaustedError, InternalError,
+} from './lib/errors.mjs';
 export { ABI_VERSION, LAYOUT_VERSION, LIBRARY_PATH, pendingWaits };
 export { PRIORITIES, PRIORITY_NAMES } from './lib/check.mjs';
 
@@ -77,6 +84,7 @@ const handleRegistry = new FinalizationRegistry(({ ptr, close }) => close(ptr));
 let ptrOf;
 let enter;
 let leave;
+let forget;
 
 class Handle {
   #ptr;
@@ -110,6 +118,17 @@ class Handle {
     leave = (x) => {
       if (--x.#busy === 0 && x.#closing) x.#release();
     };
+    // Gives the pointer up to a C call that closes it (detach).
+    forget = (x, kind, what) => {
+      const p = ptrOf(x, kind, what);
+      if (x.#busy > 0) {
+        throw new InvalidArgumentError(`${kind}.detach() with ${x.#busy} waits pending: `
+          + 'let them settle (or abort them) first');
+      }
+      x.#ptr = null;
+      handleRegistry.unregister(x);
+      return p;
+    };
   }
 
   #release() {
@@ -139,17 +158,6 @@ class Handle {
     return this.#closing || this.#ptr === null;
   }
 
-  /** Gives the pointer up to a C call that closes it (detach). */
-  static forget(x, kind, what) {
-    const p = ptrOf(x, kind, what);
-    if (x.#busy > 0) {
-      throw new InvalidArgumentError(`${kind}.detach() with ${x.#busy} waits pending: `
-        + 'let them settle (or abort them) first');
-    }
-    x.#ptr = null;
-    handleRegistry.unregister(x);
-    return p;
-  }
 }
 
 function make(fn, ...args) {
@@ -352,6 +360,66 @@ function abortedError(signal) {
   return new AbortError(signal.reason);
 }
 
+// The acquire paths, outside the class so that a foreign `this` meets the
+// brand check first (a private method would throw its own TypeError).
+
+function acquire(self, what, n, priority, options) {
+  const ptr = ptrOf(self, 'Scheduler', 'this');
+  const p = v.priority(priority);
+  const o = v.options(what, options, WAIT_OPTIONS);
+  const timeout = v.timeoutNs(o.timeout);
+  const signal = v.signal(o.signal);
+  if (signal?.aborted) throw abortedError(signal);
+  const out = {};
+  const st = n === 1
+    ? C.shmsched_scheduler_try_acquire(ptr, p, out)
+    : C.shmsched_scheduler_try_acquire_many(ptr, p, n, out);
+  if (st === 0) return new Permit(PERMIT_KEY, out, p, n);
+  if (st !== WOULD_BLOCK) throw lastError(st);
+  enter(self);
+  return waitAcquire(ptr, p, n, timeout, signal).then(
+    (token) => {
+      leave(self);
+      return new Permit(PERMIT_KEY, token, p, n);
+    },
+    (e) => {
+      leave(self);
+      throw e;
+    },
+  );
+}
+
+function acquireSync(self, what, n, priority, options) {
+  const ptr = ptrOf(self, 'Scheduler', 'this');
+  const p = v.priority(priority);
+  const timeout = v.timeoutNs(v.options(what, options, ['timeout']).timeout);
+  const out = {};
+  let st;
+  if (n === 1) {
+    st = timeout === FOREVER
+      ? C.shmsched_scheduler_acquire(ptr, p, out)
+      : C.shmsched_scheduler_acquire_timeout(ptr, p, timeout, out);
+  } else {
+    st = timeout === FOREVER
+      ? C.shmsched_scheduler_acquire_many(ptr, p, n, out)
+      : C.shmsched_scheduler_acquire_many_timeout(ptr, p, n, timeout, out);
+  }
+  check(st);
+  return new Permit(PERMIT_KEY, out, p, n);
+}
+
+function tryAcquire(self, n, priority) {
+  const ptr = ptrOf(self, 'Scheduler', 'this');
+  const p = v.priority(priority);
+  const out = {};
+  const st = n === 1
+    ? C.shmsched_scheduler_try_acquire(ptr, p, out)
+    : C.shmsched_scheduler_try_acquire_many(ptr, p, n, out);
+  if (st === WOULD_BLOCK) return null;
+  check(st);
+  return new Permit(PERMIT_KEY, out, p, n);
+}
+
 /** A concurrency budget shared by every process bound to the region. */
 export class Scheduler extends Handle {
   constructor(ptr) {
@@ -384,94 +452,44 @@ export class Scheduler extends Handle {
    * TimeoutError after `timeout` seconds, with AbortError when `signal`
    * aborts (nothing held, no waiter left). Never blocks the event loop. */
   async acquire(priority = 'normal', options = undefined) {
-    return this.#acquire('acquire', 1, priority, options);
+    return acquire(this, 'acquire', 1, priority, options);
   }
 
   /** Like acquire, for `n` units (1..=max) taken all at once. */
   async acquireMany(n, priority = 'normal', options = undefined) {
-    return this.#acquire('acquireMany', v.int('n', n, 1, MAX_SHARED_SLOTS), priority, options);
-  }
-
-  #acquire(what, n, priority, options) {
-    const ptr = ptrOf(this, 'Scheduler', 'this');
-    const p = v.priority(priority);
-    const o = v.options(what, options, WAIT_OPTIONS);
-    const timeout = v.timeoutNs(o.timeout);
-    const signal = v.signal(o.signal);
-    if (signal?.aborted) throw abortedError(signal);
-    const out = {};
-    const st = n === 1
-      ? C.shmsched_scheduler_try_acquire(ptr, p, out)
-      : C.shmsched_scheduler_try_acquire_many(ptr, p, n, out);
-    if (st === 0) return new Permit(PERMIT_KEY, out, p, n);
-    if (st !== WOULD_BLOCK) throw lastError(st);
-    enter(this);
-    return waitAcquire(ptr, p, n, timeout, signal).then(
-      (token) => {
-        leave(this);
-        return new Permit(PERMIT_KEY, token, p, n);
-      },
-      (e) => {
-        leave(this);
-        throw e;
-      },
-    );
+    ptrOf(this, 'Scheduler', 'this');
+    return acquire(this, 'acquireMany', v.int('n', n, 1, MAX_SHARED_SLOTS), priority, options);
   }
 
   /** Blocks the calling thread until a slot is free (for scripts and
    * worker threads; never on the main thread of a server). */
   acquireSync(priority = 'normal', options = undefined) {
-    return this.#acquireSync('acquireSync', 1, priority, options);
+    return acquireSync(this, 'acquireSync', 1, priority, options);
   }
 
   /** Like acquireSync, for `n` units. */
   acquireManySync(n, priority = 'normal', options = undefined) {
-    return this.#acquireSync('acquireManySync', v.int('n', n, 1, MAX_SHARED_SLOTS), priority, options);
-  }
-
-  #acquireSync(what, n, priority, options) {
-    const ptr = ptrOf(this, 'Scheduler', 'this');
-    const p = v.priority(priority);
-    const timeout = v.timeoutNs(v.options(what, options, ['timeout']).timeout);
-    const out = {};
-    let st;
-    if (n === 1) {
-      st = timeout === FOREVER
-        ? C.shmsched_scheduler_acquire(ptr, p, out)
-        : C.shmsched_scheduler_acquire_timeout(ptr, p, timeout, out);
-    } else {
-      st = timeout === FOREVER
-        ? C.shmsched_scheduler_acquire_many(ptr, p, n, out)
-        : C.shmsched_scheduler_acquire_many_timeout(ptr, p, n, timeout, out);
-    }
-    check(st);
-    return new Permit(PERMIT_KEY, out, p, n);
+    ptrOf(this, 'Scheduler', 'this');
+    return acquireSync(this, 'acquireManySync', v.int('n', n, 1, MAX_SHARED_SLOTS), priority, options);
   }
 
   /** A Permit if a slot is free at `priority` now (and nobody waits at it
    * or above), else null. */
   tryAcquire(priority = 'normal') {
-    return this.tryAcquireMany(1, priority);
+    return tryAcquire(this, 1, priority);
   }
 
   /** Like tryAcquire, for `n` units. */
   tryAcquireMany(n, priority = 'normal') {
-    const ptr = ptrOf(this, 'Scheduler', 'this');
-    const units = v.int('n', n, 1, MAX_SHARED_SLOTS);
-    const p = v.priority(priority);
-    const out = {};
-    const st = units === 1
-      ? C.shmsched_scheduler_try_acquire(ptr, p, out)
-      : C.shmsched_scheduler_try_acquire_many(ptr, p, units, out);
-    if (st === WOULD_BLOCK) return null;
-    check(st);
-    return new Permit(PERMIT_KEY, out, p, units);
+    ptrOf(this, 'Scheduler', 'this');
+    return tryAcquire(this, v.int('n', n, 1, MAX_SHARED_SLOTS), priority);
   }
 
   /** Acquires, awaits `fn()`, releases (also when it throws). */
   async run(fn, priority = 'normal', options = undefined) {
+    ptrOf(this, 'Scheduler', 'this');
     if (typeof fn !== 'function') throw new ShmschedTypeError(`fn must be a function, got ${v.describe(fn)}`);
-    const permit = await this.acquire(priority, options);
+    const permit = await acquire(this, 'run', 1, priority, options);
     try {
       return await fn();
     } finally {
@@ -540,7 +558,7 @@ export class Scheduler extends Handle {
 
   /** Leaves the region's process table now and closes the handle. */
   detach() {
-    check(C.shmsched_scheduler_detach(Handle.forget(this, 'Scheduler', 'this')));
+    check(C.shmsched_scheduler_detach(forget(this, 'Scheduler', 'this')));
   }
 }
 
@@ -671,7 +689,7 @@ export class Limiter extends Handle {
 
   /** Leaves the region's process table now and closes the handle. */
   detach() {
-    check(C.shmsched_limiter_detach(Handle.forget(this, 'Limiter', 'this')));
+    check(C.shmsched_limiter_detach(forget(this, 'Limiter', 'this')));
   }
 }
 
