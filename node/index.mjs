@@ -173,6 +173,14 @@ function get(fn, ...args) {
   return out[0];
 }
 
+/** A call with two outputs (a count and a 64-bit count). */
+function get2(fn, ptr) {
+  const a = [0];
+  const b = [0];
+  check(fn(ptr, a, b));
+  return [a[0], Number(b[0])];
+}
+
 // ---- Region --------------------------------------------------------------
 
 const REGION_OPTIONS = ['mode', 'processSlots'];
@@ -510,11 +518,8 @@ export class Scheduler extends Handle {
 
   /** Gives back now the slots of dead processes: `{processes, slots}`. */
   reap() {
-    const ptr = ptrOf(this, 'Scheduler', 'this');
-    const procs = [0];
-    const slots = [0];
-    check(C.shmsched_scheduler_reap(ptr, procs, slots));
-    return { processes: procs[0], slots: Number(slots[0]) };
+    const [processes, slots] = get2(C.shmsched_scheduler_reap, ptrOf(this, 'Scheduler', 'this'));
+    return { processes, slots };
   }
 
   /** Slots held now across every process. */
@@ -789,10 +794,7 @@ export class FairShare extends Handle {
 
   /** Releases the leases of dead processes now: `{processes, leases}`. */
   reap() {
-    const ptr = ptrOf(this, 'FairShare', 'this');
-    const procs = [0];
-    const leases = [0];
-    check(C.shmsched_fair_reap(ptr, procs, leases));
-    return { processes: procs[0], leases: Number(leases[0]) };
+    const [processes, leases] = get2(C.shmsched_fair_reap, ptrOf(this, 'FairShare', 'this'));
+    return { processes, leases };
   }
 }

@@ -325,7 +325,11 @@ fn mixed_languages_share_one_scheduler() {
     assert_eq!(st.waiters, [0; 7], "the aborted Node waiter left a waiter");
     assert_eq!(st.running, CAP);
     drop(held);
-    assert_eq!(me.global_running(), 0, "a freed slot went to the aborted waiter");
+    assert_eq!(
+        me.global_running(),
+        0,
+        "a freed slot went to the aborted waiter"
+    );
     assert!(aborted.finish().success());
 }
 

@@ -73,7 +73,10 @@ fn node_tests(what: &str, mut cmd: Command, dir: &Path, min: u32) {
     let (status, report) = run(what, cmd, STEP);
     assert!(status.success(), "{what} failed ({status:?}):\n{report}");
     let n = passed(&report);
-    assert!(n >= min, "{what} ran {n} tests (expected {min} or more):\n{report}");
+    assert!(
+        n >= min,
+        "{what} ran {n} tests (expected {min} or more):\n{report}"
+    );
 }
 
 #[test]
@@ -100,10 +103,8 @@ fn npm_pack_installs_into_a_scratch_project_and_its_tests_pass_there() {
     let pkg = repo_root().join("node");
     // node() checks that node and the binding's dependencies are there.
     drop(node());
-    let scratch = Scratch(std::env::temp_dir().join(format!(
-        "shmsched-npm-scratch-{}",
-        std::process::id()
-    )));
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("shmsched-npm-scratch-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&scratch.0);
     std::fs::create_dir_all(&scratch.0).unwrap();
 
@@ -133,8 +134,7 @@ fn npm_pack_installs_into_a_scratch_project_and_its_tests_pass_there() {
     // 2. A project of its own installs it (and TypeScript, for the types
     //    test), from the registry's cache where it can.
     let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(pkg.join("package.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("package.json")).unwrap()).unwrap();
     let ts = manifest["devDependencies"]["typescript"]
         .as_str()
         .expect("typescript in devDependencies");
@@ -160,7 +160,10 @@ fn npm_pack_installs_into_a_scratch_project_and_its_tests_pass_there() {
         .args(["install", "--prefer-offline", "--no-audit", "--no-fund"])
         .current_dir(&project);
     let (st, out) = run("npm install (scratch project)", install, STEP);
-    assert!(st.success(), "npm install in the scratch project failed:\n{out}");
+    assert!(
+        st.success(),
+        "npm install in the scratch project failed:\n{out}"
+    );
     let installed = project.join("node_modules/shmsched");
     assert!(
         installed.join("native/linux-x64/libshmsched.so").exists()

@@ -14,7 +14,7 @@ import {
   MismatchError, Region, Scheduler, ShmschedError, TimeoutError, UnknownTenantError,
   WrongKindError, debugPanic, priorityValue, strerror,
 } from 'shmsched';
-import { region, until } from './support.mjs';
+import { FAIR, region, until } from './support.mjs';
 
 test('the loaded library speaks this ABI, and is the one expected', () => {
   assert.equal(ABI_VERSION, 1);
@@ -197,14 +197,7 @@ test('limiter: consume, tryConsume, timeout, burst, live rate and capacity', asy
 });
 
 test('fair share: lease, refusal, release, stats, reap', () => {
-  const fair = FairShare.shared(region('fair'), {
-    ceiling: 100,
-    fairness_unit: 'cost',
-    tenants: [{ id: 'a', weight: 1 }, { id: 'b', weight: 1 }],
-    reclaim_horizon_ms: 100,
-    idle_after_ms: 1000,
-    started_at_ms: 0,
-  });
+  const fair = FairShare.shared(region('fair'), FAIR);
   const own = fair.acquire('b', 50, 1000, 2000);
   assert.deepEqual(own, { granted: true, id: 'b1', deadlineMs: 3000 });
   const loan = fair.acquire('b', 50, 100, 2000);

@@ -22,6 +22,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import * as shmsched from 'shmsched';
+import { FAIR } from './support.mjs';
 
 const {
   ClosedError, FairShare, InvalidArgumentError, InvalidPriorityError, Limiter, Region, Scheduler,
@@ -276,15 +277,6 @@ const leases = [
   ['lease: {id} with NUL', () => ({ id: 'a1\0' }), 'R'],
   ['lease: lone surrogate', () => '\udc00', 'R'],
 ];
-
-const FAIR = {
-  ceiling: 100,
-  fairness_unit: 'cost',
-  tenants: [{ id: 'a', weight: 1 }, { id: 'b', weight: 1 }],
-  reclaim_horizon_ms: 100,
-  idle_after_ms: 1000,
-  started_at_ms: 0,
-};
 
 // ---- the functions -------------------------------------------------------
 

@@ -36,3 +36,13 @@ export async function until(what, cond, ms = 30_000) {
     await new Promise((r) => setTimeout(r, 1));
   }
 }
+
+/** A fair-share configuration of two tenants of equal weight. */
+export const FAIR = Object.freeze({
+  ceiling: 100,
+  fairness_unit: 'cost',
+  tenants: [{ id: 'a', weight: 1 }, { id: 'b', weight: 1 }],
+  reclaim_horizon_ms: 100,
+  idle_after_ms: 1000,
+  started_at_ms: 0,
+});
