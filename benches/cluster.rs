@@ -17,6 +17,8 @@
 
 #[path = "../tests/redis_util/mod.rs"]
 mod redis_util;
+#[path = "../tests/tools/mod.rs"]
+mod tools;
 
 use std::time::{Duration, Instant};
 

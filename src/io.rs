@@ -18,10 +18,16 @@
 //!   call, whose error then reports the failure (no further byte moves
 //!   until a charge succeeds); [`copy`] writes what it read before
 //!   reporting a failed charge;
-//! - no single charge exceeds a quarter of the limiter's capacity (large
-//!   buffers are split), so throttled I/O never relies on the oversize rule
-//!   and never waits for a completely full bucket (which would lose the
-//!   wake-up latency as refill beyond the capacity).
+//! - no single charge exceeds a quarter of the smallest rate or capacity
+//!   along the limiter's chain (large buffers are split), so throttled I/O
+//!   never relies on the oversize rule or on debt at any level, and never
+//!   waits for a completely full bucket (which would lose the wake-up
+//!   latency as refill beyond the capacity);
+//! - tokens charged for bytes that never moved are given back: [`copy`]
+//!   refunds what a failing writer did not take, a [`LimitedReader`]
+//!   dropped with bytes prepaid by `fill_buf` and not consumed refunds
+//!   them, and the async writer refunds its unused credit when a write
+//!   fails or the adapter is dropped.
 //!
 //! Under a shared limiter, every process's adapters draw on one budget.
 //!
@@ -84,12 +90,15 @@ fn charge(lim: &Limiter, n: usize, p: Priority) -> io::Result<()> {
     Ok(())
 }
 
-/// The largest single charge: a quarter of the limiter's capacity. A
-/// charge of the whole capacity would wait for a *full* bucket, and the
-/// bucket stops refilling when full, so every wake-up delay would be lost
-/// throughput; with a quarter the wait ends while the bucket still fills.
+/// The largest single charge: a quarter of the smallest rate or capacity
+/// along the chain ([`Limiter::io_chunk`]). A charge of a whole capacity
+/// would wait for a *full* bucket, and a bucket stops refilling when full,
+/// so every wake-up delay would be lost throughput; with a quarter the
+/// wait ends while the bucket still fills. Bounding by every level's
+/// capacity (not only the leaf's rate) keeps a charge within each level's
+/// burst, so none needs the oversize rule's debt.
 fn max_chunk(lim: &Limiter) -> usize {
-    (lim.tokens_per_second() as usize / 4).max(1)
+    usize::try_from(lim.io_chunk()).unwrap_or(usize::MAX)
 }
 
 impl Limiter {
@@ -98,10 +107,12 @@ impl Limiter {
     pub fn reader<R>(&self, inner: R, priority: Priority) -> LimitedReader<R> {
         LimitedReader {
             inner,
-            lim: self.clone(),
-            priority,
-            prepaid: 0,
-            owed: 0,
+            acct: ReadAccount {
+                lim: self.clone(),
+                priority,
+                prepaid: 0,
+                owed: 0,
+            },
         }
     }
 
@@ -122,12 +133,28 @@ impl Limiter {
 #[derive(Debug)]
 pub struct LimitedReader<R> {
     inner: R,
+    acct: ReadAccount,
+}
+
+/// What a [`LimitedReader`] has charged and owes. Kept apart from the inner
+/// reader so that dropping it (with the adapter, or in `into_inner`) gives
+/// back the prepaid tokens of bytes never consumed.
+#[derive(Debug)]
+struct ReadAccount {
     lim: Limiter,
     priority: Priority,
     /// Bytes charged by `fill_buf` and not yet consumed.
     prepaid: usize,
     /// Bytes handed out whose charge failed; charged before anything else.
     owed: usize,
+}
+
+impl Drop for ReadAccount {
+    fn drop(&mut self) {
+        if self.prepaid > 0 {
+            self.lim.refund(self.prepaid as u64);
+        }
+    }
 }
 
 impl<R> LimitedReader<R> {
@@ -141,7 +168,8 @@ impl<R> LimitedReader<R> {
         &mut self.inner
     }
 
-    /// Unwraps the inner reader.
+    /// Unwraps the inner reader. Tokens prepaid by `fill_buf` for bytes
+    /// not consumed are given back.
     pub fn into_inner(self) -> R {
         self.inner
     }
@@ -159,19 +187,20 @@ fn settle(lim: &Limiter, owed: &mut usize, p: Priority) -> io::Result<()> {
 
 impl<R: Read> Read for LimitedReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        settle(&self.lim, &mut self.owed, self.priority)?;
-        if self.prepaid > 0 {
-            let k = buf.len().min(self.prepaid);
+        let a = &mut self.acct;
+        settle(&a.lim, &mut a.owed, a.priority)?;
+        if a.prepaid > 0 {
+            let k = buf.len().min(a.prepaid);
             let n = self.inner.read(&mut buf[..k])?;
-            self.prepaid -= n;
+            a.prepaid -= n;
             return Ok(n);
         }
-        let k = buf.len().min(max_chunk(&self.lim));
+        let k = buf.len().min(max_chunk(&a.lim));
         let n = self.inner.read(&mut buf[..k])?;
-        if charge(&self.lim, n, self.priority).is_err() {
+        if charge(&a.lim, n, a.priority).is_err() {
             // The bytes are read: hand them out, never drop them. The charge
             // is retried first thing next call, which reports the error.
-            self.owed = n;
+            a.owed = n;
         }
         Ok(n)
     }
@@ -179,20 +208,21 @@ impl<R: Read> Read for LimitedReader<R> {
 
 impl<R: BufRead> BufRead for LimitedReader<R> {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        settle(&self.lim, &mut self.owed, self.priority)?;
-        if self.prepaid == 0 {
-            let avail = self.inner.fill_buf()?.len().min(max_chunk(&self.lim));
-            charge(&self.lim, avail, self.priority)?;
-            self.prepaid = avail;
+        let a = &mut self.acct;
+        settle(&a.lim, &mut a.owed, a.priority)?;
+        if a.prepaid == 0 {
+            let avail = self.inner.fill_buf()?.len().min(max_chunk(&a.lim));
+            charge(&a.lim, avail, a.priority)?;
+            a.prepaid = avail;
         }
-        let k = self.prepaid;
+        let k = a.prepaid;
         let buf = self.inner.fill_buf()?;
         Ok(&buf[..k.min(buf.len())])
     }
 
     fn consume(&mut self, amt: usize) {
-        let amt = amt.min(self.prepaid);
-        self.prepaid -= amt;
+        let amt = amt.min(self.acct.prepaid);
+        self.acct.prepaid -= amt;
         self.inner.consume(amt);
     }
 }
@@ -249,7 +279,9 @@ impl<W: Write> Write for LimitedWriter<W> {
 /// Copies `reader` to `writer` (like `std::io::copy`), charging `limiter`
 /// one token per byte at `priority` before each chunk is written. Returns
 /// the bytes copied. If a charge fails, the chunk already read is still
-/// written before the error is returned (nothing read is dropped).
+/// written before the error is returned (nothing read is dropped). If the
+/// writer fails, the tokens of the bytes it did not take are given back,
+/// so a failed copy costs what it wrote.
 pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
     reader: &mut R,
     writer: &mut W,
@@ -266,10 +298,30 @@ pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
             Err(e) => return Err(e),
         };
         let charged = charge(limiter, n, priority);
-        writer.write_all(&buf[..n])?;
-        total += n as u64;
+        let written = write_counted(writer, &buf[..n]);
+        total += written.as_ref().map_or_else(|(k, _)| *k, |k| *k) as u64;
+        if let Err((k, e)) = written {
+            if charged.is_ok() {
+                limiter.refund((n - k) as u64);
+            }
+            return Err(e);
+        }
         charged?;
     }
+}
+
+/// `write_all` that says how much was written when it fails.
+fn write_counted<W: Write + ?Sized>(w: &mut W, buf: &[u8]) -> Result<usize, (usize, io::Error)> {
+    let mut done = 0;
+    while done < buf.len() {
+        match w.write(&buf[done..]) {
+            Ok(0) => return Err((done, io::ErrorKind::WriteZero.into())),
+            Ok(k) => done += k.min(buf.len() - done),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((done, e)),
+        }
+    }
+    Ok(done)
 }
 
 /// Reads the whole file at `path` while holding one permit of `sched` at
@@ -428,9 +480,11 @@ mod tokio_io {
         pub fn async_writer<W>(&self, inner: W, priority: Priority) -> AsyncLimitedWriter<W> {
             AsyncLimitedWriter {
                 inner,
-                lim: self.clone(),
-                priority,
-                credit: 0,
+                acct: Credit {
+                    lim: self.clone(),
+                    priority,
+                    credit: 0,
+                },
                 pending: None,
             }
         }
@@ -551,19 +605,43 @@ mod tokio_io {
 
     /// An `AsyncWrite` throttled by a [`Limiter`] (feature `tokio`).
     ///
-    /// Charges before writing (at most a quarter of the capacity at a
-    /// time); the pending charge is kept in the adapter across polls, and
-    /// bytes charged but not taken by a short write are credit for the next
-    /// write. Dropping the adapter with a charge pending cancels it.
+    /// Charges before writing (at most a quarter of the smallest rate or
+    /// capacity along the chain at a time); the pending charge is kept in
+    /// the adapter across polls, and bytes charged but not taken by a short
+    /// write are credit for the next write. Dropping the adapter with a
+    /// charge pending cancels it; credit left unused when a write fails or
+    /// the adapter is dropped (or unwrapped) is given back.
     #[derive(Debug)]
     pub struct AsyncLimitedWriter<W> {
         inner: W,
+        acct: Credit,
+        /// A charge in progress and its size.
+        pending: Option<Consume>,
+    }
+
+    /// Tokens an [`AsyncLimitedWriter`] charged and has not written yet,
+    /// given back when dropped (kept apart from the inner writer so that
+    /// `into_inner` can move it out).
+    #[derive(Debug)]
+    struct Credit {
         lim: Limiter,
         priority: Priority,
         /// Bytes charged but not yet written.
         credit: usize,
-        /// A charge in progress and its size.
-        pending: Option<Consume>,
+    }
+
+    impl Credit {
+        fn give_back(&mut self) {
+            if self.credit > 0 {
+                self.lim.refund(std::mem::take(&mut self.credit) as u64);
+            }
+        }
+    }
+
+    impl Drop for Credit {
+        fn drop(&mut self) {
+            self.give_back();
+        }
     }
 
     impl<W> AsyncLimitedWriter<W> {
@@ -578,7 +656,7 @@ mod tokio_io {
             &mut self.inner
         }
 
-        /// Unwraps the inner writer (any unused credit is lost).
+        /// Unwraps the inner writer (unused credit is given back).
         pub fn into_inner(self) -> W {
             self.inner
         }
@@ -594,19 +672,28 @@ mod tokio_io {
             if buf.is_empty() {
                 return Pin::new(&mut this.inner).poll_write(cx, buf);
             }
-            if this.credit == 0 {
+            let a = &mut this.acct;
+            if a.credit == 0 {
                 if this.pending.is_none() {
-                    let k = buf.len().min(max_chunk(&this.lim));
-                    this.pending = Some(this.lim.consume_async(k as u64, this.priority));
+                    let k = buf.len().min(max_chunk(&a.lim));
+                    this.pending = Some(a.lim.consume_async(k as u64, a.priority));
                 }
                 let k = this.pending.as_ref().map_or(0, |f| f.tokens() as usize);
                 ready!(poll_charge(&mut this.pending, cx))?;
-                this.credit = k;
+                a.credit = k;
             }
-            let k = buf.len().min(this.credit);
-            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..k]))?;
-            this.credit -= n.min(k);
-            Poll::Ready(Ok(n))
+            let k = buf.len().min(a.credit);
+            match ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..k])) {
+                Ok(n) => {
+                    a.credit -= n.min(k);
+                    Poll::Ready(Ok(n))
+                }
+                Err(e) => {
+                    // Nothing of the failed write moved: its tokens go back.
+                    a.give_back();
+                    Poll::Ready(Err(e))
+                }
+            }
         }
 
         fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -2,8 +2,11 @@
 //! the CLI, and its exit status on logs that are not valid
 //! (`docs/fair-share.md`, "Call logs").
 
+mod tools;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
+use tools::BoundedOutput;
 
 use serde_json::Value;
 
@@ -49,8 +52,7 @@ fn replay_from_a_file_reproduces_t09() {
     let out = Command::new(BIN)
         .args(["fair", "replay"])
         .arg(&path)
-        .output()
-        .unwrap();
+        .bounded_output();
     let _ = std::fs::remove_file(&path);
     assert!(
         out.status.success(),
@@ -74,7 +76,7 @@ fn replay_from_stdin_reproduces_t09() {
         .unwrap()
         .write_all(T09.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = tools::bounded_wait_output(child);
     assert!(out.status.success());
     check_t09(&out.stdout);
 }
@@ -83,8 +85,7 @@ fn replay_from_stdin_reproduces_t09() {
 fn replay_of_a_missing_file_names_it() {
     let out = Command::new(BIN)
         .args(["fair", "replay", "/nonexistent/shmsched-log.jsonl"])
-        .output()
-        .unwrap();
+        .bounded_output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/shmsched-log.jsonl"), "{err}");
@@ -105,7 +106,7 @@ fn replay_stdin(log: &str) -> (Option<i32>, Vec<String>, String) {
         .unwrap()
         .write_all(log.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = tools::bounded_wait_output(child);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout)

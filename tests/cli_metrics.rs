@@ -5,6 +5,9 @@
 //! dashboard is checked against the names the exporter really emits.
 
 mod procs;
+mod tools;
+
+use tools::BoundedOutput;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
@@ -110,8 +113,7 @@ fn one(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
 fn stat_json(name: &str) -> Value {
     let out = Command::new(BIN)
         .args(["stat", name, "--json"])
-        .output()
-        .unwrap();
+        .bounded_output();
     assert!(
         out.status.success(),
         "{}",
@@ -373,8 +375,7 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     for n in [&sn, &ln, &fname] {
         let out = Command::new(BIN)
             .args(["stat", n, "--prometheus"])
-            .output()
-            .unwrap();
+            .bounded_output();
         assert!(
             out.status.success(),
             "{}",

@@ -14,6 +14,9 @@
 
 mod procs;
 mod redis_util;
+mod tools;
+
+use tools::BoundedOutput;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -830,8 +833,7 @@ fn cli_agent_stat_and_status_show_the_lease() {
             .arg("stat")
             .args(args)
             .arg(&host.name)
-            .output()
-            .unwrap();
+            .bounded_output();
         assert!(o.status.success(), "{o:?}");
         String::from_utf8(o.stdout).unwrap()
     };
@@ -854,8 +856,7 @@ fn cli_agent_stat_and_status_show_the_lease() {
     assert!(prom.contains("shmsched_cluster_lease_mode{") && prom.contains("mode=\"normal\""));
     let o = std::process::Command::new(exe)
         .args(["cluster", "status", "--redis", &b.url, "--budget", &b.name])
-        .output()
-        .unwrap();
+        .bounded_output();
     let status = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && status.contains(&host.name),
@@ -882,8 +883,7 @@ fn cli_agent_stat_and_status_show_the_lease() {
     let o = std::process::Command::new(exe)
         .args(["cluster", "agent", "--redis", &b.url, "--budget", "a{b}"])
         .args(["--capacity", "5", &host.name])
-        .output()
-        .unwrap();
+        .bounded_output();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("a{b}"));
 }

@@ -4,6 +4,7 @@
 //! loss of state, refusals, and the reload after `SCRIPT FLUSH`.
 
 mod redis_util;
+mod tools;
 
 use std::time::Duration;
 

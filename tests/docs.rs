@@ -2,8 +2,11 @@
 //! in the repository, nothing cites the design notes outside it, and the
 //! README says what the operability issue found missing (stumbles 4 and 8).
 
+mod tools;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tools::BoundedOutput;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -67,8 +70,7 @@ fn every_cited_document_is_in_the_repository() {
 fn replay_help_points_at_the_shipped_format() {
     let out = Command::new(env!("CARGO_BIN_EXE_shmsched"))
         .args(["fair", "replay", "--help"])
-        .output()
-        .unwrap();
+        .bounded_output();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("docs/fair-share.md"), "{help}");
     assert!(!help.contains("FAIR-SHARE"), "{help}");

@@ -7,6 +7,7 @@
 //! is bounded.
 
 mod region_util;
+mod tools;
 use region_util as common;
 
 use std::io::Write;
@@ -85,7 +86,7 @@ fn stat_within(path: &std::path::Path, limit: Duration) -> (Option<i32>, String,
     let start = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
-            let out = child.wait_with_output().unwrap();
+            let out = tools::bounded_wait_output(child);
             return (
                 out.status.code(),
                 String::from_utf8_lossy(&out.stdout).into(),
@@ -365,7 +366,7 @@ fn replay_bounds_the_lease_capacity() {
         .unwrap()
         .write_all(log.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = tools::bounded_wait_output(child);
     // Exit 1: two lines were not valid calls (named on stderr); the other
     // answers are still printed, and nothing aborted.
     assert_eq!(out.status.code(), Some(1), "{out:?}");

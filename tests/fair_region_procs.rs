@@ -9,6 +9,7 @@
 //!   at once through the `*_now` calls: no lost update, the ceiling holds,
 //!   time never goes backwards.
 
+mod tools;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -177,9 +178,7 @@ fn child_role() {
                 // SAFETY: leave the forked child without running destructors.
                 unsafe { libc::_exit(code) };
             }
-            let mut status = 0;
-            // SAFETY: `pid` is our child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
+            let status = tools::bounded_waitpid(pid);
             if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
                 fail(format!("forked child status {status}"));
             }
@@ -301,7 +300,7 @@ fn several_processes_share_one_region_without_lost_updates() {
     let children: Vec<Child> = tenants.iter().map(|t| spawn("worker", &tmp.0, t)).collect();
     let mut results = Vec::new();
     for (t, child) in tenants.iter().zip(children) {
-        let out = child.wait_with_output().unwrap();
+        let out = tools::bounded_wait_output(child);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success(), "{t}: {:?} {text}", out.status);
         let lines = role_lines(&text);
@@ -350,7 +349,7 @@ fn a_handle_inherited_across_fork_is_the_childs_own_process() {
     let region = Region::create(&tmp.0).unwrap();
     let _f = FairShare::shared_with_capacity(&region, &cfg(&["a", "b"]), 16).unwrap();
     // Fork from a fresh single-purpose process, not from this test harness.
-    let out = spawn("fork", &tmp.0, "").wait_with_output().unwrap();
+    let out = tools::bounded_wait_output(spawn("fork", &tmp.0, ""));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{:?} {text}", out.status);
     let lines = role_lines(&text);

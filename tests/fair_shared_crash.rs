@@ -7,6 +7,7 @@
 //! keeps the child's allocator usable.
 
 mod common;
+mod tools;
 
 use common::shm::TestShared;
 use common::{at, cfg2};
@@ -101,9 +102,7 @@ fn concurrent_processes_keep_the_ledger_exact() {
         pids.push(pid);
     }
     for pid in pids {
-        let mut status = 0;
-        // SAFETY: `pid` is our child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        let status = tools::bounded_waitpid(pid);
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "child status {status}"
@@ -156,9 +155,7 @@ fn killed_holder_at_every_step_leaves_committed_state() {
                 // SAFETY: leave without running the parent's destructors.
                 unsafe { libc::_exit(3) };
             }
-            let mut status = 0;
-            // SAFETY: `pid` is our child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
+            let status = tools::bounded_waitpid(pid);
             let died = libc::WIFSIGNALED(status);
             // A misuse call (releasing "zz") fails before the flip, so its
             // BeforeFlip/AfterFlip points are never reached: the child

@@ -14,6 +14,7 @@
 //! One test in this binary, so the forks happen with no other test thread
 //! running (only the idle harness main thread).
 
+mod tools;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
@@ -214,10 +215,7 @@ fn run_child(what: Strict) -> libc::c_int {
         let _ = std::panic::catch_unwind(|| child(what));
         raw_exit(5);
     }
-    let mut status = 0;
-    // SAFETY: waiting for our own child; `status` is a valid out-pointer.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    status
+    tools::bounded_waitpid(pid)
 }
 
 fn killed_by_seccomp(status: libc::c_int) -> bool {

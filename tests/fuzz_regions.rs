@@ -18,6 +18,7 @@
 //! `SHMSCHED_FUZZ_FILES` sets the files per kind (default 20,000), and
 //! failing files are kept under the system temp dir for reproduction.
 
+mod tools;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -303,9 +304,7 @@ fn bases(dir: &Path) -> Vec<Vec<u8>> {
             // SAFETY (test): leave without running destructors.
             unsafe { libc::_exit(0) };
         }
-        let mut st = 0;
-        // SAFETY (test): our own child.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
+        let st = tools::bounded_waitpid(pid);
         assert!(
             libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
             "base {kind}"

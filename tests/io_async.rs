@@ -141,3 +141,73 @@ fn async_reader_drops_no_byte_when_a_charge_fails() {
     });
     assert_eq!(wait_child(pid, Duration::from_secs(30)), Exit::Code(0));
 }
+
+/// An `AsyncWrite` that takes `room` bytes in all, then fails.
+struct FailingAsync {
+    room: usize,
+}
+
+impl tokio::io::AsyncWrite for FailingAsync {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.room == 0 {
+            return std::task::Poll::Ready(Err(std::io::Error::other("disk full")));
+        }
+        let n = buf.len().min(self.room);
+        self.room -= n;
+        std::task::Poll::Ready(Ok(n))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// The bucket word: its growth is the tokens charged, exactly, while the
+/// bucket is not full.
+fn word(l: &Limiter) -> i64 {
+    let s = l.stats();
+    s.clock as i64 + i64::from(s.tokens_per_second) - s.tokens
+}
+
+#[tokio::test]
+async fn a_failing_async_writer_gives_its_credit_back() {
+    // The issue: 20,000 tokens charged for 1,000 bytes written.
+    let lim = Limiter::new(200_000).unwrap();
+    lim.consume(100_000, Priority::Normal).unwrap();
+    let before = word(&lim);
+    let mut w = lim.async_writer(FailingAsync { room: 1_000 }, Priority::Normal);
+    let err = w.write_all(&[3u8; 20_000]).await.unwrap_err();
+    assert_eq!(err.to_string(), "disk full");
+    assert_eq!(word(&lim) - before, 1_000);
+
+    // Credit left by a short write is given back when the adapter goes.
+    let before = word(&lim);
+    let mut w = lim.async_writer(FailingAsync { room: 300 }, Priority::Normal);
+    assert_eq!(w.write(&[3u8; 20_000]).await.unwrap(), 300);
+    assert_eq!(word(&lim) - before, 20_000, "charged before writing");
+    drop(w);
+    assert_eq!(word(&lim) - before, 300);
+}
+
+#[tokio::test]
+async fn async_charges_are_bounded_by_the_chain() {
+    let root = Limiter::with_capacity(1_000_000, 1_000).unwrap();
+    let child = root.child(2_000_000_000).unwrap();
+    let mut r = child.async_reader(&[9u8; 5_000][..], Priority::Normal);
+    let mut buf = vec![0u8; 5_000];
+    let n = r.read(&mut buf).await.unwrap();
+    assert!(n <= 250, "{n}");
+    assert_eq!(root.stats().forced, 0);
+}

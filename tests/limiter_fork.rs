@@ -5,6 +5,7 @@
 //! One test in this binary, so the fork happens with no other test thread
 //! running.
 
+mod tools;
 use shmsched::limiter::Limiter;
 use shmsched::region::Region;
 use shmsched::{Error, Priority};
@@ -47,9 +48,7 @@ fn inherited_limiter_after_fork() {
         // SAFETY: leave the child without running the parent's destructors.
         unsafe { libc::_exit(code) };
     }
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    let status = tools::bounded_waitpid(pid);
     assert!(libc::WIFEXITED(status), "child crashed: {status:#x}");
     assert_eq!(
         libc::WEXITSTATUS(status),

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 #[path = "../examples/prefork_http/main.rs"]
 #[allow(dead_code)]
 mod app;
+mod tools;
 
 const NAME: &str = "prefork_http_load";
 
@@ -60,10 +61,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if !app::load::have_wrk() {
-        println!(
-            "test {NAME} ... skipped: wrk is not installed (apt-get install -y wrk; .ci/run does)"
-        );
-        return ExitCode::SUCCESS;
+        tools::require_tool("wrk", tools::Get::Apt("wrk"));
     }
     let exe = std::env::current_exe().expect("current_exe");
     let opts = app::load::LoadOpts {

@@ -4,60 +4,45 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use support::{include_dir, repo_root};
+use support::{cc, cxx, include_dir, output_of, BUILD_TIMEOUT};
 
-/// The cbindgen version the header is generated with (also in
-/// `ffi/cbindgen.toml` and `.ci/run`).
-const CBINDGEN_VERSION: &str = "0.29.4";
+/// Generates the header with the cbindgen library this test depends on
+/// (pinned to the version the committed header names: `=0.29.4` in
+/// `ffi/Cargo.toml`), with `ffi/cbindgen.toml`: nothing to install.
+fn generate() -> String {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
+        .unwrap_or_else(|e| panic!("read ffi/cbindgen.toml: {e}"));
+    let bindings = cbindgen::Builder::new()
+        .with_crate(crate_dir)
+        .with_config(config)
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).expect("cbindgen writes UTF-8")
+}
 
-fn cbindgen() -> PathBuf {
-    let candidates = [
-        std::env::var_os("CBINDGEN").map(PathBuf::from),
-        Some(PathBuf::from("cbindgen")),
-        std::env::var_os("CARGO_HOME").map(|h| Path::new(&h).join("bin/cbindgen")),
-        std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo/bin/cbindgen")),
-    ];
-    for c in candidates.into_iter().flatten() {
-        if let Ok(out) = Command::new(&c).arg("--version").output() {
-            let v = String::from_utf8_lossy(&out.stdout);
-            if v.trim() == format!("cbindgen {CBINDGEN_VERSION}") {
-                return c;
-            }
-        }
+/// Writes the freshly generated header over the committed one when
+/// `SHMSCHED_BLESS_HEADER=1` (the way to regenerate it:
+/// `SHMSCHED_BLESS_HEADER=1 cargo test -p shmsched-ffi --test header`).
+fn bless(fresh: &str) -> bool {
+    if std::env::var_os("SHMSCHED_BLESS_HEADER").is_some_and(|v| v == "1") {
+        std::fs::write(include_dir().join("shmsched.h"), fresh).expect("write the header");
+        return true;
     }
-    panic!(
-        "cbindgen {CBINDGEN_VERSION} is not installed (the header is generated with that exact \
-         version). Install it with:\n    cargo install cbindgen --version {CBINDGEN_VERSION} --locked\n\
-         (.ci/run does this), or point CBINDGEN at it."
-    );
+    false
 }
 
 #[test]
 fn header_is_current() {
-    let out = std::env::temp_dir().join(format!("shmsched-header-{}.h", std::process::id()));
-    let res = Command::new(cbindgen())
-        .args([
-            "--config",
-            "ffi/cbindgen.toml",
-            "--crate",
-            "shmsched-ffi",
-            "--quiet",
-            "--output",
-        ])
-        .arg(&out)
-        .current_dir(repo_root())
-        .output()
-        .expect("run cbindgen");
-    assert!(
-        res.status.success(),
-        "cbindgen failed:\n{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
-    let fresh = std::fs::read_to_string(&out).expect("read generated header");
-    let _ = std::fs::remove_file(&out);
+    let fresh = generate();
+    if bless(&fresh) {
+        return;
+    }
     let committed =
         std::fs::read_to_string(include_dir().join("shmsched.h")).expect("read committed header");
     if fresh != committed {
@@ -68,8 +53,8 @@ fn header_is_current() {
             .map_or(fresh.lines().count().min(committed.lines().count()), |i| i);
         panic!(
             "ffi/include/shmsched.h is out of date (first difference at line {}):\n  \
-             generated: {:?}\n  committed: {:?}\nRegenerate it from the repository root with:\n    \
-             cbindgen --config ffi/cbindgen.toml --crate shmsched-ffi --output ffi/include/shmsched.h",
+             generated: {:?}\n  committed: {:?}\nRegenerate it with:\n    \
+             SHMSCHED_BLESS_HEADER=1 cargo test -p shmsched-ffi --test header",
             line + 1,
             fresh.lines().nth(line).unwrap_or("<end>"),
             committed.lines().nth(line).unwrap_or("<end>"),
@@ -107,7 +92,7 @@ int probe(void) {
 }
 "#;
 
-fn compile(compiler: &str, lang: &str, std: &str) {
+fn compile(compiler: &Path, lang: &str, std: &str) {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("header-probe");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join(format!(
@@ -115,31 +100,31 @@ fn compile(compiler: &str, lang: &str, std: &str) {
         if lang == "c" { "c" } else { "cpp" }
     ));
     std::fs::write(&src, PROBE).unwrap();
-    let out = Command::new(compiler)
-        .args(["-x", lang, &format!("-std={std}")])
+    let mut cmd = Command::new(compiler);
+    cmd.args(["-x", lang, &format!("-std={std}")])
         .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"])
         .arg("-I")
         .arg(include_dir())
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
+        .arg(&src);
+    let out = output_of(cmd, BUILD_TIMEOUT);
     assert!(
         out.status.success(),
-        "shmsched.h does not compile with {compiler} -std={std} -Wall -Wextra -Werror -pedantic:\n{}",
+        "shmsched.h does not compile with {} -std={std} -Wall -Wextra -Werror -pedantic:\n{}",
+        compiler.display(),
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 #[test]
 fn header_compiles_as_c_with_warnings_as_errors() {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cc = cc();
     compile(&cc, "c", "c99");
     compile(&cc, "c", "c11");
 }
 
 #[test]
 fn header_compiles_as_cpp_with_warnings_as_errors() {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let cxx = cxx();
     compile(&cxx, "c++", "c++11");
     compile(&cxx, "c++", "c++17");
 }

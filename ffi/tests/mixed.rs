@@ -175,6 +175,25 @@ fn observe(s: &Scheduler, stop: &AtomicBool, worst: &AtomicU32, full: &AtomicU64
 
 const LANGS: [&str; 5] = ["rust", "c", "c", "python", "node"];
 
+/// Sets the flag when dropped: the observer thread stops also when the
+/// test fails (a panic unwinds through this guard before the scope joins
+/// the observer, which would otherwise spin for ever).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Checks every tool the workers need before anything starts, so a missing
+/// one fails the test at once, naming it.
+fn tools_first() {
+    drop(node());
+    drop(python());
+    compile_c("worker", &[test_file("workers/worker.c")]);
+}
+
 /// The two tests load both cores; run them one at a time, so that the
 /// limiter's workers are not starved of CPU by the scheduler's churn.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -182,6 +201,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn mixed_languages_share_one_scheduler() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    tools_first();
     const CAP: u32 = 3;
     let tmp = TempRegion::new("mixed-sched");
     let region = Region::create(&tmp.0).unwrap();
@@ -194,6 +214,7 @@ fn mixed_languages_share_one_scheduler() {
     let full = AtomicU64::new(0);
     std::thread::scope(|sc| {
         let observer = sc.spawn(|| observe(&me, &stop, &worst, &full, CAP));
+        let stop_guard = StopOnDrop(&stop);
         let mut kids: Vec<Kid> = LANGS
             .iter()
             .map(|l| worker(l, "sched-churn", &[&tmp.0, "2"]))
@@ -208,7 +229,7 @@ fn mixed_languages_share_one_scheduler() {
         for k in kids {
             assert!(k.finish().success());
         }
-        stop.store(true, Ordering::Relaxed);
+        drop(stop_guard);
         observer.join().unwrap();
     });
     let worst = worst.load(Ordering::Relaxed);
@@ -336,6 +357,7 @@ fn mixed_languages_share_one_scheduler() {
 #[test]
 fn mixed_languages_share_one_limiter() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    tools_first();
     const RATE: u64 = 1_000_000;
     const CHUNK: &str = "2000";
     // Completions are counted in 10 ms buckets from the origin; the window

@@ -9,15 +9,19 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{include_dir, lib_dir, repo_root, Kid};
+use std::time::Duration;
+
+use support::{
+    include_dir, lib_dir, output_of, pkg_config as pkg_config_tool, repo_root, Kid, BUILD_TIMEOUT,
+};
+
+/// The longest one run of a small program here may take.
+const RUN: Duration = Duration::from_secs(60);
 
 fn pkg_config(path: &Path, args: &[&str]) -> Vec<String> {
-    let out = Command::new("pkg-config")
-        .args(args)
-        .arg("shmsched")
-        .env("PKG_CONFIG_PATH", path)
-        .output()
-        .expect("run pkg-config (install it: apt-get install pkg-config)");
+    let mut cmd = Command::new(pkg_config_tool());
+    cmd.args(args).arg("shmsched").env("PKG_CONFIG_PATH", path);
+    let out = output_of(cmd, RUN);
     assert!(
         out.status.success(),
         "pkg-config {args:?} failed: {}",
@@ -31,14 +35,13 @@ fn pkg_config(path: &Path, args: &[&str]) -> Vec<String> {
 }
 
 fn cc(args: &[String], source: &Path, out: &Path) {
-    let res = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
+    let mut cmd = Command::new(support::cc());
+    cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
         .arg(source)
         .arg("-o")
         .arg(out)
-        .args(args)
-        .output()
-        .expect("run cc");
+        .args(args);
+    let res = output_of(cmd, BUILD_TIMEOUT);
     assert!(
         res.status.success(),
         "cc {} failed:\n{}",
@@ -111,12 +114,11 @@ fn prefork_example_builds_with_pkg_config_and_runs() {
 #[test]
 fn install_prefix_works_with_pkg_config_and_static_linking() {
     let prefix = out_dir("install-prefix");
-    let res = Command::new("bash")
-        .arg(repo_root().join("ffi/install.sh"))
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("ffi/install.sh"))
         .arg(&prefix)
-        .arg(lib_dir())
-        .output()
-        .expect("run ffi/install.sh");
+        .arg(lib_dir());
+    let res = output_of(cmd, RUN);
     assert!(
         res.status.success(),
         "install.sh failed: {}",
@@ -139,10 +141,9 @@ fn install_prefix_works_with_pkg_config_and_static_linking() {
     // Dynamic, through the installed .pc.
     let dynamic = prefix.join("version-dynamic");
     cc(&pkg_config(&pc, &["--cflags", "--libs"]), &src, &dynamic);
-    let out = Command::new(&dynamic)
-        .env("LD_LIBRARY_PATH", prefix.join("lib"))
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(&dynamic);
+    cmd.env("LD_LIBRARY_PATH", prefix.join("lib"));
+    let out = output_of(cmd, RUN);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "abi 1");
     // Static: the archive plus the system libraries the .pc lists.
@@ -155,7 +156,7 @@ fn install_prefix_works_with_pkg_config_and_static_linking() {
             .filter(|f| f != "-lshmsched" && !f.starts_with("-L")),
     );
     cc(&flags, &src, &stat);
-    let out = Command::new(&stat).output().unwrap();
+    let out = output_of(Command::new(&stat), RUN);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "abi 1");
 }
@@ -177,6 +178,8 @@ fn readme_c_snippet_builds_and_runs() {
         "the snippet's region name"
     );
     let name = format!("test-readme-c-{}", std::process::id());
+    // Removed on drop, also when the snippet fails half-way.
+    let _cleanup = support::TempRegion(format!("/dev/shm/shmsched.{name}"));
     let dir = out_dir("readme-c");
     let src = dir.join("snippet.c");
     std::fs::write(&src, body.replace("\"pool\"", &format!("\"{name}\""))).unwrap();
@@ -191,7 +194,7 @@ fn readme_c_snippet_builds_and_runs() {
     );
     let exe = dir.join("snippet");
     cc(&flags, &src, &exe);
-    let out = Command::new(&exe).output().expect("run the snippet");
+    let out = output_of(Command::new(&exe), RUN);
     assert!(
         out.status.success(),
         "the README's C snippet failed: {}",

@@ -436,6 +436,33 @@ impl Limiter {
         }
     }
 
+    /// The largest single charge the throttled I/O adapters make: a quarter
+    /// of the smallest rate or capacity along the chain (at least 1), so no
+    /// charge needs more than a quarter of any level's burst, nor waits for
+    /// more than a quarter second of any level's refill.
+    pub(crate) fn io_chunk(&self) -> u64 {
+        let mut least = u64::MAX;
+        let mut node = Some(&self.node);
+        while let Some(n) = node {
+            if let Ok(p) = n.params() {
+                least = least.min(p.gcra.rate()).min(p.gcra.cap());
+            }
+            node = n.parent();
+        }
+        (least / 4).max(1)
+    }
+
+    /// Gives back `n` tokens charged on every level of this handle's chain
+    /// and not used (the I/O adapters: bytes charged before a write that
+    /// then failed or wrote less). Waiters the tokens now cover are served.
+    pub(crate) fn refund(&self, n: u64) {
+        let mut node = Some(&self.node);
+        while let Some(c) = node {
+            c.refund(n);
+            node = c.parent();
+        }
+    }
+
     /// The rate in force (tokens per second).
     pub fn tokens_per_second(&self) -> u32 {
         self.node.params().map_or(0, |p| p.gcra.rate() as u32)

@@ -1,12 +1,19 @@
 //! Helpers for cross-process tests: children are this same test binary,
 //! re-executed with a role in the environment, so no test forks a
-//! multi-threaded harness.
+//! multi-threaded harness. Every wait on a child has a deadline
+//! ([`WAIT`]), and a child is killed when its handle drops (also when a
+//! failing test unwinds), so no test hangs on a child.
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
+
+/// How long any single wait for a child (a line, its exit) may take before
+/// the test fails.
+pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The role a re-executed child plays, if any.
 pub fn role() -> Option<(String, Vec<String>)> {
@@ -21,11 +28,13 @@ pub fn role() -> Option<(String, Vec<String>)> {
     ))
 }
 
-/// A child process running `role` through the test named `entry`.
+/// A child process running `role` through the test named `entry`; its
+/// stdout lines arrive through a channel (read by a thread), so that every
+/// wait has a deadline. Killed and reaped on drop.
 pub struct Kid {
     pub child: Child,
     pub stdin: Option<ChildStdin>,
-    pub out: BufReader<ChildStdout>,
+    lines: Receiver<String>,
 }
 
 pub fn spawn(entry: &str, role: &str, args: &[String]) -> Kid {
@@ -41,27 +50,70 @@ pub fn spawn(entry: &str, role: &str, args: &[String]) -> Kid {
         .expect("spawn child");
     let stdin = child.stdin.take();
     let out = BufReader::new(child.stdout.take().unwrap());
-    Kid { child, stdin, out }
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Kid {
+        child,
+        stdin,
+        lines,
+    }
 }
 
 impl Kid {
     /// Reads lines until one starts with `prefix`; returns the rest of it.
+    /// Fails if the child exits first or prints no such line within
+    /// [`WAIT`].
     pub fn expect_line(&mut self, prefix: &str) -> String {
-        let mut line = String::new();
+        let deadline = Instant::now() + WAIT;
         loop {
-            line.clear();
-            let n = self.out.read_line(&mut line).expect("read child stdout");
-            assert!(n > 0, "child exited before printing {prefix:?}");
-            if let Some(rest) = line.trim_end().strip_prefix(prefix) {
-                return rest.trim().to_string();
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.trim_end().strip_prefix(prefix) {
+                        return rest.trim().to_string();
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "child {}: no line {prefix:?} within {WAIT:?}",
+                        self.child.id()
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "child {} exited before printing {prefix:?}",
+                        self.child.id()
+                    )
+                }
             }
         }
     }
 
-    /// Closes stdin (the child's signal to finish) and waits for it.
+    /// Closes stdin (the child's signal to finish) and waits for it, at
+    /// most [`WAIT`]; kills it and fails after that.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
-        self.child.wait().expect("wait child")
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait child") {
+                return st;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("child {} did not exit within {WAIT:?}", self.child.id());
+            }
+            // A time bound on the wait, not synchronisation: the outcome is
+            // the child's exit status.
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn send(&mut self, line: &str) {
@@ -73,6 +125,15 @@ impl Kid {
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

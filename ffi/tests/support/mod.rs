@@ -1,9 +1,16 @@
 //! What the C ABI's integration tests share: the freshly built library,
-//! compiling C programs against it, and child processes that are bounded
-//! in time (a test never hangs: every wait has a deadline, and children are
-//! killed when their handle drops).
+//! compiling C programs against it, the tools they need (through the
+//! project's one convention, `tests/tools`: a missing tool is got or named
+//! at once, never a hang), and child processes that are bounded in time (a
+//! test never hangs: every wait has a deadline, and children are killed
+//! when their handle drops).
 
 #![allow(dead_code)]
+
+#[path = "../../../tests/tools/mod.rs"]
+pub mod tools;
+
+pub use tools::{output_of, require_tool, Get};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -52,13 +59,12 @@ pub fn lib_dir() -> &'static Path {
             None => panic!("cannot tell the profile from {}", exe.display()),
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(&cargo)
-            .args(["build", "-p", "shmsched-ffi", "--profile", &profile])
+        let mut cmd = Command::new(&cargo);
+        cmd.args(["build", "-p", "shmsched-ffi", "--profile", &profile])
             .arg("--target-dir")
             .arg(target_dir)
-            .current_dir(repo_root())
-            .output()
-            .expect("run cargo build -p shmsched-ffi");
+            .current_dir(repo_root());
+        let out = output_of(cmd, BUILD_TIMEOUT);
         assert!(
             out.status.success(),
             "cargo build -p shmsched-ffi failed:\n{}",
@@ -68,6 +74,31 @@ pub fn lib_dir() -> &'static Path {
         assert!(so.exists(), "{} was not built", so.display());
         profile_dir.to_path_buf()
     })
+}
+
+/// The longest a build or compile a test starts may take.
+pub const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The C compiler (`$CC`, else `cc`), got from Debian's gcc when missing.
+pub fn cc() -> PathBuf {
+    match std::env::var_os("CC") {
+        Some(cc) => PathBuf::from(cc),
+        None => require_tool("cc", Get::Apt("gcc")),
+    }
+}
+
+/// The C++ compiler (`$CXX`, else `c++`), got from Debian's g++ when
+/// missing.
+pub fn cxx() -> PathBuf {
+    match std::env::var_os("CXX") {
+        Some(cxx) => PathBuf::from(cxx),
+        None => require_tool("c++", Get::Apt("g++")),
+    }
+}
+
+/// `pkg-config`, got from Debian's pkgconf when missing.
+pub fn pkg_config() -> PathBuf {
+    require_tool("pkg-config", Get::Apt("pkgconf"))
 }
 
 /// The shared library's path (for ctypes and koffi).
@@ -94,7 +125,7 @@ pub fn compile_c(name: &str, sources: &[PathBuf]) -> PathBuf {
     }
     let out = c_out_dir().join(name);
     let lib = lib_dir();
-    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    let mut cmd = Command::new(cc());
     cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
         .arg("-I")
         .arg(include_dir())
@@ -105,7 +136,7 @@ pub fn compile_c(name: &str, sources: &[PathBuf]) -> PathBuf {
         .arg(lib)
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .args(["-lshmsched", "-lpthread"]);
-    let res = cmd.output().expect("run cc");
+    let res = output_of(cmd, BUILD_TIMEOUT);
     assert!(
         res.status.success(),
         "cc failed for {name}:\n{}",
@@ -137,8 +168,28 @@ impl TempRegion {
 }
 
 impl Drop for TempRegion {
+    /// Removes the path and every file named after it with a `-` suffix
+    /// (the C programs derive their regions' names as `PATH-tag`): on
+    /// success, and when a failing test unwinds.
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let path = Path::new(&self.0);
+        let (Some(dir), Some(stem)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let derived = format!("{stem}-");
+        for e in entries.flatten() {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&derived))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 
@@ -307,23 +358,90 @@ pub fn header_status_codes() -> Vec<(String, u32)> {
 
 /// `python3` with the binding on its path and the fresh library.
 pub fn python() -> Command {
-    let mut cmd = Command::new("python3");
+    let mut cmd = Command::new(require_tool("python3", Get::Apt("python3")));
     cmd.env("PYTHONPATH", repo_root().join("python"))
         .env("SHMSCHED_LIB", shared_lib())
         .env("PYTHONUNBUFFERED", "1");
     cmd
 }
 
-/// `node` with the fresh library, after checking that the binding's
-/// dependency (koffi, from the npm registry) is installed.
+/// The oldest Node.js the binding supports.
+const NODE_MAJOR: u32 = 20;
+
+/// The longest `npm ci` may take.
+const NPM_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `node` with the fresh library, after making sure of the binding's
+/// dependency (koffi, from the npm registry): the first caller of a test
+/// run runs `npm ci --prefix node` when `node/node_modules/koffi` is
+/// missing (once, under a lock shared with the other test processes,
+/// bounded by a timeout, its output shown on failure). Fails within
+/// seconds naming what is missing: `node` (20 or later), `npm`, or koffi
+/// when `npm ci` fails.
 pub fn node() -> Command {
-    let koffi = repo_root().join("node/node_modules/koffi");
-    assert!(
-        koffi.exists(),
-        "{} is missing: run `npm ci --prefix node` once (.ci/run does) before `cargo test`",
-        koffi.display()
-    );
-    let mut cmd = Command::new("node");
+    static READY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let node = READY.get_or_init(prepare_node).clone();
+    let node = node.unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(node);
     cmd.env("SHMSCHED_LIB", shared_lib());
     cmd
+}
+
+fn prepare_node() -> Result<PathBuf, String> {
+    let how = "Node.js 20 or later (https://nodejs.org, or the distribution's nodejs package if it is 20+)";
+    let node = tools::find_tool("node").ok_or_else(|| {
+        format!("missing tool: `node` is needed by this test and is not on PATH; install {how}")
+    })?;
+    let mut v = Command::new(&node);
+    v.arg("--version");
+    let out = tools::output_within(v, Duration::from_secs(20))?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let major: u32 = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major < NODE_MAJOR {
+        return Err(format!(
+            "missing tool: `node` {version:?} at {} is older than {NODE_MAJOR}; install {how}",
+            node.display()
+        ));
+    }
+    let dir = repo_root().join("node");
+    let koffi = dir.join("node_modules/koffi/package.json");
+    if koffi.exists() {
+        return Ok(node);
+    }
+    // One `npm ci` per checkout at a time, whichever test process asks.
+    let tag: String = dir
+        .display()
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let _lock =
+        tools::FileLock::take(&std::env::temp_dir().join(format!("shmsched-npm-ci{tag}.lock")))?;
+    if koffi.exists() {
+        // Another test process installed it while we waited for the lock.
+        return Ok(node);
+    }
+    let npm = tools::find_tool("npm").ok_or_else(|| {
+        format!("missing tool: `npm` is needed to install the Node binding's dependency (koffi) and is not on PATH; install {how} with npm")
+    })?;
+    let mut ci = Command::new(npm);
+    ci.args(["ci", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&dir);
+    let out = tools::output_within(ci, NPM_TIMEOUT).map_err(|e| {
+        format!("missing dependency: koffi, for the Node binding: `npm ci --prefix node` {e}")
+    })?;
+    if !out.status.success() || !koffi.exists() {
+        return Err(format!(
+            "missing dependency: koffi, for the Node binding: `npm ci --prefix node` failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(node)
 }
