@@ -6,11 +6,11 @@
 
 mod support;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
+use support::tools::output_within;
 use support::{node, repo_root, shared_lib};
 
 /// The longest one step (npm pack, npm install, a test run) may take.
@@ -18,41 +18,14 @@ const STEP: Duration = Duration::from_secs(300);
 
 /// Runs `cmd` to the end, at most `limit` (killed after that, and the test
 /// fails naming it); returns its status and its stdout and stderr together.
-fn run(what: &str, mut cmd: Command, limit: Duration) -> (ExitStatus, String) {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: cannot start it: {e}"));
-    fn drain(mut s: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-        std::thread::spawn(move || {
-            let mut buf = String::new();
-            let _ = s.read_to_string(&mut buf);
-            buf
-        })
-    }
-    let readers = [
-        drain(child.stdout.take().expect("piped stdout")),
-        drain(child.stderr.take().expect("piped stderr")),
-    ];
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out: Vec<String> = readers
-        .into_iter()
-        .map(|r| r.join().unwrap_or_default())
-        .collect();
-    (status, out.join("\n"))
+fn run(what: &str, cmd: Command, limit: Duration) -> (ExitStatus, String) {
+    let out = output_within(cmd, limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
 }
 
 /// The count on `node --test`'s closing `# pass N` line.
