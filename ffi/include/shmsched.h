@@ -16,16 +16,29 @@
  *   is success. On failure shmsched_strerror(status) describes the code and
  *   shmsched_last_error_message(buf, len) gives this thread's message: the
  *   same sentence the Rust library's error gives, naming the bad value and
- *   the limit.
+ *   the limit. Each function's "Errors:" lists every status it can return
+ *   besides OK (a test provokes them and checks the lists).
+ * - shmsched_status is a uint32_t (the ABI's width, in every language
+ *   version); its values are the enum shmsched_status. To have the compiler
+ *   check that a switch covers every code (-Wswitch, part of -Wall), switch
+ *   on the enum: switch ((enum shmsched_status)st) { case ...: }.
  * - Outputs (pointer parameters named out...) are written only on success.
  *   The one exception: on SHMSCHED_STATUS_BUFFER_TOO_SMALL, *out_len holds
  *   the length needed. Outputs documented as optional may be NULL.
+ * - Strings out (buf, len, out_len), one convention for every function, as
+ *   snprintf: *out_len is the text's length in bytes WITHOUT the NUL, so the
+ *   buffer needs *out_len + 1. buf = NULL with len = 0 asks for the length:
+ *   it succeeds and writes *out_len. A buffer too small is left untouched,
+ *   *out_len is written and the status is SHMSCHED_STATUS_BUFFER_TOO_SMALL.
+ *   (shmsched_last_error_message, which cannot fail, returns that length
+ *   instead and truncates.)
  * - NULL where a pointer is required, a priority outside -3..=3, a string
  *   that is not UTF-8, an out-of-range number: each is a status code, never
  *   undefined behaviour. (A pointer that is not NULL must still be valid:
  *   a closed or foreign handle cannot be detected.)
  * - A panic inside the library never crosses into C: it is caught and
- *   returned as SHMSCHED_STATUS_INTERNAL.
+ *   returned as SHMSCHED_STATUS_INTERNAL, its message (and where it
+ *   happened) in the last error message; nothing is printed on stderr.
  * - Permits are plain values checked against this process's table:
  *   releasing one twice, or releasing another process's, is an error.
  * - Threads: unless a function says otherwise, any thread may call it, also
@@ -85,9 +98,24 @@
 #define SHMSCHED_CAP_UNSET UINT32_MAX
 
 /**
- * `timeout_ns` meaning "no limit" in the `_async` calls.
+ * `timeout_ns` meaning "no limit" in the `_async` and `_start` calls.
  */
 #define SHMSCHED_FOREVER UINT64_MAX
+
+/**
+ * `shmsched_completion.kind` of a scheduler acquire.
+ */
+#define SHMSCHED_WAIT_ACQUIRE 1
+
+/**
+ * `shmsched_completion.kind` of a limiter consume.
+ */
+#define SHMSCHED_WAIT_CONSUME 2
+
+/**
+ * Bytes of `shmsched_completion.message`, NUL included.
+ */
+#define SHMSCHED_COMPLETION_MESSAGE_MAX 128
 
 /**
  * The result of every fallible call. `SHMSCHED_STATUS_OK` (0) is success;
@@ -192,7 +220,8 @@ enum shmsched_status
    */
   SHMSCHED_STATUS_FOREIGN_PERMIT = 18,
   /**
-   * The caller's buffer is too small; `*out_len` holds the length needed.
+   * The caller's buffer is too small; `*out_len` holds the length needed
+   * (without the NUL: the buffer needs one byte more).
    */
   SHMSCHED_STATUS_BUFFER_TOO_SMALL = 19,
   /**
@@ -219,6 +248,11 @@ enum shmsched_status
    * message says which. Please report it.
    */
   SHMSCHED_STATUS_INTERNAL = 24,
+  /**
+   * A wait of a waitset was cancelled (`shmsched_waitset_cancel`);
+   * nothing is held.
+   */
+  SHMSCHED_STATUS_CANCELLED = 25,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -401,6 +435,19 @@ typedef struct shmsched_region shmsched_region;
  * region).
  */
 typedef struct shmsched_scheduler shmsched_scheduler;
+
+/**
+ * A waitset handle (opaque): made by `shmsched_waitset_create`, closed by
+ * `shmsched_waitset_close`.
+ *
+ * Threads: every call may be made from any thread, concurrently (except
+ * `_close`, which must be the last call on it): for example one thread
+ * blocked in `shmsched_waitset_wait` while another starts, cancels and
+ * takes. Fork: a waitset belongs to the process that made it (its waits
+ * are this process's waiters); in a forked child every call fails with
+ * `SHMSCHED_STATUS_FORKED` and `_close` frees only the child's memory.
+ */
+typedef struct shmsched_waitset shmsched_waitset;
 
 /**
  * The answer to a fair-share acquire: a lease, or a refusal (an answer,
@@ -779,6 +826,50 @@ typedef struct shmsched_scheduler_stats {
   struct shmsched_scheduler_region_stats region;
 } shmsched_scheduler_stats;
 
+/**
+ * One finished wait, as `shmsched_waitset_take` hands it out.
+ */
+typedef struct shmsched_completion {
+  /**
+   * The caller's tag given to the `_start` call.
+   */
+  uint64_t tag;
+  /**
+   * The wait's id (as written by the `_start` call).
+   */
+  uint64_t id;
+  /**
+   * For a granted acquire: the permit, now the caller's to release with
+   * `shmsched_permit_release`. Zero otherwise.
+   */
+  struct shmsched_permit permit;
+  /**
+   * `SHMSCHED_STATUS_OK`, or why the wait ended without a grant:
+   * `TIMEOUT`, `CANCELLED`, `DISPOSED`, `ZERO_CONCURRENCY`,
+   * `INVALID_ARGUMENT` (units above a cap), `CAPACITY_EXHAUSTED`,
+   * `BAD_REGION`, `INTERNAL`.
+   */
+  shmsched_status status;
+  /**
+   * `SHMSCHED_WAIT_ACQUIRE` or `SHMSCHED_WAIT_CONSUME`.
+   */
+  uint32_t kind;
+  /**
+   * For a granted consume: how it went. Zero otherwise.
+   */
+  struct shmsched_grant grant;
+  /**
+   * Zero.
+   */
+  uint8_t reserved[6];
+  /**
+   * On failure, the library's message (as `shmsched_last_error_message`
+   * would give it, cut at a character boundary), NUL-terminated; "" on
+   * success.
+   */
+  char message[SHMSCHED_COMPLETION_MESSAGE_MAX];
+} shmsched_completion;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -808,10 +899,10 @@ uint64_t shmsched_monotonic_ms(void);
 
 /**
  * For the tests of bindings: panics inside the library, which the panic
- * boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message. Never
- * needed otherwise.
+ * boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message (nothing
+ * is printed). Never needed otherwise.
  *
- * Threads: any. Fork: no state.
+ * Errors: `INTERNAL` (always). Threads: any. Fork: no state.
  */
 shmsched_status shmsched_debug_panic(void);
 
@@ -941,9 +1032,11 @@ shmsched_status shmsched_fair_release_now(const struct shmsched_fair *fair, cons
  * Writes the ledger's stats at `now_ms` as JSON text (per tenant:
  * guarantee, held, borrowed, lent, want, deficit_unit_ms,
  * worst_reclaim_ms, leases, reaped_leases; and the overrun leases) into
- * `buf`, NUL-terminated, and its length to `*out_len`. On
- * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the length needed and
- * `buf` is untouched (the call still counted as a stats call at `now_ms`).
+ * `buf`, NUL-terminated, and its length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
+ * (A call that only sized or did not fit still counted as a stats call at
+ * `now_ms`.)
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `TIME_WENT_BACKWARDS`,
  * `BAD_REGION`. Threads: any. Fork: works in a child.
@@ -1130,8 +1223,9 @@ shmsched_status shmsched_limiter_consume_timeout(const struct shmsched_limiter *
 /**
  * Starts a consume of `n` tokens at `priority` that waits on a thread of
  * its own and reports to `callback(ctx, …)` when charged, after
- * `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. For
- * bindings whose callers must not block (Node.js). Returns
+ * `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. One OS
+ * thread per pending wait: for many waits, use a waitset instead
+ * (`shmsched_limiter_consume_start`, no thread per wait). Returns
  * `SHMSCHED_STATUS_OK` once the wait started (the callback then runs
  * exactly once); any other status means it did not start.
  *
@@ -1265,8 +1359,9 @@ shmsched_status shmsched_limiter_get_stats(const struct shmsched_limiter *lim,
 /**
  * Writes this level's stats as one JSON object (the serde form of the Rust
  * `LimiterStats`) into `buf`, NUL-terminated, and its length to
- * `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the
- * length needed and `buf` is untouched.
+ * `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
  * Fork: see the handle.
@@ -1319,8 +1414,9 @@ void shmsched_limiter_close(struct shmsched_limiter *lim);
  * `process_slots` the size of its process table (0 for the default 128;
  * 1..=4096).
  *
- * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`, `IO`.
- * Threads: any. Fork: see `shmsched_region`.
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`,
+ * `NOT_FOUND` (a directory of the path does not exist), `IO`. Threads:
+ * any. Fork: see `shmsched_region`.
  *
  * # Safety
  *
@@ -1337,7 +1433,9 @@ shmsched_status shmsched_region_create(const char *name,
  * (`SHMSCHED_STATUS_VERSION_MISMATCH`).
  *
  * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND`,
- * `VERSION_MISMATCH`, `IO`. Threads: any. Fork: see `shmsched_region`.
+ * `VERSION_MISMATCH`, `BAD_REGION` (the file is world-writable, or its
+ * header is not a region's), `IO`. Threads: any. Fork: see
+ * `shmsched_region`.
  *
  * # Safety
  *
@@ -1350,8 +1448,10 @@ shmsched_status shmsched_region_open(const char *name, struct shmsched_region **
  * for the defaults, see `shmsched_region_create`) if it does not exist.
  * Race-free: every process may call this with the same name.
  *
- * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `VERSION_MISMATCH`, `IO`.
- * Threads: any. Fork: see `shmsched_region`.
+ * Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND` (a directory
+ * of the path does not exist), `VERSION_MISMATCH`, `BAD_REGION` (an
+ * existing file is world-writable, or its header is not a region's),
+ * `IO`. Threads: any. Fork: see `shmsched_region`.
  *
  * # Safety
  *
@@ -1608,9 +1708,11 @@ shmsched_status shmsched_scheduler_acquire_timeout(const struct shmsched_schedul
  * `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or fails. For bindings
  * whose callers must not block (Node.js): the waiting thread is a real
  * waiter in the region, so priorities hold across processes exactly as
- * for `shmsched_scheduler_acquire`. Returns `SHMSCHED_STATUS_OK` once the
- * wait started (the callback then runs exactly once); any other status
- * means it did not start and the callback will not run.
+ * for `shmsched_scheduler_acquire`. One OS thread per pending wait: for
+ * many waits, use a waitset instead (`shmsched_scheduler_acquire_start`,
+ * no thread per wait). Returns `SHMSCHED_STATUS_OK` once the wait started
+ * (the callback then runs exactly once); any other status means it did
+ * not start and the callback will not run.
  *
  * Errors (immediate): `NULL_ARGUMENT` (also for a NULL callback),
  * `INVALID_PRIORITY`, `FORKED`, `IO` (no thread could be started).
@@ -1859,8 +1961,9 @@ shmsched_status shmsched_scheduler_get_stats(const struct shmsched_scheduler *sc
  * Writes the scheduler's stats as one JSON object (the serde form of the
  * Rust `SchedulerStats`: `running`, `concurrency`, `pending`, `total`,
  * `queues`, `stall_ns`, `shared`) into `buf`, NUL-terminated, and its
- * length to `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len`
- * is the length needed (without the NUL) and `buf` is untouched.
+ * length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+ * the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+ * `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
  *
  * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
  * Fork: see the handle.
@@ -1941,6 +2044,200 @@ size_t shmsched_last_error_message(char *buf, size_t len);
  * Threads: any thread. Fork: no state.
  */
 const char *shmsched_strerror(uint32_t status);
+
+/**
+ * Creates an empty waitset and writes it to `*out`.
+ *
+ * Errors: `NULL_ARGUMENT`, `IO` (no descriptor could be made). Threads:
+ * any. Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `out` must be NULL or writable.
+ */
+shmsched_status shmsched_waitset_create(struct shmsched_waitset **out);
+
+/**
+ * Writes to `*out_fd` the waitset's descriptor: readable while it has
+ * completions to take (a grant, a failure, a cancellation, a deadline
+ * passed). For event loops: watch it for reading (asyncio's
+ * `loop.add_reader`, libuv's `uv_poll_start`) and call
+ * `shmsched_waitset_take` when it is readable; `take` makes it unreadable
+ * again unless completions remain. The descriptor stays the waitset's:
+ * never close it, and stop watching it before `shmsched_waitset_close`.
+ * Use either this descriptor or `shmsched_waitset_wait` on one waitset,
+ * not both.
+ *
+ * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see
+ * `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle; `out_fd` NULL or writable.
+ */
+shmsched_status shmsched_waitset_fd(const struct shmsched_waitset *ws, int32_t *out_fd);
+
+/**
+ * Starts an acquire of `n_units` slots (1 for a plain acquire, more for
+ * `acquire_many`: all or none) at `priority` on `sched`, waiting in `ws`,
+ * and writes the wait's id to `*out_id`. The wait is queued in the region
+ * at once, as a real waiter at its priority (so it is served in the
+ * region's order across processes, like a blocking acquire), without a
+ * thread: its completion (with `tag`) comes out of
+ * `shmsched_waitset_take`, with the permit on success. `timeout_ns` bounds
+ * the wait (`SHMSCHED_FOREVER`: no limit; the completion is then
+ * `SHMSCHED_STATUS_TIMEOUT`, holding nothing). Failures found while
+ * waiting (`DISPOSED`, `ZERO_CONCURRENCY`, units above the priority's
+ * cap: `INVALID_ARGUMENT`) come as completions too.
+ *
+ * Errors (immediate; no wait started): `NULL_ARGUMENT`,
+ * `INVALID_PRIORITY`, `INVALID_ARGUMENT` (`n_units` 0), `FORKED`.
+ * Threads: any. The scheduler handle must stay open until the wait is
+ * taken, cancelled, or the waitset closed. Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `sched` must be NULL or an open scheduler handle (kept open as above);
+ * `ws` NULL or an open waitset handle; `out_id` NULL or writable.
+ */
+shmsched_status shmsched_scheduler_acquire_start(const struct shmsched_scheduler *sched,
+                                                 int32_t priority,
+                                                 uint32_t n_units,
+                                                 uint64_t timeout_ns,
+                                                 const struct shmsched_waitset *ws,
+                                                 uint64_t tag,
+                                                 uint64_t *out_id);
+
+/**
+ * Starts a consume of `n` tokens at `priority` on `lim`, waiting in `ws`,
+ * and writes the wait's id to `*out_id`: the asynchronous
+ * `shmsched_limiter_consume`, without a thread. Its completion (with
+ * `tag`) carries the grant. `timeout_ns` as in
+ * `shmsched_scheduler_acquire_start`; a consume that times out or is
+ * cancelled gets back every level it was charged on.
+ *
+ * Errors (immediate; no wait started): `NULL_ARGUMENT`,
+ * `INVALID_PRIORITY`, `FORKED`. (`n` out of range comes as a completion
+ * with `INVALID_ARGUMENT`.) Threads: any. The limiter handle may be
+ * closed while the wait is pending. Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle; `ws` NULL or an open
+ * waitset handle; `out_id` NULL or writable.
+ */
+shmsched_status shmsched_limiter_consume_start(const struct shmsched_limiter *lim,
+                                               uint64_t n,
+                                               int32_t priority,
+                                               uint64_t timeout_ns,
+                                               const struct shmsched_waitset *ws,
+                                               uint64_t tag,
+                                               uint64_t *out_id);
+
+/**
+ * Cancels the wait `id` of `ws`: a wait not yet taken completes as
+ * `SHMSCHED_STATUS_CANCELLED` (its completion still comes out of
+ * `shmsched_waitset_take`) and nothing stays held: its queued place is
+ * removed, a grant that raced the cancel is given back, a completion
+ * already ready gives back its permit or tokens.
+ *
+ * Errors: `NULL_ARGUMENT`, `ALREADY_RELEASED` (no such wait: already
+ * taken, or never started), `FORKED`. Threads: any. Fork: see
+ * `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle.
+ */
+shmsched_status shmsched_waitset_cancel(const struct shmsched_waitset *ws, uint64_t id);
+
+/**
+ * Takes up to `cap` completions into `buf[0..*out_n]`, without blocking
+ * (`*out_n` may be 0). Polls the waits that were woken (on this thread)
+ * and times out those past their deadline. After it, the waitset's
+ * descriptor is readable only if completions remain (more than `cap`).
+ * A granted acquire's permit and a consume's tokens are the caller's
+ * from here on.
+ *
+ * Errors: `NULL_ARGUMENT` (`buf` NULL with `cap` above 0, or `out_n`
+ * NULL), `FORKED`. Threads: any. Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle; `buf` NULL or valid for
+ * writes of `cap` completions; `out_n` NULL or writable.
+ */
+shmsched_status shmsched_waitset_take(const struct shmsched_waitset *ws,
+                                      struct shmsched_completion *buf,
+                                      size_t cap,
+                                      size_t *out_n);
+
+/**
+ * Blocks until the waitset has something to take (a completion, a woken
+ * wait, a deadline passed), `timeout_ns` passes (`SHMSCHED_FOREVER`: no
+ * limit), or `shmsched_waitset_interrupt` is called; writes to
+ * `*out_ready` how many waits have something to collect (an upper bound:
+ * a woken wait of a child scheduler may still be pending after `take`).
+ * For bindings that can only block: one thread waiting here serves every
+ * pending wait of the waitset. Use either this or the descriptor of
+ * `shmsched_waitset_fd` on one waitset, not both.
+ *
+ * Errors: `NULL_ARGUMENT`, `TIMEOUT` (nothing came within `timeout_ns`),
+ * `FORKED`. An interrupt is not an error: the status is OK, and
+ * `*out_ready` may be 0. Threads: any (typically one waiting thread while
+ * others start, cancel and take). Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle; `out_ready` NULL or
+ * writable.
+ */
+shmsched_status shmsched_waitset_wait(const struct shmsched_waitset *ws,
+                                      uint64_t timeout_ns,
+                                      size_t *out_ready);
+
+/**
+ * Makes a `shmsched_waitset_wait` in progress (or the next one) return at
+ * once with `SHMSCHED_STATUS_OK`, for example to stop the waiting thread
+ * before closing the waitset.
+ *
+ * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any; async-signal-unsafe.
+ * Fork: see `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle.
+ */
+shmsched_status shmsched_waitset_interrupt(const struct shmsched_waitset *ws);
+
+/**
+ * Writes the number of waits started on `ws` and not yet taken (pending,
+ * or complete and waiting for `take`).
+ *
+ * Errors: `NULL_ARGUMENT`, `FORKED`. Threads: any. Fork: see
+ * `shmsched_waitset`.
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle; `out` NULL or writable.
+ */
+shmsched_status shmsched_waitset_pending(const struct shmsched_waitset *ws, size_t *out);
+
+/**
+ * Closes the waitset: every pending wait is cancelled (nothing stays
+ * held), completions not taken give back their permits and tokens, and
+ * the descriptor is closed (stop watching it first; no thread may be in
+ * `shmsched_waitset_wait`: interrupt it and let it return). NULL does
+ * nothing.
+ *
+ * Threads: must be the last call on the handle. Fork: in a forked child,
+ * frees only the child's memory (the waits are the parent's).
+ *
+ * # Safety
+ *
+ * `ws` must be NULL or an open waitset handle, not used again.
+ */
+void shmsched_waitset_close(struct shmsched_waitset *ws);
 
 #ifdef __cplusplus
 }  // extern "C"

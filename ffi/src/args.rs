@@ -102,11 +102,17 @@ fn bad_priority(value: i32) -> Fail {
     Fail::new(shmsched_status::InvalidPriority, text)
 }
 
-/// Copies `text` and a NUL into a caller's buffer and its length (without
-/// the NUL) into `out_len`. When it does not fit, writes nothing to `buf`,
-/// stores the length needed (without the NUL) in `out_len` and fails with
-/// [`shmsched_status::BufferTooSmall`]: the one failure after which an
-/// output is written, so the caller can retry with a larger buffer.
+/// Copies `text` and a NUL into a caller's buffer, `snprintf`-style, with
+/// the ABI's one convention for string outputs: `*out_len` is the text's
+/// length in bytes **without** the NUL (so the buffer needs `*out_len + 1`).
+///
+/// - `buf` NULL and `len` 0: a size query; writes the length to `out_len`
+///   and succeeds.
+/// - The text and its NUL fit: copies them, writes the length, succeeds.
+/// - They do not fit: writes nothing to `buf`, stores the length in
+///   `out_len` and fails with [`shmsched_status::BufferTooSmall`] (the one
+///   failure after which an output is written, so the caller can retry).
+/// - `buf` NULL with `len` > 0, or `out_len` NULL: `NullArgument`.
 ///
 /// # Safety
 ///
@@ -121,6 +127,10 @@ pub(crate) unsafe fn write_text(
     // SAFETY: forwarded contract.
     let out_len = unsafe { Out::new(out_len, "out_len") }?;
     if buf.is_null() {
+        if len == 0 {
+            out_len.set(text.len());
+            return Ok(());
+        }
         return Err(Fail::null("buf"));
     }
     if text.len() >= len {

@@ -386,9 +386,11 @@ pub unsafe extern "C" fn shmsched_fair_release_now(
 /// Writes the ledger's stats at `now_ms` as JSON text (per tenant:
 /// guarantee, held, borrowed, lent, want, deficit_unit_ms,
 /// worst_reclaim_ms, leases, reaped_leases; and the overrun leases) into
-/// `buf`, NUL-terminated, and its length to `*out_len`. On
-/// `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the length needed and
-/// `buf` is untouched (the call still counted as a stats call at `now_ms`).
+/// `buf`, NUL-terminated, and its length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+/// the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+/// `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
+/// (A call that only sized or did not fit still counted as a stats call at
+/// `now_ms`.)
 ///
 /// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `TIME_WENT_BACKWARDS`,
 /// `BAD_REGION`. Threads: any. Fork: works in a child.

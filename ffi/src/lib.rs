@@ -41,6 +41,7 @@ pub mod region;
 pub mod scheduler;
 pub mod status;
 pub mod waiter;
+pub mod waitset;
 
 use status::{boundary, shmsched_status};
 
@@ -117,10 +118,10 @@ pub extern "C" fn shmsched_monotonic_ms() -> u64 {
 }
 
 /// For the tests of bindings: panics inside the library, which the panic
-/// boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message. Never
-/// needed otherwise.
+/// boundary turns into `SHMSCHED_STATUS_INTERNAL` with a message (nothing
+/// is printed). Never needed otherwise.
 ///
-/// Threads: any. Fork: no state.
+/// Errors: `INTERNAL` (always). Threads: any. Fork: no state.
 #[no_mangle]
 pub extern "C" fn shmsched_debug_panic() -> shmsched_status {
     boundary(|| {

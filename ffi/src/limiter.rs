@@ -26,6 +26,12 @@ pub struct shmsched_limiter {
 }
 
 impl shmsched_limiter {
+    /// The limiter, unless this handle was inherited across `fork` (for
+    /// the waitset).
+    pub(crate) fn usable_limiter(&self) -> Result<&Limiter, Fail> {
+        self.usable()
+    }
+
     #[inline(always)]
     fn usable(&self) -> Result<&Limiter, Fail> {
         if self.fork_generation != process::fork_generation() {
@@ -291,8 +297,9 @@ unsafe impl<T> Send for SendPtr<T> {}
 
 /// Starts a consume of `n` tokens at `priority` that waits on a thread of
 /// its own and reports to `callback(ctx, …)` when charged, after
-/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. For
-/// bindings whose callers must not block (Node.js). Returns
+/// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or on failure. One OS
+/// thread per pending wait: for many waits, use a waitset instead
+/// (`shmsched_limiter_consume_start`, no thread per wait). Returns
 /// `SHMSCHED_STATUS_OK` once the wait started (the callback then runs
 /// exactly once); any other status means it did not start.
 ///
@@ -658,8 +665,9 @@ pub unsafe extern "C" fn shmsched_limiter_get_stats(
 
 /// Writes this level's stats as one JSON object (the serde form of the Rust
 /// `LimiterStats`) into `buf`, NUL-terminated, and its length to
-/// `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len` is the
-/// length needed and `buf` is untouched.
+/// `*out_len`. Strings out as everywhere: `*out_len` is the length without
+/// the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+/// `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
 ///
 /// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
 /// Fork: see the handle.

@@ -125,8 +125,9 @@ fn finish(r: shmsched_region, out: Out<*mut shmsched_region>) -> Result<(), Fail
 /// `process_slots` the size of its process table (0 for the default 128;
 /// 1..=4096).
 ///
-/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`, `IO`.
-/// Threads: any. Fork: see `shmsched_region`.
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `ALREADY_EXISTS`,
+/// `NOT_FOUND` (a directory of the path does not exist), `IO`. Threads:
+/// any. Fork: see `shmsched_region`.
 ///
 /// # Safety
 ///
@@ -151,7 +152,9 @@ pub unsafe extern "C" fn shmsched_region_create(
 /// (`SHMSCHED_STATUS_VERSION_MISMATCH`).
 ///
 /// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND`,
-/// `VERSION_MISMATCH`, `IO`. Threads: any. Fork: see `shmsched_region`.
+/// `VERSION_MISMATCH`, `BAD_REGION` (the file is world-writable, or its
+/// header is not a region's), `IO`. Threads: any. Fork: see
+/// `shmsched_region`.
 ///
 /// # Safety
 ///
@@ -173,8 +176,10 @@ pub unsafe extern "C" fn shmsched_region_open(
 /// for the defaults, see `shmsched_region_create`) if it does not exist.
 /// Race-free: every process may call this with the same name.
 ///
-/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `VERSION_MISMATCH`, `IO`.
-/// Threads: any. Fork: see `shmsched_region`.
+/// Errors: `NULL_ARGUMENT`, `INVALID_ARGUMENT`, `NOT_FOUND` (a directory
+/// of the path does not exist), `VERSION_MISMATCH`, `BAD_REGION` (an
+/// existing file is world-writable, or its header is not a region's),
+/// `IO`. Threads: any. Fork: see `shmsched_region`.
 ///
 /// # Safety
 ///

@@ -62,6 +62,12 @@ impl shmsched_scheduler {
         self.closed.store(true, Ordering::Release);
     }
 
+    /// The scheduler, unless this handle was inherited across `fork` (for
+    /// the waitset).
+    pub(crate) fn usable_scheduler(&self) -> Result<&Scheduler, Fail> {
+        self.usable()
+    }
+
     /// The scheduler, unless this handle was inherited across `fork`.
     #[inline(always)]
     fn usable(&self) -> Result<&Scheduler, Fail> {
@@ -378,9 +384,11 @@ unsafe impl<T> Send for SendPtr<T> {}
 /// `timeout_ns` (`SHMSCHED_FOREVER` for no limit), or fails. For bindings
 /// whose callers must not block (Node.js): the waiting thread is a real
 /// waiter in the region, so priorities hold across processes exactly as
-/// for `shmsched_scheduler_acquire`. Returns `SHMSCHED_STATUS_OK` once the
-/// wait started (the callback then runs exactly once); any other status
-/// means it did not start and the callback will not run.
+/// for `shmsched_scheduler_acquire`. One OS thread per pending wait: for
+/// many waits, use a waitset instead (`shmsched_scheduler_acquire_start`,
+/// no thread per wait). Returns `SHMSCHED_STATUS_OK` once the wait started
+/// (the callback then runs exactly once); any other status means it did
+/// not start and the callback will not run.
 ///
 /// Errors (immediate): `NULL_ARGUMENT` (also for a NULL callback),
 /// `INVALID_PRIORITY`, `FORKED`, `IO` (no thread could be started).
@@ -953,8 +961,9 @@ pub unsafe extern "C" fn shmsched_scheduler_get_stats(
 /// Writes the scheduler's stats as one JSON object (the serde form of the
 /// Rust `SchedulerStats`: `running`, `concurrency`, `pending`, `total`,
 /// `queues`, `stall_ns`, `shared`) into `buf`, NUL-terminated, and its
-/// length to `*out_len`. On `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `*out_len`
-/// is the length needed (without the NUL) and `buf` is untouched.
+/// length to `*out_len`. Strings out as everywhere: `*out_len` is the length without
+/// the NUL; `buf` NULL with `len` 0 asks for it (success); too small:
+/// `SHMSCHED_STATUS_BUFFER_TOO_SMALL`, `buf` untouched, `*out_len` written.
 ///
 /// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `FORKED`. Threads: any.
 /// Fork: see the handle.

@@ -11,6 +11,12 @@
 //! wrapper turns it into a status through `boundary`, which also catches
 //! any panic: a panic never unwinds into C (that would be undefined
 //! behaviour); it becomes [`shmsched_status::Internal`].
+//!
+//! Panics are silent: this library (a cdylib or staticlib with its own copy
+//! of std, so its panic hook is its own) installs a hook that prints
+//! nothing and keeps the panic's message and location for the thread; the
+//! boundary puts them in the last error message. Nothing reaches the host
+//! program's stderr.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -80,7 +86,8 @@ pub enum shmsched_status {
     /// across `fork`, or received through a pipe); only its owner can
     /// release it.
     ForeignPermit = 18,
-    /// The caller's buffer is too small; `*out_len` holds the length needed.
+    /// The caller's buffer is too small; `*out_len` holds the length needed
+    /// (without the NUL: the buffer needs one byte more).
     BufferTooSmall = 19,
     /// A fair-share call named a tenant that is not configured.
     UnknownTenant = 20,
@@ -96,17 +103,20 @@ pub enum shmsched_status {
     /// library reported an error this ABI version has no code for. The
     /// message says which. Please report it.
     Internal = 24,
+    /// A wait of a waitset was cancelled (`shmsched_waitset_cancel`);
+    /// nothing is held.
+    Cancelled = 25,
 }
 
 /// The largest status code this ABI version defines.
 #[cfg(test)]
-pub(crate) const SHMSCHED_STATUS_MAX: u32 = shmsched_status::Internal as u32;
+pub(crate) const SHMSCHED_STATUS_MAX: u32 = shmsched_status::Cancelled as u32;
 
 impl shmsched_status {
     /// The generic, static description of a status code.
     pub(crate) fn describe(code: u32) -> &'static std::ffi::CStr {
         use shmsched_status as S;
-        let all: [(S, &'static std::ffi::CStr); 25] = [
+        let all: [(S, &'static std::ffi::CStr); 26] = [
             (S::Ok, c"success"),
             (S::NullArgument, c"a required pointer argument was NULL"),
             (
@@ -147,6 +157,7 @@ impl shmsched_status {
                 S::Internal,
                 c"internal error (a caught panic, or an error without a code)",
             ),
+            (S::Cancelled, c"the wait was cancelled"),
         ];
         all.iter()
             .find(|(s, _)| *s as u32 == code)
@@ -245,6 +256,36 @@ impl From<FairError> for Fail {
 thread_local! {
     /// The message of this thread's last failed call.
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// What the panic hook saw of this thread's last panic (message and
+    /// location), for the boundary that catches it.
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Installs (once per process) the silent panic hook: it records the
+/// panic's message and location for the catching boundary and prints
+/// nothing, so a caught panic never writes to the host's stderr.
+#[inline(always)]
+pub(crate) fn silence_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let what = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with a non-text payload".into());
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let _ = LAST_PANIC.try_with(|p| {
+                if let Ok(mut p) = p.try_borrow_mut() {
+                    *p = Some(format!("{what}{at}"));
+                }
+            });
+        }));
+    });
 }
 
 fn set_last_error(message: &str) {
@@ -262,6 +303,7 @@ fn set_last_error(message: &str) {
 /// the message for this thread) and a panic to [`shmsched_status::Internal`].
 #[inline(always)]
 pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> shmsched_status {
+    silence_panics();
     // AssertUnwindSafe: after a caught panic the caller only gets a status;
     // no state observed half-updated by the panicking code is read by this
     // call again (library handles guard their own invariants with locks
@@ -274,12 +316,18 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> shmsched_stat
 }
 
 #[cold]
-fn panicked(payload: Box<dyn std::any::Any + Send>) -> shmsched_status {
-    let what = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-text payload".into());
+pub(crate) fn panicked(payload: Box<dyn std::any::Any + Send>) -> shmsched_status {
+    let recorded = LAST_PANIC
+        .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take()))
+        .ok()
+        .flatten();
+    let what = recorded.unwrap_or_else(|| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a non-text payload".into())
+    });
     // Dropping a panic payload can itself panic; never let that escape.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
     Fail::new(

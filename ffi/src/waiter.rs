@@ -1,7 +1,8 @@
-//! The waiting threads of the `_async` calls: each pending wait blocks one
-//! thread of its own inside the library (so it is a real waiter in the
-//! region, queued at its priority like any other), then reports once to
-//! the caller's callback.
+//! The waiting threads of the `_async` callback calls: each pending wait
+//! blocks one thread of its own inside the library (so it is a real waiter
+//! in the region, queued at its priority like any other), then reports
+//! once to the caller's callback. Kept for compatibility; the waitset
+//! (`waitset.rs`) waits without a thread per wait.
 
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use crate::status::{shmsched_status, Fail};
 
-/// `timeout_ns` meaning "no limit" in the `_async` calls.
+/// `timeout_ns` meaning "no limit" in the `_async` and `_start` calls.
 pub const SHMSCHED_FOREVER: u64 = u64::MAX;
 
 /// Stack of a waiting thread: it only runs the library's wait and the

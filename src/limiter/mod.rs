@@ -423,6 +423,27 @@ impl Limiter {
         }
     }
 
+    /// Gives back `n` tokens that a completed consume of `n` through this
+    /// handle was charged and will not use (for example an async wait whose
+    /// grant raced its cancellation): every level of the chain is refunded,
+    /// as a consume that gives up is, and the region's queue moves on.
+    /// Tokens are given back only up to what the levels hold at most; a
+    /// refund of more than was charged is the caller's error (it creates
+    /// capacity). For the crate's I/O adapters (bytes charged that never
+    /// moved) and the C ABI's waitset; hidden, because a refund the caller
+    /// was not charged for creates tokens.
+    #[doc(hidden)]
+    pub fn refund(&self, n: u64) {
+        let mut c = &*self.node;
+        loop {
+            c.refund(n);
+            match c.parent() {
+                Some(p) => c = p,
+                None => break,
+            }
+        }
+    }
+
     /// Refunds `n` at the levels of this handle's chain below `level` (the
     /// ones a consume that stopped at `level` was charged on): no list is
     /// kept, they are the chain from the leaf up to `level`.
@@ -450,17 +471,6 @@ impl Limiter {
             node = n.parent();
         }
         (least / 4).max(1)
-    }
-
-    /// Gives back `n` tokens charged on every level of this handle's chain
-    /// and not used (the I/O adapters: bytes charged before a write that
-    /// then failed or wrote less). Waiters the tokens now cover are served.
-    pub(crate) fn refund(&self, n: u64) {
-        let mut node = Some(&self.node);
-        while let Some(c) = node {
-            c.refund(n);
-            node = c.parent();
-        }
     }
 
     /// The rate in force (tokens per second).

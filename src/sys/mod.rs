@@ -19,8 +19,11 @@
 //!   corrupt lock word).
 //! - [`proc`]: whether a thread id names a live thread, and whether its
 //!   process maps a file (`/proc`).
+//! - [`event`]: one readiness descriptor for event loops (epoll over an
+//!   eventfd doorbell and a timerfd deadline), for the C ABI's waitset.
 
 pub mod clock;
+pub mod event;
 pub mod file;
 pub mod fork;
 pub mod futex;

@@ -6,10 +6,12 @@
  *
  * usage: status_codes PREFIX
  *   PREFIX is a path prefix for the region files this program creates
- *   (it removes them). Prints "produced <code> <what>" for every status a
- *   check produced, "FAIL ..." for every check that failed, and exits 0
- *   only if no check failed. ffi/tests/status_codes.rs compares the
- *   produced codes with the header's enum.
+ *   (it removes them). Prints "produced <code> <function> <what>" for
+ *   every status a check produced (<function> is the shmsched_ function
+ *   the checked expression calls, or "-"), "FAIL ..." for every check that
+ *   failed, and exits 0 only if no check failed. ffi/tests/status_codes.rs
+ *   compares the produced codes with the header's enum, and each function's
+ *   produced codes with the "Errors:" list of its doc comment.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,9 +37,10 @@ static void fail(const char *what, const char *why) {
 }
 
 /* Checks one call's status (and, on failure, that the thread's message
- * is non-empty and contains `fragment` when given). */
-static void expect(const char *what, shmsched_status got, shmsched_status want,
-                   const char *fragment) {
+ * is non-empty and contains `fragment` when given). `call` is the checked
+ * expression's text (see the expect macro below). */
+static void expect_call(const char *call, const char *what, shmsched_status got,
+                        shmsched_status want, const char *fragment) {
   char msg[2048];
   size_t n = shmsched_last_error_message(msg, sizeof msg);
   if (got != want) {
@@ -59,9 +63,18 @@ static void expect(const char *what, shmsched_status got, shmsched_status want,
       return;
     }
   }
-  printf("produced %u %s\n", (unsigned)got, what);
+  /* The function the expression calls: "shmsched_x(...)" gives shmsched_x. */
+  char fn[128] = "-";
+  const char *open = strchr(call, '(');
+  if (strncmp(call, "shmsched_", 9) == 0 && open != NULL && (size_t)(open - call) < sizeof fn) {
+    memcpy(fn, call, (size_t)(open - call));
+    fn[open - call] = 0;
+  }
+  printf("produced %u %s %s\n", (unsigned)got, fn, what);
   fflush(stdout);
 }
+
+#define expect(what, call, want, fragment) expect_call(#call, what, call, want, fragment)
 
 static void check(int cond, const char *what) {
   if (!cond) {
@@ -172,6 +185,25 @@ static void regions(void) {
          SHMSCHED_STATUS_NOT_FOUND, "No such file");
   expect("region_open a directory", shmsched_region_open("/dev/shm/", &r), SHMSCHED_STATUS_IO,
          "open /dev/shm/");
+  expect("region_create in a missing directory",
+         shmsched_region_create("/dev/shm/shmsched-no-such-dir/r", 0, 0, &r),
+         SHMSCHED_STATUS_NOT_FOUND, "shmsched-no-such-dir");
+  expect("region_open_or_create in a missing directory",
+         shmsched_region_open_or_create("/dev/shm/shmsched-no-such-dir/r", 0, 0, &r),
+         SHMSCHED_STATUS_NOT_FOUND, "shmsched-no-such-dir");
+  {
+    /* A world-writable region file is refused by open and open_or_create. */
+    unlink(path("wwfile"));
+    int fd = open(path("wwfile"), O_CREAT | O_EXCL | O_RDWR, 0600);
+    check(fd >= 0 && fchmod(fd, 0666) == 0, "made a world-writable file");
+    if (fd >= 0) close(fd);
+    expect("region_open world-writable", shmsched_region_open(path("wwfile"), &r),
+           SHMSCHED_STATUS_BAD_REGION, "world-writable");
+    expect("region_open_or_create world-writable",
+           shmsched_region_open_or_create(path("wwfile"), 0, 0, &r), SHMSCHED_STATUS_BAD_REGION,
+           "world-writable");
+    unlink(path("wwfile"));
+  }
   const char bad_utf8[] = {'b', (char)0xff, 0};
   expect("region_open non-UTF-8 name", shmsched_region_open(bad_utf8, &r),
          SHMSCHED_STATUS_INVALID_ARGUMENT, "not valid UTF-8");
@@ -350,6 +382,13 @@ static void schedulers(void) {
   expect("stats_json into 4 bytes", shmsched_scheduler_stats_json(s, small, sizeof small, &need),
          SHMSCHED_STATUS_BUFFER_TOO_SMALL, "buffer holds 4");
   check(need > 4, "the length needed is reported");
+  size_t sized = 0;
+  expect("stats_json size query (NULL, 0)", shmsched_scheduler_stats_json(s, NULL, 0, &sized),
+         SHMSCHED_STATUS_OK, NULL);
+  check(sized == need, "a size query (NULL, 0) gives the length without the NUL, as snprintf");
+  expect("stats_json NULL buffer with a length",
+         shmsched_scheduler_stats_json(s, NULL, 8, &sized), SHMSCHED_STATUS_NULL_ARGUMENT,
+         "`buf` is NULL");
   char *big = malloc(need + 1);
   size_t len = 0;
   expect("stats_json", shmsched_scheduler_stats_json(s, big, need + 1, &len), SHMSCHED_STATUS_OK,
@@ -522,6 +561,15 @@ static void limiters(void) {
   expect("limiter stats", shmsched_limiter_get_stats(l, &st), SHMSCHED_STATUS_OK, NULL);
   check(st.tokens_per_second == 1000 && st.has_region == 1 && st.region.processes == 1,
         "limiter stats");
+  size_t lim_need = 0;
+  expect("limiter stats_json size query (NULL, 0)",
+         shmsched_limiter_stats_json(l, NULL, 0, &lim_need), SHMSCHED_STATUS_OK, NULL);
+  char lim_small[2];
+  size_t lim_need2 = 0;
+  expect("limiter stats_json into 2 bytes",
+         shmsched_limiter_stats_json(l, lim_small, sizeof lim_small, &lim_need2),
+         SHMSCHED_STATUS_BUFFER_TOO_SMALL, "buffer holds 2");
+  check(lim_need > 2 && lim_need2 == lim_need, "limiter stats_json: one length for both");
   shmsched_limiter_close(l);
   shmsched_region_close(r);
   unlink(path("lim"));
@@ -566,6 +614,10 @@ static void fair(void) {
   expect("fair stats", shmsched_fair_stats_json(f, 130, json, sizeof json, &len),
          SHMSCHED_STATUS_OK, NULL);
   check(strstr(json, "\"tenants\"") != NULL && strlen(json) == len, "fair stats as JSON");
+  size_t fair_sized = 0;
+  expect("fair stats size query (NULL, 0)", shmsched_fair_stats_json(f, 130, NULL, 0, &fair_sized),
+         SHMSCHED_STATUS_OK, NULL);
+  check(fair_sized == len, "fair stats: a size query gives the length without the NUL");
   /* The _now variants read CLOCK_MONOTONIC ms (later than every explicit
    * now above), under the ledger's lock. */
   check(shmsched_monotonic_ms() > 130, "the shared clock is past the explicit times");
@@ -580,6 +632,66 @@ static void fair(void) {
   shmsched_fair_close(f);
   shmsched_region_close(r);
   unlink(path("fair"));
+}
+
+static void waitsets(void) {
+  shmsched_region *r = create_region("ws", 0);
+  shmsched_scheduler *s = NULL;
+  expect("scheduler_shared", shmsched_scheduler_shared(r, 1, &s), SHMSCHED_STATUS_OK, NULL);
+  shmsched_waitset *ws = NULL;
+  expect("waitset_create(NULL)", shmsched_waitset_create(NULL), SHMSCHED_STATUS_NULL_ARGUMENT,
+         "`out` is NULL");
+  expect("waitset_create", shmsched_waitset_create(&ws), SHMSCHED_STATUS_OK, NULL);
+  uint64_t id = 0;
+  expect("acquire_start 0 units",
+         shmsched_scheduler_acquire_start(s, 0, 0, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_INVALID_ARGUMENT, "n_units 0");
+  expect("acquire_start priority 4",
+         shmsched_scheduler_acquire_start(s, 4, 1, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_INVALID_PRIORITY, NULL);
+  expect("acquire_start NULL waitset",
+         shmsched_scheduler_acquire_start(s, 0, 1, SHMSCHED_FOREVER, NULL, 1, &id),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`ws` is NULL");
+  expect("consume_start NULL limiter",
+         shmsched_limiter_consume_start(NULL, 1, 0, SHMSCHED_FOREVER, ws, 1, &id),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`lim` is NULL");
+  expect("waitset_cancel unknown", shmsched_waitset_cancel(ws, 12345),
+         SHMSCHED_STATUS_ALREADY_RELEASED, "12345");
+  size_t n = 0;
+  expect("waitset_take NULL buffer", shmsched_waitset_take(ws, NULL, 4, &n),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`buf` is NULL");
+  expect("waitset_take NULL out_n", shmsched_waitset_take(ws, NULL, 0, NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, "`out_n` is NULL");
+  expect("waitset_wait empty", shmsched_waitset_wait(ws, 1000000, &n), SHMSCHED_STATUS_TIMEOUT,
+         NULL);
+  expect("waitset_wait NULL", shmsched_waitset_wait(NULL, 0, &n), SHMSCHED_STATUS_NULL_ARGUMENT,
+         NULL);
+  expect("waitset_interrupt NULL", shmsched_waitset_interrupt(NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  expect("waitset_pending NULL", shmsched_waitset_pending(ws, NULL),
+         SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  int fd = -1;
+  expect("waitset_fd NULL", shmsched_waitset_fd(NULL, &fd), SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
+  expect("waitset_fd", shmsched_waitset_fd(ws, &fd), SHMSCHED_STATUS_OK, NULL);
+  shmsched_permit p;
+  expect("acquire", shmsched_scheduler_acquire(s, 0, &p), SHMSCHED_STATUS_OK, NULL);
+  expect("acquire_start", shmsched_scheduler_acquire_start(s, 0, 1, SHMSCHED_FOREVER, ws, 7, &id),
+         SHMSCHED_STATUS_OK, NULL);
+  expect("waitset_cancel", shmsched_waitset_cancel(ws, id), SHMSCHED_STATUS_OK, NULL);
+  shmsched_completion c[2];
+  expect("waitset_take", shmsched_waitset_take(ws, c, 2, &n), SHMSCHED_STATUS_OK, NULL);
+  check(n == 1 && c[0].tag == 7 && c[0].kind == SHMSCHED_WAIT_ACQUIRE, "the cancelled wait");
+  if (n == 1) {
+    shmsched_last_error_message(NULL, 0);
+    expect("a cancelled wait's completion", c[0].status, SHMSCHED_STATUS_CANCELLED, NULL);
+    check(strstr(c[0].message, "cancelled") != NULL, "the completion carries the message");
+  }
+  expect("release", shmsched_permit_release(p), SHMSCHED_STATUS_OK, NULL);
+  shmsched_waitset_close(ws);
+  shmsched_waitset_close(NULL);
+  shmsched_scheduler_close(s);
+  shmsched_region_close(r);
+  unlink(path("ws"));
 }
 
 static void misc(void) {
@@ -611,6 +723,7 @@ int main(int argc, char **argv) {
   limiters();
   async_waits();
   fair();
+  waitsets();
   misc();
   printf("failures %d\n", failures);
   return failures == 0 ? 0 : 1;

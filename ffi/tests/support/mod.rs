@@ -454,3 +454,77 @@ fn prepare_node() -> Result<PathBuf, String> {
     }
     Ok(node)
 }
+
+/// Every function the header declares, with the text of the doc comment
+/// just above its declaration (the `*` margins removed), in header order.
+pub fn header_functions() -> Vec<(String, String)> {
+    let h = std::fs::read_to_string(include_dir().join("shmsched.h")).expect("read header");
+    let lines: Vec<&str> = h.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let is_decl = line.starts_with(|c: char| c.is_ascii_lowercase())
+            && !line.starts_with("typedef")
+            && line.contains("shmsched_")
+            && line.contains('(');
+        if !is_decl {
+            continue;
+        }
+        let name = line[..line.find('(').expect("a '('")]
+            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .expect("a name")
+            .to_string();
+        let doc = if i > 0 && lines[i - 1].trim() == "*/" {
+            let start = (0..i)
+                .rev()
+                .find(|&k| lines[k].trim() == "/**")
+                .unwrap_or(i);
+            lines[start..i]
+                .iter()
+                .map(|l| l.trim().trim_start_matches("/**").trim_start_matches("*/"))
+                .map(|l| l.strip_prefix('*').unwrap_or(l).trim())
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else {
+            String::new()
+        };
+        out.push((name, doc));
+    }
+    out
+}
+
+/// The status names (`TIMEOUT`, …) a function's doc lists under "Errors",
+/// following "as `shmsched_other`" references.
+pub fn documented_errors(
+    functions: &[(String, String)],
+    name: &str,
+) -> std::collections::BTreeSet<String> {
+    fn errors_text(doc: &str) -> &str {
+        let Some(at) = doc.find("Errors") else {
+            return "";
+        };
+        let rest = &doc[at..];
+        let end = rest.find("Threads").unwrap_or(rest.len());
+        &rest[..end]
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = std::collections::BTreeSet::new();
+    let mut todo = vec![name.to_string()];
+    while let Some(f) = todo.pop() {
+        if !seen.insert(f.clone()) {
+            continue;
+        }
+        let Some((_, doc)) = functions.iter().find(|(n, _)| *n == f) else {
+            continue;
+        };
+        let text = errors_text(doc);
+        for word in text.split('`').skip(1).step_by(2) {
+            if word.starts_with("shmsched_") {
+                todo.push(word.to_string());
+            } else if word.len() >= 2 && word.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                out.insert(word.to_string());
+            }
+        }
+    }
+    out
+}
