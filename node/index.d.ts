@@ -50,7 +50,7 @@ export type StatusName =
   | 'MISMATCH' | 'PROCESS_TABLE_FULL' | 'ZERO_CONCURRENCY' | 'DISPOSED' | 'TIMEOUT'
   | 'WOULD_BLOCK' | 'FORKED' | 'ALREADY_RELEASED' | 'FOREIGN_PERMIT'
   | 'BUFFER_TOO_SMALL' | 'UNKNOWN_TENANT' | 'UNKNOWN_LEASE' | 'TIME_WENT_BACKWARDS'
-  | 'CAPACITY_EXHAUSTED' | 'INTERNAL';
+  | 'CAPACITY_EXHAUSTED' | 'INTERNAL' | 'CANCELLED';
 
 /** Every error of this package (also the TypeError and RangeError flavours
  * raised for bad arguments, through `Symbol.hasInstance`). */
@@ -115,6 +115,8 @@ export const CapacityExhaustedError: StatusErrorClass<23, 'CAPACITY_EXHAUSTED'>;
 export type CapacityExhaustedError = InstanceType<typeof CapacityExhaustedError>;
 export const InternalError: StatusErrorClass<24, 'INTERNAL'>;
 export type InternalError = InstanceType<typeof InternalError>;
+export const CancelledError: StatusErrorClass<25, 'CANCELLED'>;
+export type CancelledError = InstanceType<typeof CancelledError>;
 
 /** A handle used after close() or detach(). */
 export class ClosedError extends ShmschedError {

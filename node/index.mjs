@@ -41,7 +41,7 @@ export {
   IoError, BadRegionError, VersionMismatchError, WrongKindError, MismatchError, ProcessTableFullError,
   ZeroConcurrencyError, DisposedError, TimeoutError, WouldBlockError, ForkedError, AlreadyReleasedError,
   ForeignPermitError, BufferTooSmallError, UnknownTenantError, UnknownLeaseError, TimeWentBackwardsError,
-  CapacityExhaustedError, InternalError,
+  CapacityExhaustedError, InternalError, CancelledError,
 } from './lib/errors.mjs';
 export { ABI_VERSION, LAYOUT_VERSION, LIBRARY_PATH, pendingWaits };
 export { PRIORITIES, PRIORITY_NAMES } from './lib/check.mjs';
@@ -371,30 +371,41 @@ function abortedError(signal) {
 // The acquire paths, outside the class so that a foreign `this` meets the
 // brand check first (a private method would throw its own TypeError).
 
+// The permit a try_acquire writes, read in place (see lib/abi.mjs).
+const permitOut = new BigUint64Array(2);
+
+function tryTake(ptr, p, n) {
+  return n === 1
+    ? C.shmsched_scheduler_try_acquire(ptr, p, permitOut)
+    : C.shmsched_scheduler_try_acquire_many(ptr, p, n, permitOut);
+}
+
+function taken(p, n) {
+  return new Permit(PERMIT_KEY, { process: permitOut[0], serial: permitOut[1] }, p, n);
+}
+
+/** The promise of an acquire: one promise per call, resolved with the
+ * Permit (a rejected one for bad input, never a throw). */
 function acquire(self, what, n, priority, options) {
-  const ptr = ptrOf(self, 'Scheduler', 'this');
-  const p = v.priority(priority);
-  const o = v.options(what, options, WAIT_OPTIONS);
-  const timeout = v.timeoutNs(o.timeout);
-  const signal = v.signal(o.signal);
-  if (signal?.aborted) throw abortedError(signal);
-  const out = {};
-  const st = n === 1
-    ? C.shmsched_scheduler_try_acquire(ptr, p, out)
-    : C.shmsched_scheduler_try_acquire_many(ptr, p, n, out);
-  if (st === 0) return new Permit(PERMIT_KEY, out, p, n);
-  if (st !== WOULD_BLOCK) throw lastError(st);
-  enter(self);
-  return waitAcquire(ptr, p, n, timeout, signal).then(
-    (token) => {
+  try {
+    const ptr = ptrOf(self, 'Scheduler', 'this');
+    const units = v.int('n', n, 1, MAX_SHARED_SLOTS);
+    const p = v.priority(priority);
+    const o = v.options(what, options, WAIT_OPTIONS);
+    const timeout = v.timeoutNs(o.timeout);
+    const signal = v.signal(o.signal);
+    if (signal?.aborted) throw abortedError(signal);
+    const st = tryTake(ptr, p, units);
+    if (st === 0) return Promise.resolve(taken(p, units));
+    if (st !== WOULD_BLOCK) throw lastError(st);
+    enter(self);
+    return waitAcquire(ptr, p, units, timeout, signal, (token) => {
       leave(self);
-      return new Permit(PERMIT_KEY, token, p, n);
-    },
-    (e) => {
-      leave(self);
-      throw e;
-    },
-  );
+      return new Permit(PERMIT_KEY, token, p, units);
+    }, () => leave(self));
+  } catch (e) {
+    return Promise.reject(e);
+  }
 }
 
 function acquireSync(self, what, n, priority, options) {
@@ -419,13 +430,10 @@ function acquireSync(self, what, n, priority, options) {
 function tryAcquire(self, n, priority) {
   const ptr = ptrOf(self, 'Scheduler', 'this');
   const p = v.priority(priority);
-  const out = {};
-  const st = n === 1
-    ? C.shmsched_scheduler_try_acquire(ptr, p, out)
-    : C.shmsched_scheduler_try_acquire_many(ptr, p, n, out);
+  const st = tryTake(ptr, p, n);
   if (st === WOULD_BLOCK) return null;
   check(st);
-  return new Permit(PERMIT_KEY, out, p, n);
+  return taken(p, n);
 }
 
 /** A concurrency budget shared by every process bound to the region. */
@@ -459,14 +467,13 @@ export class Scheduler extends Handle {
   /** Resolves a Permit once a slot is free at `priority`. Rejects with
    * TimeoutError after `timeout` seconds, with AbortError when `signal`
    * aborts (nothing held, no waiter left). Never blocks the event loop. */
-  async acquire(priority = 'normal', options = undefined) {
+  acquire(priority = 'normal', options = undefined) {
     return acquire(this, 'acquire', 1, priority, options);
   }
 
   /** Like acquire, for `n` units (1..=max) taken all at once. */
-  async acquireMany(n, priority = 'normal', options = undefined) {
-    ptrOf(this, 'Scheduler', 'this');
-    return acquire(this, 'acquireMany', v.int('n', n, 1, MAX_SHARED_SLOTS), priority, options);
+  acquireMany(n, priority = 'normal', options = undefined) {
+    return acquire(this, 'acquireMany', n, priority, options);
   }
 
   /** Blocks the calling thread until a slot is free (for scripts and
@@ -611,23 +618,25 @@ export class Limiter extends Handle {
    * charged at `priority`. Rejects with TimeoutError after `timeout`
    * seconds, with AbortError when `signal` aborts (nothing charged, no
    * waiter left). Never blocks the event loop. */
-  async consume(n, priority = 'normal', options = undefined) {
-    const ptr = ptrOf(this, 'Limiter', 'this');
-    const tokens = v.int('n', n, 0, MAX_I32);
-    const p = v.priority(priority);
-    const o = v.options('consume', options, WAIT_OPTIONS);
-    const timeout = v.timeoutNs(o.timeout);
-    const signal = v.signal(o.signal);
-    if (signal?.aborted) throw abortedError(signal);
-    const st = C.shmsched_limiter_try_consume(ptr, tokens);
-    if (st === 0) return { immediate: true, forced: false };
-    if (st !== WOULD_BLOCK) throw lastError(st);
-    enter(this);
+  consume(n, priority = 'normal', options = undefined) {
     try {
-      const g = await waitConsume(ptr, tokens, p, timeout, signal);
-      return { immediate: g.immediate, forced: g.forced };
-    } finally {
-      leave(this);
+      const ptr = ptrOf(this, 'Limiter', 'this');
+      const tokens = v.int('n', n, 0, MAX_I32);
+      const p = v.priority(priority);
+      const o = v.options('consume', options, WAIT_OPTIONS);
+      const timeout = v.timeoutNs(o.timeout);
+      const signal = v.signal(o.signal);
+      if (signal?.aborted) throw abortedError(signal);
+      const st = C.shmsched_limiter_try_consume(ptr, tokens);
+      if (st === 0) return Promise.resolve({ immediate: true, forced: false });
+      if (st !== WOULD_BLOCK) throw lastError(st);
+      enter(this);
+      return waitConsume(ptr, tokens, p, timeout, signal, (g) => {
+        leave(this);
+        return g;
+      }, () => leave(this));
+    } catch (e) {
+      return Promise.reject(e);
     }
   }
 

@@ -3,14 +3,20 @@
 // library, so a test can import this file to compare the table with the
 // header (a function of the header missing here fails that test).
 //
-// Declarations are koffi's C-like syntax; `_Out_`/`_Inout_` mark outputs.
+// Declarations are koffi's C-like syntax; `_Out_`/`_Inout_` mark outputs
+// that koffi converts to JavaScript values. The outputs of the hot calls
+// (a try_acquire's permit, a wait's id, the waitset's counts) are plain
+// pointers instead, given a typed array the binding reads in place: koffi's
+// conversion of an `_Out_` array or object costs several microseconds a
+// call, the typed array a fraction of one.
 // Handles are opaque pointers, which koffi passes as BigInt addresses: it
 // cannot check them, so the binding never passes one that did not come
 // from the library (see index.mjs, "handles").
 
 /** Declares the ABI's types on `koffi` (once per process). */
 export function defineTypes(koffi) {
-  for (const name of ['shmsched_region', 'shmsched_scheduler', 'shmsched_limiter', 'shmsched_fair']) {
+  for (const name of ['shmsched_region', 'shmsched_scheduler', 'shmsched_limiter', 'shmsched_fair',
+    'shmsched_waitset']) {
     koffi.opaque(name);
   }
   const u32x7 = koffi.array('uint32_t', 7, 'Array');
@@ -51,6 +57,11 @@ export function defineTypes(koffi) {
     forced: 'uint64_t', clock: 'uint64_t', stall_ns: 'uint64_t', total: queue,
     queues: koffi.array(limQueue, 7, 'Array'), has_region: 'uint32_t', reserved: 'uint32_t',
     region: 'shmsched_limiter_region_stats',
+  });
+  koffi.struct('shmsched_completion', {
+    tag: 'uint64_t', id: 'uint64_t', permit: 'shmsched_permit', status: 'uint32_t', kind: 'uint32_t',
+    grant: 'shmsched_grant', reserved: koffi.array('uint8_t', 6, 'Array'),
+    message: koffi.array('char', 128, 'String'),
   });
   koffi.proto('void shmsched_acquire_callback(void *ctx, uint32_t status, shmsched_permit permit, const char *message)');
   koffi.proto('void shmsched_consume_callback(void *ctx, uint32_t status, shmsched_grant grant, const char *message)');
@@ -116,10 +127,10 @@ export const FUNCTIONS = Object.freeze([
   'uint32_t shmsched_scheduler_acquire(shmsched_scheduler *sched, int32_t priority, _Out_ shmsched_permit *out)',
   'uint32_t shmsched_scheduler_acquire_timeout(shmsched_scheduler *sched, int32_t priority, uint64_t timeout_ns, _Out_ shmsched_permit *out)',
   'uint32_t shmsched_scheduler_acquire_async(shmsched_scheduler *sched, int32_t priority, uint64_t timeout_ns, shmsched_acquire_callback *callback, void *ctx)',
-  'uint32_t shmsched_scheduler_try_acquire(shmsched_scheduler *sched, int32_t priority, _Out_ shmsched_permit *out)',
+  'uint32_t shmsched_scheduler_try_acquire(shmsched_scheduler *sched, int32_t priority, shmsched_permit *out)',
   'uint32_t shmsched_scheduler_acquire_many(shmsched_scheduler *sched, int32_t priority, uint32_t n, _Out_ shmsched_permit *out)',
   'uint32_t shmsched_scheduler_acquire_many_timeout(shmsched_scheduler *sched, int32_t priority, uint32_t n, uint64_t timeout_ns, _Out_ shmsched_permit *out)',
-  'uint32_t shmsched_scheduler_try_acquire_many(shmsched_scheduler *sched, int32_t priority, uint32_t n, _Out_ shmsched_permit *out)',
+  'uint32_t shmsched_scheduler_try_acquire_many(shmsched_scheduler *sched, int32_t priority, uint32_t n, shmsched_permit *out)',
   'uint32_t shmsched_permit_release(shmsched_permit permit)',
   'uint32_t shmsched_scheduler_dispose(shmsched_scheduler *sched)',
   'uint32_t shmsched_scheduler_is_disposed(shmsched_scheduler *sched, _Out_ bool *out)',
@@ -136,6 +147,17 @@ export const FUNCTIONS = Object.freeze([
   // status.rs
   'size_t shmsched_last_error_message(_Out_ uint8_t *buf, size_t len)',
   'const char *shmsched_strerror(uint32_t status)',
+  // waitset.rs (`buf` of take is a Buffer of `cap` completions, read in place)
+  'uint32_t shmsched_waitset_create(_Out_ shmsched_waitset **out)',
+  'uint32_t shmsched_waitset_fd(shmsched_waitset *ws, _Out_ int32_t *out_fd)',
+  'uint32_t shmsched_scheduler_acquire_start(shmsched_scheduler *sched, int32_t priority, uint32_t n_units, uint64_t timeout_ns, shmsched_waitset *ws, uint64_t tag, uint64_t *out_id)',
+  'uint32_t shmsched_limiter_consume_start(shmsched_limiter *lim, uint64_t n, int32_t priority, uint64_t timeout_ns, shmsched_waitset *ws, uint64_t tag, uint64_t *out_id)',
+  'uint32_t shmsched_waitset_cancel(shmsched_waitset *ws, uint64_t id)',
+  'uint32_t shmsched_waitset_take(shmsched_waitset *ws, void *buf, size_t cap, size_t *out_n)',
+  'uint32_t shmsched_waitset_wait(shmsched_waitset *ws, uint64_t timeout_ns, size_t *out_ready)',
+  'uint32_t shmsched_waitset_interrupt(shmsched_waitset *ws)',
+  'uint32_t shmsched_waitset_pending(shmsched_waitset *ws, _Out_ size_t *out)',
+  'void shmsched_waitset_close(shmsched_waitset *ws)',
 ]);
 
 /** The C name of a declaration. */

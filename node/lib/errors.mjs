@@ -21,7 +21,7 @@ export const STATUS = Object.freeze([
   'MISMATCH', 'PROCESS_TABLE_FULL', 'ZERO_CONCURRENCY', 'DISPOSED', 'TIMEOUT',
   'WOULD_BLOCK', 'FORKED', 'ALREADY_RELEASED', 'FOREIGN_PERMIT',
   'BUFFER_TOO_SMALL', 'UNKNOWN_TENANT', 'UNKNOWN_LEASE', 'TIME_WENT_BACKWARDS',
-  'CAPACITY_EXHAUSTED', 'INTERNAL',
+  'CAPACITY_EXHAUSTED', 'INTERNAL', 'CANCELLED',
 ]);
 
 /** The status code of a name (`STATUS_CODE.TIMEOUT === 14`). */
@@ -119,6 +119,10 @@ export const TimeWentBackwardsError = statusClass(22, 'TimeWentBackwardsError');
 export const CapacityExhaustedError = statusClass(23, 'CapacityExhaustedError');
 /** A panic inside the library, caught at its boundary. */
 export const InternalError = statusClass(24, 'InternalError');
+
+/** A wait cancelled in the library (what an aborted wait is, underneath:
+ * the binding rejects it with AbortError). */
+export const CancelledError = statusClass(25, 'CancelledError');
 
 /** A handle used after `close()` (or `detach()`). Raised by the binding
  * itself: `status` is null, `code` is `'CLOSED'`. */

@@ -16,7 +16,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
-  AbortError, Limiter, Region, Scheduler, TimeoutError, pendingWaits,
+  AbortError, ClosedError, DisposedError, Limiter, Region, Scheduler, TimeoutError, pendingWaits,
 } from 'shmsched';
 import { region, regionPath, until } from './support.mjs';
 
@@ -25,24 +25,50 @@ const threads = () => readdirSync('/proc/self/task').length;
 const figure = (line) => process.stdout.write(`# figure ${line}\n`);
 
 /** Measures the event loop's lateness: a 1 ms interval whose callbacks
- * come late by the time the loop was blocked. */
+ * come late by the time the loop was blocked. Keeps every sample: the
+ * worst one on a shared machine is often the kernel's (a descheduled
+ * process), so the bounds are on the 99th percentile; the worst is
+ * reported. */
 function lagMeter() {
   let last = performance.now();
-  let worst = 0;
+  const samples = [];
   const t = setInterval(() => {
     const now = performance.now();
-    worst = Math.max(worst, now - last - 1);
+    samples.push(Math.max(0, now - last - 1));
     last = now;
   }, 1);
+  const pct = (q) => {
+    const sorted = [...samples].sort((x, y) => x - y);
+    return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] : 0;
+  };
   return {
-    reset() { last = performance.now(); worst = 0; },
-    stop() { clearInterval(t); return worst; },
-    get worst() { return worst; },
+    reset() { last = performance.now(); samples.length = 0; },
+    stop() { clearInterval(t); return this; },
+    get p99() { return pct(0.99); },
+    text() {
+      return `p99 ${pct(0.99).toFixed(1)} ms, worst ${(samples.length ? Math.max(...samples) : 0).toFixed(1)} ms`;
+    },
   };
 }
 
 const HOLD_MS = 5;
 const K = 100;
+
+/** The same drain with no shmsched at all: N tasks through an in-process
+ * JavaScript semaphore of K, each holding HOLD_MS. What the machine does
+ * with the timers alone, measured in the same run (the baseline the drain
+ * is compared with: the machines are shared and noisy). */
+async function baselineDrain() {
+  const t = performance.now();
+  let free = K;
+  const queue = [];
+  const take = () => (free > 0 ? (free--, Promise.resolve()) : new Promise((r) => queue.push(r)));
+  const give = () => (queue.length ? queue.shift()() : free++);
+  await Promise.all(Array.from({ length: N }, () => take().then(() => new Promise((r) => {
+    setTimeout(() => { give(); r(); }, HOLD_MS);
+  }))));
+  return performance.now() - t;
+}
 
 if (process.env.SHMSCHED_WAITS_CHILD === 'exit-after-abort') {
   // A process whose only wait is aborted must exit on its own.
@@ -73,22 +99,30 @@ if (process.env.SHMSCHED_WAITS_CHILD === 'exit-after-abort') {
     for (const w of warm.slice(1)) (await w).release();
     held.push(sched.acquireSync());
 
-    const lag = lagMeter();
-    await new Promise((r) => setTimeout(r, 20));
-    lag.reset();
+    // Starting: one synchronous loop of N acquires (what a caller's own
+    // loop blocks the event loop for).
+    const idle = lagMeter();
+    await new Promise((r) => setTimeout(r, 200));
+    idle.stop();
     const t0 = performance.now();
+    const cpu0 = process.cpuUsage();
     const waits = [];
     for (let i = 0; i < N; i++) waits.push(sched.acquire('normal'));
     const started = performance.now() - t0;
+    const cpu = process.cpuUsage(cpu0);
+    const startedCpu = (cpu.user + cpu.system) / 1000;
     await until(`${N} queued`, () => sched.stats().shared.waiters[3] === N);
     const queued = performance.now() - t0;
-    const startLag = lag.worst;
     const grown = threads() - base;
     assert.equal(pendingWaits(), N);
+    // Pending: N waits cost the event loop nothing while they wait.
+    const pending = lagMeter();
+    await new Promise((r) => setTimeout(r, 200));
+    pending.stop();
 
     // Drain: every granted task holds its slot HOLD_MS, then releases it;
     // capacity K frees K slots every HOLD_MS, so the ideal is N / K * HOLD_MS.
-    lag.reset();
+    const draining = lagMeter();
     const t1 = performance.now();
     for (const p of held) p.release();
     let done = 0;
@@ -96,20 +130,32 @@ if (process.env.SHMSCHED_WAITS_CHILD === 'exit-after-abort') {
       setTimeout(() => { p.release(); done++; r(); }, HOLD_MS);
     }))));
     const drain = performance.now() - t1;
-    const drainLag = lag.stop();
+    draining.stop();
     const ideal = (N / K) * HOLD_MS;
-    figure(`${N} waits: started in ${started.toFixed(1)} ms (all queued in the region after `
-      + `${queued.toFixed(1)} ms), event-loop lag ${startLag.toFixed(1)} ms while starting, `
-      + `${drainLag.toFixed(1)} ms while draining; threads +${grown} (after 50 waits: ${base}); `
-      + `drain ${drain.toFixed(0)} ms against an ideal of ${ideal} ms (${(drain / ideal).toFixed(2)}x)`);
+    const baselineLag = lagMeter();
+    const baseline = await baselineDrain();
+    baselineLag.stop();
+    figure(`${N} waits: started in ${started.toFixed(1)} ms (${startedCpu.toFixed(1)} ms of CPU; all `
+      + `queued in the region after ${queued.toFixed(1)} ms); event-loop lag while pending ${pending.text()}, `
+      + `while draining ${draining.text()} (idle: ${idle.text()}; the JavaScript-semaphore drain: `
+      + `${baselineLag.text()}); threads +${grown} (${base} after 50 `
+      + `waits); drain ${drain.toFixed(0)} ms against an ideal of ${ideal} ms and ${baseline.toFixed(0)} ms `
+      + `for the same drain through a JavaScript semaphore (${(drain / baseline).toFixed(2)}x)`);
     assert.equal(done, N);
     assert.equal(sched.globalRunning, 0);
     assert.deepEqual(sched.stats().shared.waiters, [0, 0, 0, 0, 0, 0, 0]);
     assert.equal(pendingWaits(), 0);
     assert.ok(grown <= 2, `threads grew by ${grown} with ${N} waits pending`);
-    assert.ok(started < 1000, `starting ${N} waits took ${started.toFixed(1)} ms (goal < 100 ms)`);
-    assert.ok(startLag < 100, `event-loop lag ${startLag.toFixed(1)} ms while starting (goal < 10 ms)`);
-    assert.ok(drain < 10 * ideal, `drain took ${drain.toFixed(0)} ms against an ideal of ${ideal} ms`);
+    // Loose bounds (the goals: start < 100 ms, lag < 10 ms): CPU time for
+    // the start; lag and drain against what the same run measured without
+    // any wait, so that a loaded machine does not fail them.
+    assert.ok(startedCpu < 1000, `starting ${N} waits took ${startedCpu.toFixed(1)} ms of CPU`);
+    assert.ok(pending.p99 < idle.p99 + 25, `event-loop lag with ${N} waits pending: ${pending.text()}; `
+      + `idle: ${idle.text()}`);
+    assert.ok(draining.p99 < Math.max(idle.p99, baselineLag.p99) + 50, `event-loop lag while draining: `
+      + `${draining.text()}; idle: ${idle.text()}; the same drain in JavaScript: ${baselineLag.text()}`);
+    assert.ok(drain < 5 * baseline + 500, `drain took ${drain.toFixed(0)} ms, the same through a JavaScript `
+      + `semaphore ${baseline.toFixed(0)} ms`);
     sched.close();
   });
 
@@ -184,6 +230,30 @@ if (process.env.SHMSCHED_WAITS_CHILD === 'exit-after-abort') {
     assert.equal(g.forced, false);
     assert.equal(pendingWaits(), 0);
     lim.close();
+  });
+
+  test('dispose rejects pending waits; close with waits pending keeps them working', async () => {
+    const r = region('dispose');
+    const sched = Scheduler.shared(r, 1);
+    const held = sched.acquireSync();
+    const doomed = Array.from({ length: 100 }, () => sched.acquire('low'));
+    await until('100 queued', () => sched.stats().shared.waiters[2] === 100);
+    sched.dispose();
+    const settled = await Promise.allSettled(doomed);
+    assert.ok(settled.every((x) => x.status === 'rejected' && x.reason instanceof DisposedError));
+    held.release();
+
+    const other = Scheduler.attach(r);
+    const blocker = other.acquireSync();
+    const waiting = other.acquire('high');
+    await until('queued', () => other.stats().shared.waiters[4] === 1);
+    other.close();
+    assert.throws(() => other.globalRunning, ClosedError);
+    blocker.release();
+    const p = await waiting;
+    assert.equal(p.units, 1);
+    p.release();
+    assert.equal(pendingWaits(), 0);
   });
 
   test('a process with nothing pending exits: after an abort, after a grant', async () => {
