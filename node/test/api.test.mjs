@@ -232,3 +232,26 @@ test('an aborted wait rejects with AbortError and leaves nothing behind', async 
   assert.equal(sched.globalRunning, 0, 'the aborted wait holds nothing');
   sched.close();
 });
+
+test('a permit dropped without release gives its slot back when collected, with a warning', async () => {
+  const { spawnSync } = await import('node:child_process');
+  const code = `
+    import { Region, Scheduler } from 'shmsched';
+    const sched = Scheduler.shared(Region.anonymous(), 1);
+    const warnings = [];
+    process.on('warning', (w) => warnings.push(w.code));
+    (() => { sched.tryAcquire(); })();
+    const before = sched.globalRunning;
+    for (let i = 0; i < 20 && sched.globalRunning > 0; i++) {
+      globalThis.gc();
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    console.log(JSON.stringify({ before, after: sched.globalRunning, warnings }));
+  `;
+  // Run beside this file, where 'shmsched' resolves to the package tested.
+  const r = spawnSync(process.execPath, ['--expose-gc', '--input-type=module', '-e', code], {
+    encoding: 'utf8', timeout: 30_000, cwd: new URL('.', import.meta.url),
+  });
+  assert.equal(r.status, 0, r.stderr);
+  assert.deepEqual(JSON.parse(r.stdout), { before: 1, after: 0, warnings: ['SHMSCHED_PERMIT_LEAKED'] });
+});
