@@ -38,7 +38,7 @@ import { C, koffi, lastError } from './native.mjs';
 
 const FOREVER = 0xffff_ffff_ffff_ffffn;
 const OK = 0;
-const CANCELLED = 25;
+const KIND_ACQUIRE = 1;
 const BATCH = 256;
 
 const T = koffi.type('shmsched_completion');
@@ -48,6 +48,7 @@ const OFF = {
   tag: at('tag'),
   permit: at('permit'),
   status: at('status'),
+  kind: at('kind'),
   grant: at('grant'),
   message: at('message'),
 };
@@ -122,14 +123,22 @@ function message(off) {
 
 function settle(off) {
   const tag = Number(buf.readBigUInt64LE(off + OFF.tag));
+  const status = buf.readUInt32LE(off + OFF.status);
   const e = pending.get(tag);
-  if (e === undefined) return;
+  const permit = () => ({
+    process: buf.readBigUInt64LE(off + OFF.permit), serial: buf.readBigUInt64LE(off + OFF.permit + 8),
+  });
+  if (e === undefined) {
+    // A wait whose promise was settled already (its cancel failed): a
+    // permit it was granted is nobody's; give it back.
+    if (status === OK && buf.readUInt32LE(off + OFF.kind) === KIND_ACQUIRE) C.shmsched_permit_release(permit());
+    return;
+  }
   pending.delete(tag);
   if (e.signal) unwatch(e);
-  const status = buf.readUInt32LE(off + OFF.status);
   if (status === OK) {
     const value = e.kind === 'acquire'
-      ? { process: buf.readBigUInt64LE(off + OFF.permit), serial: buf.readBigUInt64LE(off + OFF.permit + 8) }
+      ? permit()
       : { immediate: buf[off + OFF.grant] !== 0, forced: buf[off + OFF.grant + 1] !== 0 };
     if (e.aborted) {
       // Cancelled too late to stop the grant: not the caller's any more.
@@ -142,7 +151,9 @@ function settle(off) {
     return;
   }
   e.fail();
-  if (e.aborted && status === CANCELLED) e.reject(new AbortError(e.signal.reason));
+  // An aborted wait rejects with AbortError whatever ended it (CANCELLED,
+  // or a timeout that came first): the caller asked for the abort.
+  if (e.aborted) e.reject(new AbortError(e.signal.reason));
   else e.reject(errorFor(status, message(off)));
 }
 
@@ -191,9 +202,15 @@ function abort(e) {
 
 function start(kind, begin, signal, finish, fail) {
   return new Promise((resolve, reject) => {
-    const w = waitset();
     const tag = nextTag++;
-    const st = begin(w, tag);
+    let st;
+    try {
+      st = begin(waitset(), tag);
+    } catch (err) {
+      fail();
+      reject(err);
+      return;
+    }
     if (st !== OK) {
       fail();
       reject(lastError(st));
