@@ -224,7 +224,7 @@ export class Permit {
   /** Units of the budget it holds. */
   readonly units: number;
   /** The C token, for logs. */
-  readonly token: Readonly<{ process: number | bigint; serial: number | bigint }>;
+  readonly token: Readonly<{ process: bigint; serial: bigint }>;
   /** True once released. */
   readonly released: boolean;
   /** Gives the units back; a second call throws AlreadyReleasedError.
