@@ -490,14 +490,8 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_many(
     n: u32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        h.usable()?;
-        out.set(permits::acquire_with(h, |s| s.acquire_many(p, n))?);
-        Ok(())
-    })
+    // SAFETY: the caller's contract, forwarded.
+    boundary(|| unsafe { acquire_many(sched, priority, n, None, out) })
 }
 
 /// Like `shmsched_scheduler_acquire_many`, giving up after `timeout_ns`
@@ -518,17 +512,31 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_many_timeout(
     timeout_ns: u64,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        h.usable()?;
-        let timeout = Duration::from_nanos(timeout_ns);
-        out.set(permits::acquire_with(h, |s| {
-            s.acquire_many_timeout(p, n, timeout)
-        })?);
-        Ok(())
-    })
+    // SAFETY: the caller's contract, forwarded.
+    boundary(|| unsafe { acquire_many(sched, priority, n, Some(timeout_ns), out) })
+}
+
+/// The two weighted acquires: `timeout_ns` None waits for ever.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+unsafe fn acquire_many(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    n: u32,
+    timeout_ns: Option<u64>,
+    out: *mut shmsched_permit,
+) -> Result<(), Fail> {
+    // SAFETY: the caller's contract.
+    let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
+    let p = args::priority(priority)?;
+    h.usable()?;
+    out.set(permits::acquire_with(h, |s| match timeout_ns {
+        None => s.acquire_many(p, n),
+        Some(t) => s.acquire_many_timeout(p, n, Duration::from_nanos(t)),
+    })?);
+    Ok(())
 }
 
 /// Takes `n` units only if they are all free at `priority` now and nothing

@@ -7,9 +7,11 @@
 //!   sees more than 3 running; a C holder SIGKILLed mid-hold has its slot
 //!   reclaimed (a waiter gets it) and nothing leaks; priorities cross
 //!   languages (a Highest waiter in Python, then a High one in Node, are
-//!   served before a Low waiter in C). A Python asyncio waiter (no thread
-//!   per wait) that is cancelled leaves no waiter and takes nothing; one
-//!   that waits at Low is served before a Lowest waiter in C.
+//!   served before a Low waiter in C); a Node waiter aborted through its
+//!   AbortSignal leaves no waiter and holds nothing. A Python asyncio
+//!   waiter (no thread per wait) that is cancelled leaves no waiter and
+//!   takes nothing; one that waits at Low is served before a Lowest waiter
+//!   in C.
 //! - One Limiter: the five together consume at the budget's rate, within
 //!   1 % over 3 s, measured from each process's own completion times.
 //!
@@ -330,6 +332,29 @@ fn mixed_languages_share_one_scheduler() {
         assert!(k.finish().success());
     }
     assert_eq!(me.global_running(), 0);
+
+    // 4. A Node waiter cancelled by its AbortSignal leaves the region as it
+    //    found it: once its promise rejects, no waiter is counted and it
+    //    holds nothing, so freed slots go to nobody.
+    let held: Vec<_> = (0..CAP)
+        .map(|_| me.acquire(Priority::Normal).unwrap())
+        .collect();
+    let mut aborted = worker("node", "sched-abort", &[&tmp.0, "highest"]);
+    until("the Node waiter with a signal queued", || {
+        me.stats().shared.unwrap().waiters[Priority::Highest.index()] == 1
+    });
+    aborted.send("abort");
+    assert_eq!(aborted.expect_line("aborted"), "AbortError");
+    let st = me.stats().shared.unwrap();
+    assert_eq!(st.waiters, [0; 7], "the aborted Node waiter left a waiter");
+    assert_eq!(st.running, CAP);
+    drop(held);
+    assert_eq!(
+        me.global_running(),
+        0,
+        "a freed slot went to the aborted waiter"
+    );
+    assert!(aborted.finish().success());
 }
 
 /// A Python asyncio waiter in the same region (its waits take no thread

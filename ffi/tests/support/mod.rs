@@ -372,8 +372,9 @@ const NODE_MAJOR: u32 = 20;
 const NPM_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// `node` with the fresh library, after making sure of the binding's
-/// dependency (koffi, from the npm registry): the first caller of a test
-/// run runs `npm ci --prefix node` when `node/node_modules/koffi` is
+/// dependencies (koffi, and typescript for its tests, from the npm
+/// registry): the first caller of a test run runs `npm ci --prefix node`
+/// when `node/node_modules/koffi` or `typescript` is
 /// missing (once, under a lock shared with the other test processes,
 /// bounded by a timeout, its output shown on failure). Fails within
 /// seconds naming what is missing: `node` (20 or later), `npm`, or koffi
@@ -409,8 +410,16 @@ fn prepare_node() -> Result<PathBuf, String> {
         ));
     }
     let dir = repo_root().join("node");
-    let koffi = dir.join("node_modules/koffi/package.json");
-    if koffi.exists() {
+    // The binding's dependency (koffi) and the tests' (typescript).
+    let installed = || {
+        ["koffi", "typescript"].iter().all(|d| {
+            dir.join("node_modules")
+                .join(d)
+                .join("package.json")
+                .exists()
+        })
+    };
+    if installed() {
         return Ok(node);
     }
     // One `npm ci` per checkout at a time, whichever test process asks.
@@ -422,7 +431,7 @@ fn prepare_node() -> Result<PathBuf, String> {
         .collect();
     let _lock =
         tools::FileLock::take(&std::env::temp_dir().join(format!("shmsched-npm-ci{tag}.lock")))?;
-    if koffi.exists() {
+    if installed() {
         // Another test process installed it while we waited for the lock.
         return Ok(node);
     }
@@ -435,9 +444,9 @@ fn prepare_node() -> Result<PathBuf, String> {
     let out = tools::output_within(ci, NPM_TIMEOUT).map_err(|e| {
         format!("missing dependency: koffi, for the Node binding: `npm ci --prefix node` {e}")
     })?;
-    if !out.status.success() || !koffi.exists() {
+    if !out.status.success() || !installed() {
         return Err(format!(
-            "missing dependency: koffi, for the Node binding: `npm ci --prefix node` failed ({}):\n{}\n{}",
+            "missing dependency: koffi or typescript, for the Node binding: `npm ci --prefix node` failed ({}):\n{}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)

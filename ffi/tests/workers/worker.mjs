@@ -74,6 +74,27 @@ async function limConsume(path, chunk) {
   lines.close();
 }
 
-const roles = { 'sched-hold': schedHold, 'sched-churn': schedChurn, 'lim-consume': limConsume };
+// Queues at `prio` with an AbortSignal; aborts on "abort" and reports how
+// the wait ended ("aborted AbortError"), then waits for stdin to close.
+async function schedAbort(path, prio) {
+  const sched = Scheduler.attach(Region.open(path));
+  const ac = new AbortController();
+  const wait = sched.acquire(prio, { signal: ac.signal });
+  say('ready');
+  await nextLine();
+  ac.abort();
+  try {
+    (await wait).release();
+    say('got');
+  } catch (e) {
+    say(`aborted ${e.name}`);
+  }
+  await nextLine();
+  sched.close();
+}
+
+const roles = {
+  'sched-hold': schedHold, 'sched-churn': schedChurn, 'lim-consume': limConsume, 'sched-abort': schedAbort,
+};
 await roles[process.argv[2]](...process.argv.slice(3));
 process.stdin.destroy();
