@@ -10,10 +10,9 @@ use shmsched::fair::{
     FairConfig, FairShare, RefusalReason, SharedFairShare, DEFAULT_LEASE_CAPACITY,
 };
 
-use crate::args::{self, handle, text, Out};
-use crate::process;
+use crate::face::{self, close_box, ffi, new_handle, try_opt_out, try_out, try_ref, try_text, Out};
 use crate::region::shmsched_region;
-use crate::status::{boundary, shmsched_status, Fail};
+use crate::status::{shmsched_status, Fail};
 
 /// A fair-share handle (opaque). Made by `shmsched_fair_shared` or
 /// `shmsched_fair_attach`; closed by `shmsched_fair_close`.
@@ -143,24 +142,16 @@ pub unsafe extern "C" fn shmsched_fair_shared(
     lease_capacity: u32,
     out: *mut *mut shmsched_fair,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, json, out) = unsafe {
-            (
-                handle(region, "region")?,
-                text(config_json, "config_json")?,
-                Out::new(out, "out")?,
-            )
-        };
+    ffi! {
+        let (r, json, out) = (try_ref!(region), try_text!(config_json), try_out!(out));
         let cfg = FairConfig::from_json(json)?;
         let cap = if lease_capacity == 0 {
             DEFAULT_LEASE_CAPACITY
         } else {
             lease_capacity as usize
         };
-        let fair = r.bind(|region| FairShare::shared_with_capacity(region, &cfg, cap))?;
-        make(fair, out)
-    })
+        make(r.bind(|region| FairShare::shared_with_capacity(region, &cfg, cap))?, out)
+    }
 }
 
 /// Joins the fair-share ledger stored in `region`, whatever its
@@ -178,41 +169,34 @@ pub unsafe extern "C" fn shmsched_fair_attach(
     region: *const shmsched_region,
     out: *mut *mut shmsched_fair,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let fair = r.bind(FairShare::attach)?;
-        make(fair, out)
-    })
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out));
+        make(r.bind(FairShare::attach)?, out)
+    }
 }
 
 fn make(fair: SharedFairShare, out: Out<*mut shmsched_fair>) -> Result<(), Fail> {
-    process::install_fork_handler()?;
-    out.set(Box::into_raw(Box::new(shmsched_fair {
-        fair: Mutex::new(fair),
-    })));
-    Ok(())
+    let fair = Mutex::new(fair);
+    new_handle(out, shmsched_fair { fair })
 }
 
+/// The two acquires (`now_ms` None: at the clock), once `fair`, `tenant`
+/// and `out` are checked.
+///
+/// # Safety
+///
+/// `explanation` must be NULL or valid for `explanation_len` bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn acquire_at(
-    fair: *const shmsched_fair,
-    tenant: *const c_char,
+    h: &shmsched_fair,
+    tenant: &str,
     cost: f64,
     hold_ms: u64,
     now_ms: Option<u64>,
-    out: *mut shmsched_fair_outcome,
+    out: Out<shmsched_fair_outcome>,
     explanation: *mut c_char,
     explanation_len: usize,
 ) -> Result<(), Fail> {
-    // SAFETY: the caller's contract.
-    let (h, tenant, out) = unsafe {
-        (
-            handle(fair, "fair")?,
-            text(tenant, "tenant")?,
-            Out::new(out, "out")?,
-        )
-    };
     let answer = {
         let mut f = h.lock();
         match now_ms {
@@ -229,19 +213,9 @@ unsafe fn acquire_at(
             lease_id: lease_id(&lease.id)?,
         },
         Err(refusal) => {
-            if !explanation.is_null() && explanation_len > 0 {
-                let e = refusal.explanation.as_str();
-                let mut n = e.len().min(explanation_len - 1);
-                while !e.is_char_boundary(n) {
-                    n -= 1;
-                }
-                // SAFETY: the caller guarantees `explanation_len` writable
-                // bytes; we write `n + 1` of them from a Rust string.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(e.as_ptr(), explanation.cast::<u8>(), n);
-                    *explanation.add(n) = 0;
-                }
-            }
+            // SAFETY: `explanation` is NULL or valid for `explanation_len`
+            // bytes (the contract).
+            unsafe { face::cut_into_raw(&refusal.explanation, explanation, explanation_len) };
             shmsched_fair_outcome {
                 granted: false,
                 reason: reason_code(refusal.reason) as u32,
@@ -284,21 +258,12 @@ pub unsafe extern "C" fn shmsched_fair_acquire(
     explanation: *mut c_char,
     explanation_len: usize,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: forwarded contract.
-        unsafe {
-            acquire_at(
-                fair,
-                tenant,
-                cost,
-                hold_ms,
-                Some(now_ms),
-                out,
-                explanation,
-                explanation_len,
-            )
-        }
-    })
+    ffi! {
+        let (h, tenant, out) = (try_ref!(fair), try_text!(tenant), try_out!(out));
+        let (e, e_len) = (explanation, explanation_len);
+        // SAFETY: the caller's contract on `explanation`.
+        unsafe { acquire_at(h, tenant, cost, hold_ms, Some(now_ms), out, e, e_len) }
+    }
 }
 
 /// `shmsched_fair_acquire` at `CLOCK_MONOTONIC` milliseconds, read under
@@ -321,21 +286,12 @@ pub unsafe extern "C" fn shmsched_fair_acquire_now(
     explanation: *mut c_char,
     explanation_len: usize,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: forwarded contract.
-        unsafe {
-            acquire_at(
-                fair,
-                tenant,
-                cost,
-                hold_ms,
-                None,
-                out,
-                explanation,
-                explanation_len,
-            )
-        }
-    })
+    ffi! {
+        let (h, tenant, out) = (try_ref!(fair), try_text!(tenant), try_out!(out));
+        let (e, e_len) = (explanation, explanation_len);
+        // SAFETY: the caller's contract on `explanation`.
+        unsafe { acquire_at(h, tenant, cost, hold_ms, None, out, e, e_len) }
+    }
 }
 
 /// Releases the lease `lease_id` at `now_ms`.
@@ -354,12 +310,10 @@ pub unsafe extern "C" fn shmsched_fair_release(
     lease_id: *const c_char,
     now_ms: u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, id) = unsafe { (handle(fair, "fair")?, text(lease_id, "lease_id")?) };
-        h.lock().release(id, now_ms)?;
-        Ok(())
-    })
+    ffi! {
+        let (h, id) = (try_ref!(fair), try_text!(lease_id));
+        h.lock().release(id, now_ms)?
+    }
 }
 
 /// `shmsched_fair_release` at the clock, read under the ledger's lock.
@@ -375,12 +329,10 @@ pub unsafe extern "C" fn shmsched_fair_release_now(
     fair: *const shmsched_fair,
     lease_id: *const c_char,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, id) = unsafe { (handle(fair, "fair")?, text(lease_id, "lease_id")?) };
-        h.lock().release_now(id)?;
-        Ok(())
-    })
+    ffi! {
+        let (h, id) = (try_ref!(fair), try_text!(lease_id));
+        h.lock().release_now(id)?
+    }
 }
 
 /// Writes the ledger's stats at `now_ms` as JSON text (per tenant:
@@ -407,15 +359,12 @@ pub unsafe extern "C" fn shmsched_fair_stats_json(
     len: usize,
     out_len: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
+    ffi! {
+        let stats = try_ref!(fair).lock().stats(now_ms)?;
+        let json = serde_json::to_string(&stats);
         // SAFETY: the caller's contract.
-        let h = unsafe { handle(fair, "fair") }?;
-        let stats = h.lock().stats(now_ms)?;
-        let json = serde_json::to_string(&stats)
-            .map_err(|e| Fail::new(shmsched_status::Internal, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { args::write_text(&json, buf, len, out_len) }
-    })
+        unsafe { face::write_json(json, buf, len, out_len) }
+    }
 }
 
 /// `shmsched_fair_stats_json` at the clock, read under the ledger's lock.
@@ -433,15 +382,12 @@ pub unsafe extern "C" fn shmsched_fair_stats_json_now(
     len: usize,
     out_len: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
+    ffi! {
+        let stats = try_ref!(fair).lock().stats_now()?;
+        let json = serde_json::to_string(&stats);
         // SAFETY: the caller's contract.
-        let h = unsafe { handle(fair, "fair") }?;
-        let stats = h.lock().stats_now()?;
-        let json = serde_json::to_string(&stats)
-            .map_err(|e| Fail::new(shmsched_status::Internal, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { args::write_text(&json, buf, len, out_len) }
-    })
+        unsafe { face::write_json(json, buf, len, out_len) }
+    }
 }
 
 /// Releases the leases of dead processes now (also done by itself on the
@@ -461,20 +407,11 @@ pub unsafe extern "C" fn shmsched_fair_reap(
     out_processes: *mut u32,
     out_leases: *mut u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(fair, "fair") }?;
-        let r = h.lock().reap()?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_processes) } {
-            o.set(r.processes);
-        }
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_leases) } {
-            o.set(r.leases);
-        }
-        Ok(())
-    })
+    ffi! {
+        let r = try_ref!(fair).lock().reap()?;
+        try_opt_out!(out_processes).set(r.processes);
+        try_opt_out!(out_leases).set(r.leases);
+    }
 }
 
 /// Closes the handle. Leases taken through it stay in the ledger until
@@ -489,13 +426,7 @@ pub unsafe extern "C" fn shmsched_fair_reap(
 /// `fair` must be NULL or an open fair-share handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_fair_close(fair: *mut shmsched_fair) {
-    if fair.is_null() {
-        return;
-    }
-    let _ = boundary(|| {
-        // SAFETY: `fair` came from Box::into_raw in `make` and the caller
-        // does not use it again.
-        drop(unsafe { Box::from_raw(fair) });
-        Ok(())
-    });
+    // SAFETY: the caller's contract: NULL or a handle from `make`, not used
+    // again.
+    unsafe { close_box(fair) }
 }

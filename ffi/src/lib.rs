@@ -17,9 +17,13 @@
 //!   Rust error gives.
 //! - **Checked arguments**: NULL pointers, priorities outside -3..=3,
 //!   strings that are not UTF-8 and out-of-range values are errors, never
-//!   undefined behaviour ([`args`]).
+//!   undefined behaviour.
 //! - **A panic boundary** around every exported function: a panic becomes
 //!   `SHMSCHED_STATUS_INTERNAL` and never unwinds into C.
+//!
+//! The marshalling (the boundary, the checks of arguments, outputs written
+//! only on success, the string and struct outputs) is written once, in
+//! [`face`]; every exported function is a few lines over it.
 //! - **Permits as checked tokens** ([`permits`]): releasing twice, or
 //!   releasing a permit of another process, is an error.
 //! - **Fork awareness** ([`process`]): a handle used in a forked child that
@@ -32,7 +36,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-pub mod args;
+pub mod face;
 pub mod fair;
 pub mod limiter;
 pub mod permits;
@@ -43,7 +47,8 @@ pub mod status;
 pub mod waiter;
 pub mod waitset;
 
-use status::{boundary, shmsched_status};
+use face::boundary;
+use status::shmsched_status;
 
 /// The version of this C ABI: the header's declarations and struct layouts.
 /// It changes when a signature or a struct changes incompatibly. Compare

@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use shmsched::limiter::{Grant, Limiter, LimiterStats};
 
-use crate::args::{self, handle, Out};
+use crate::face::{
+    self, close_box, ffi, new_handle, try_opt_out, try_out, try_priority, try_ref, Handle, Out,
+};
 use crate::process;
 use crate::region::shmsched_region;
 use crate::scheduler::shmsched_queue_stats;
-use crate::status::{boundary, shmsched_status, Fail};
+use crate::status::{shmsched_status, Fail};
+use crate::waiter;
 
 /// A limiter handle (opaque). Made by `shmsched_limiter_shared`, `_attach`
 /// or `_child`; closed by `shmsched_limiter_close`.
@@ -25,30 +28,17 @@ pub struct shmsched_limiter {
     fork_generation: u64,
 }
 
-impl shmsched_limiter {
-    /// The limiter, unless this handle was inherited across `fork` (for
-    /// the waitset).
-    pub(crate) fn usable_limiter(&self) -> Result<&Limiter, Fail> {
-        self.usable()
-    }
-
-    #[inline(always)]
-    fn usable(&self) -> Result<&Limiter, Fail> {
-        if self.fork_generation != process::fork_generation() {
-            return Err(forked());
-        }
-        Ok(&self.lim)
-    }
-}
-
-#[cold]
-fn forked() -> Fail {
-    Fail::new(
-        shmsched_status::Forked,
+impl Handle for shmsched_limiter {
+    type Target = Limiter;
+    const AFTER_FORK: &'static str =
         "handle used after fork: a Limiter belongs to the process that created it; in a forked \
          child, create a new one from the Region (shmsched_limiter_shared or \
-         shmsched_limiter_attach)",
-    )
+         shmsched_limiter_attach)";
+
+    #[inline(always)]
+    fn parts(&self) -> (u64, &Limiter) {
+        (self.fork_generation, &self.lim)
+    }
 }
 
 /// How a consume went.
@@ -73,12 +63,14 @@ impl From<Grant> for shmsched_grant {
 }
 
 fn make(lim: Limiter, out: Out<*mut shmsched_limiter>) -> Result<(), Fail> {
-    process::install_fork_handler()?;
-    out.set(Box::into_raw(Box::new(shmsched_limiter {
-        lim,
-        fork_generation: process::fork_generation(),
-    })));
-    Ok(())
+    let fork_generation = process::fork_generation();
+    new_handle(
+        out,
+        shmsched_limiter {
+            lim,
+            fork_generation,
+        },
+    )
 }
 
 /// Binds a limiter shared through `region`: one bucket of
@@ -100,12 +92,10 @@ pub unsafe extern "C" fn shmsched_limiter_shared(
     tokens_per_second: u64,
     out: *mut *mut shmsched_limiter,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let lim = r.bind(|region| Limiter::shared(region, tokens_per_second))?;
-        make(lim, out)
-    })
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out));
+        make(r.bind(|region| Limiter::shared(region, tokens_per_second))?, out)
+    }
 }
 
 /// Like `shmsched_limiter_shared`, with a bucket that holds at most
@@ -126,13 +116,11 @@ pub unsafe extern "C" fn shmsched_limiter_shared_with_capacity(
     capacity: u64,
     out: *mut *mut shmsched_limiter,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let lim =
-            r.bind(|region| Limiter::shared_with_capacity(region, tokens_per_second, capacity))?;
-        make(lim, out)
-    })
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out));
+        let bind = |region: &_| Limiter::shared_with_capacity(region, tokens_per_second, capacity);
+        make(r.bind(bind)?, out)
+    }
 }
 
 /// Joins the limiter already initialised in `region`, whatever its rate.
@@ -149,12 +137,10 @@ pub unsafe extern "C" fn shmsched_limiter_attach(
     region: *const shmsched_region,
     out: *mut *mut shmsched_limiter,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let lim = r.bind(Limiter::attach)?;
-        make(lim, out)
-    })
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out));
+        make(r.bind(Limiter::attach)?, out)
+    }
 }
 
 /// A child limiter: its own in-process bucket of `tokens_per_second` on top
@@ -172,12 +158,10 @@ pub unsafe extern "C" fn shmsched_limiter_child(
     tokens_per_second: u64,
     out: *mut *mut shmsched_limiter,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (p, out) = unsafe { (handle(parent, "parent")?, Out::new(out, "out")?) };
-        let child = p.usable()?.child(tokens_per_second)?;
-        make(child, out)
-    })
+    ffi! {
+        let (p, out) = (try_ref!(parent), try_out!(out));
+        make(p.usable()?.child(tokens_per_second)?, out)
+    }
 }
 
 /// Like `shmsched_limiter_child`, with a bucket of at most `capacity`
@@ -196,14 +180,10 @@ pub unsafe extern "C" fn shmsched_limiter_child_with_capacity(
     capacity: u64,
     out: *mut *mut shmsched_limiter,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (p, out) = unsafe { (handle(parent, "parent")?, Out::new(out, "out")?) };
-        let child = p
-            .usable()?
-            .child_with_capacity(tokens_per_second, capacity)?;
-        make(child, out)
-    })
+    ffi! {
+        let (p, out) = (try_ref!(parent), try_out!(out));
+        make(p.usable()?.child_with_capacity(tokens_per_second, capacity)?, out)
+    }
 }
 
 /// Consumes `n` tokens (0..=2147483647) at `priority` (a
@@ -227,17 +207,10 @@ pub unsafe extern "C" fn shmsched_limiter_consume(
     priority: i32,
     out_grant: *mut shmsched_grant,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let p = args::priority(priority)?;
-        let g = h.usable()?.consume(n, p)?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_grant) } {
-            o.set(g.into());
-        }
-        Ok(())
-    })
+    ffi! {
+        let (h, p) = (try_ref!(lim), try_priority!(priority));
+        try_opt_out!(out_grant).set(h.usable()?.consume(n, p)?.into());
+    }
 }
 
 /// Like `shmsched_limiter_consume`, giving up after `timeout_ns`
@@ -259,19 +232,11 @@ pub unsafe extern "C" fn shmsched_limiter_consume_timeout(
     timeout_ns: u64,
     out_grant: *mut shmsched_grant,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let p = args::priority(priority)?;
-        let g = h
-            .usable()?
-            .consume_timeout(n, p, Duration::from_nanos(timeout_ns))?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_grant) } {
-            o.set(g.into());
-        }
-        Ok(())
-    })
+    ffi! {
+        let (h, p) = (try_ref!(lim), try_priority!(priority));
+        let g = h.usable()?.consume_timeout(n, p, Duration::from_nanos(timeout_ns))?;
+        try_opt_out!(out_grant).set(g.into());
+    }
 }
 
 /// The completion of `shmsched_limiter_consume_async`: called exactly once,
@@ -287,13 +252,8 @@ pub type shmsched_consume_callback = Option<
     ),
 >;
 
-/// A raw pointer handed to the waiting thread.
-struct SendPtr<T>(*mut T);
-
-// SAFETY: the pointers are the caller's (a handle that stays open until the
-// callback ran, and an opaque context), passed to another thread as the C
-// contract of the `_async` calls allows.
-unsafe impl<T> Send for SendPtr<T> {}
+// The waiting thread reports through this type.
+const _: fn(shmsched_consume_callback) -> waiter::Callback<shmsched_grant> = |c| c;
 
 /// Starts a consume of `n` tokens at `priority` that waits on a thread of
 /// its own and reports to `callback(ctx, …)` when charged, after
@@ -322,32 +282,20 @@ pub unsafe extern "C" fn shmsched_limiter_consume_async(
     callback: shmsched_consume_callback,
     ctx: *mut c_void,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let p = args::priority(priority)?;
-        let cb = callback.ok_or_else(|| Fail::null("callback"))?;
-        h.usable()?;
-        let target = SendPtr(lim as *mut shmsched_limiter);
-        let ctx = SendPtr(ctx);
-        crate::waiter::spawn(move || {
-            let (target, ctx) = (target, ctx);
-            // SAFETY: the caller keeps the handle open until the callback ran.
-            let h = unsafe { &*target.0 };
-            let outcome = || {
-                match crate::waiter::timeout(timeout_ns) {
+    ffi! {
+        let (h, p) = (try_ref!(lim), try_priority!(priority));
+        // SAFETY: the caller's contract: the handle stays open until the
+        // callback ran, which may be called from any thread with `ctx`.
+        unsafe {
+            waiter::start(h, timeout_ns, callback, ctx, move |h, timeout| {
+                let g = match timeout {
                     None => h.lim.consume(n, p),
                     Some(t) => h.lim.consume_timeout(n, p, t),
-                }
-                .map(shmsched_grant::from)
-                .map_err(Fail::from)
-            };
-            crate::waiter::report(outcome, shmsched_grant::default(), |status, grant, msg| {
-                // SAFETY: the caller's callback contract.
-                unsafe { cb(ctx.0, status, grant, msg) }
-            });
-        })
-    })
+                };
+                Ok(g?.into())
+            })
+        }
+    }
 }
 
 /// Consumes `n` tokens only if every level holds them now and nothing is
@@ -365,18 +313,14 @@ pub unsafe extern "C" fn shmsched_limiter_try_consume(
     lim: *const shmsched_limiter,
     n: u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        if h.usable()?.try_consume(n)? {
-            Ok(())
-        } else {
-            Err(Fail::new(
+    ffi! {
+        if !try_ref!(lim).usable()?.try_consume(n)? {
+            return Err(Fail::new(
                 shmsched_status::WouldBlock,
                 "the bucket does not hold the tokens now (or consumes are queued)",
-            ))
+            ));
         }
-    })
+    }
 }
 
 /// Writes the token balance now (negative while in debt).
@@ -392,12 +336,10 @@ pub unsafe extern "C" fn shmsched_limiter_tokens(
     lim: *const shmsched_limiter,
     out: *mut i64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.tokens()?);
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(lim), try_out!(out));
+        out.set(h.usable()?.tokens()?)
+    }
 }
 
 /// Writes the rate in force (tokens per second; see also
@@ -413,12 +355,10 @@ pub unsafe extern "C" fn shmsched_limiter_tokens_per_second(
     lim: *const shmsched_limiter,
     out: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.tokens_per_second());
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(lim), try_out!(out));
+        out.set(h.usable()?.tokens_per_second())
+    }
 }
 
 /// Writes the capacity (burst) in force, in tokens.
@@ -433,12 +373,10 @@ pub unsafe extern "C" fn shmsched_limiter_capacity(
     lim: *const shmsched_limiter,
     out: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.capacity());
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(lim), try_out!(out));
+        out.set(h.usable()?.capacity())
+    }
 }
 
 /// Changes this level's rate to `tokens_per_second` (1..=2147483647) from
@@ -456,12 +394,7 @@ pub unsafe extern "C" fn shmsched_limiter_set_rate(
     lim: *const shmsched_limiter,
     tokens_per_second: u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        h.usable()?.set_rate(tokens_per_second)?;
-        Ok(())
-    })
+    ffi!(try_ref!(lim).usable()?.set_rate(tokens_per_second)?)
 }
 
 /// Changes this level's capacity (burst) to `capacity` tokens
@@ -478,12 +411,7 @@ pub unsafe extern "C" fn shmsched_limiter_set_capacity(
     lim: *const shmsched_limiter,
     capacity: u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        h.usable()?.set_capacity(capacity)?;
-        Ok(())
-    })
+    ffi!(try_ref!(lim).usable()?.set_capacity(capacity)?)
 }
 
 /// Frees the process-table entries of dead processes sharing the region (a
@@ -502,16 +430,10 @@ pub unsafe extern "C" fn shmsched_limiter_reap(
     lim: *const shmsched_limiter,
     out_processes: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let n = h.usable()?.reap()?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_processes) } {
-            o.set(n);
-        }
-        Ok(())
-    })
+    ffi! {
+        let n = try_ref!(lim).usable()?.reap()?;
+        try_opt_out!(out_processes).set(n);
+    }
 }
 
 /// One priority's queue in a limiter.
@@ -654,13 +576,11 @@ pub unsafe extern "C" fn shmsched_limiter_get_stats(
     lim: *const shmsched_limiter,
     out: *mut shmsched_limiter_stats,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let stats = shmsched_limiter_stats::from(&h.usable()?.stats());
+    ffi! {
+        let stats = shmsched_limiter_stats::from(&try_ref!(lim).usable()?.stats());
         // SAFETY: the caller's contract; the struct has no padding.
-        unsafe { args::write_sized(out, stats, |s, n| s.size = n) }
-    })
+        unsafe { face::write_sized(out, stats, |s, n| s.size = n) }
+    }
 }
 
 /// Writes this level's stats as one JSON object (the serde form of the Rust
@@ -683,14 +603,11 @@ pub unsafe extern "C" fn shmsched_limiter_stats_json(
     len: usize,
     out_len: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
+    ffi! {
+        let json = serde_json::to_string(&try_ref!(lim).usable()?.stats());
         // SAFETY: the caller's contract.
-        let h = unsafe { handle(lim, "lim") }?;
-        let json = serde_json::to_string(&h.usable()?.stats())
-            .map_err(|e| Fail::new(shmsched_status::Internal, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { args::write_text(&json, buf, len, out_len) }
-    })
+        unsafe { face::write_json(json, buf, len, out_len) }
+    }
 }
 
 /// Leaves the region now and closes the handle (frees this process's
@@ -707,17 +624,14 @@ pub unsafe extern "C" fn shmsched_limiter_stats_json(
 /// `lim` must be NULL or an open limiter handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_limiter_detach(lim: *mut shmsched_limiter) -> shmsched_status {
-    boundary(|| {
-        if lim.is_null() {
-            return Err(Fail::null("lim"));
-        }
+    ffi! {
+        try_ref!(lim);
         // SAFETY: `lim` came from Box::into_raw in `make` and the caller
         // does not use it again.
         let owned = unsafe { Box::from_raw(lim) };
         owned.usable()?;
-        owned.lim.detach()?;
-        Ok(())
-    })
+        owned.lim.detach()?
+    }
 }
 
 /// Closes the handle. NULL does nothing. Does not leave the region's
@@ -731,13 +645,7 @@ pub unsafe extern "C" fn shmsched_limiter_detach(lim: *mut shmsched_limiter) -> 
 /// `lim` must be NULL or an open limiter handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_limiter_close(lim: *mut shmsched_limiter) {
-    if lim.is_null() {
-        return;
-    }
-    let _ = boundary(|| {
-        // SAFETY: `lim` came from Box::into_raw in `make` and the caller
-        // does not use it again.
-        drop(unsafe { Box::from_raw(lim) });
-        Ok(())
-    });
+    // SAFETY: the caller's contract: NULL or a handle from `make`, not used
+    // again.
+    unsafe { close_box(lim) }
 }

@@ -375,10 +375,13 @@ fn spill(index: u32) {
 /// acquire fails, the entry goes back to the cache and the error is
 /// returned; if no entry can be had, nothing is acquired.
 #[inline(always)]
-pub(crate) fn acquire_with<'h>(
+pub(crate) fn acquire_with<'h, E>(
     handle: &'h shmsched_scheduler,
-    acquire: impl FnOnce(&'h Scheduler) -> shmsched::Result<Permit<'h>>,
-) -> Result<shmsched_permit, Fail> {
+    acquire: impl FnOnce(&'h Scheduler) -> Result<Permit<'h>, E>,
+) -> Result<shmsched_permit, Fail>
+where
+    Fail: From<E>,
+{
     let index = take_index()?;
     let e = entry(index).expect("an index from a cache has an allocated chunk");
     // The slot is declared with `'static`; lifetimes do not change layout,
@@ -425,7 +428,7 @@ pub(crate) fn insert<'h>(
     handle: &'h shmsched_scheduler,
     permit: Permit<'h>,
 ) -> Result<shmsched_permit, Fail> {
-    acquire_with(handle, move |_| Ok(permit))
+    acquire_with(handle, move |_| Ok::<_, Fail>(permit))
 }
 
 /// Releases the permit behind `token` (see the module docs).

@@ -13,8 +13,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use shmsched::region::{Region, RegionOptions};
 use shmsched::Error;
 
-use crate::args::{self, handle, text, Out};
-use crate::status::{boundary, shmsched_status, Fail};
+use crate::face::{self, close_box, ffi, new_handle, try_out, try_ref, try_text, Out};
+use crate::status::{shmsched_status, Fail};
 use crate::SHMSCHED_ABI_VERSION;
 
 /// A region handle (opaque). Made by `shmsched_region_create`, `_open`,
@@ -110,11 +110,10 @@ fn options(mode: u32, process_slots: u32) -> RegionOptions {
     }
 }
 
-fn finish(r: shmsched_region, out: Out<*mut shmsched_region>) -> Result<(), Fail> {
-    crate::process::install_fork_handler()?;
+fn finish(region: Region, fd: Option<OwnedFd>, out: Out<*mut shmsched_region>) -> Result<(), Fail> {
+    let r = shmsched_region::new(region, fd);
     r.check_version()?;
-    out.set(Box::into_raw(Box::new(r)));
-    Ok(())
+    new_handle(out, r)
 }
 
 /// Creates a new region file (it must not exist) and opens it.
@@ -139,12 +138,10 @@ pub unsafe extern "C" fn shmsched_region_create(
     process_slots: u32,
     out: *mut *mut shmsched_region,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (name, out) = unsafe { (text(name, "name")?, Out::new(out, "out")?) };
-        let region = Region::create_with(name, options(mode, process_slots))?;
-        finish(shmsched_region::new(region, None), out)
-    })
+    ffi! {
+        let (name, out) = (try_text!(name), try_out!(out));
+        finish(Region::create_with(name, options(mode, process_slots))?, None, out)
+    }
 }
 
 /// Opens an existing region file (see `shmsched_region_create` for
@@ -164,12 +161,10 @@ pub unsafe extern "C" fn shmsched_region_open(
     name: *const c_char,
     out: *mut *mut shmsched_region,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (name, out) = unsafe { (text(name, "name")?, Out::new(out, "out")?) };
-        let region = Region::open(name)?;
-        finish(shmsched_region::new(region, None), out)
-    })
+    ffi! {
+        let (name, out) = (try_text!(name), try_out!(out));
+        finish(Region::open(name)?, None, out)
+    }
 }
 
 /// Opens the region file, creating it with `mode` and `process_slots` (0
@@ -191,12 +186,10 @@ pub unsafe extern "C" fn shmsched_region_open_or_create(
     process_slots: u32,
     out: *mut *mut shmsched_region,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (name, out) = unsafe { (text(name, "name")?, Out::new(out, "out")?) };
-        let region = Region::open_or_create_with(name, options(mode, process_slots))?;
-        finish(shmsched_region::new(region, None), out)
-    })
+    ffi! {
+        let (name, out) = (try_text!(name), try_out!(out));
+        finish(Region::open_or_create_with(name, options(mode, process_slots))?, None, out)
+    }
 }
 
 /// Creates an anonymous region (a memfd) with `process_slots` entries (0 for
@@ -216,21 +209,13 @@ pub unsafe extern "C" fn shmsched_region_anonymous(
     process_slots: u32,
     out: *mut *mut shmsched_region,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out, "out") }?;
-        let opts = options(0, process_slots);
-        let region = Region::anonymous_with(opts)?;
+    ffi! {
+        let out = try_out!(out);
+        let region = Region::anonymous_with(options(0, process_slots))?;
         // Our own descriptor of the memfd, for `shmsched_region_dup_fd`.
-        let fd = region.as_fd().try_clone_to_owned().map_err(|e| {
-            Fail::from(Error::Io {
-                op: "dup",
-                path: None,
-                source: e,
-            })
-        })?;
-        finish(shmsched_region::new(region, Some(fd)), out)
-    })
+        let fd = region.as_fd().try_clone_to_owned().map_err(|e| Fail::io("dup", e))?;
+        finish(region, Some(fd), out)
+    }
 }
 
 /// Opens the region behind the descriptor `fd` (from
@@ -250,20 +235,12 @@ pub unsafe extern "C" fn shmsched_region_open_fd(
     fd: i32,
     out: *mut *mut shmsched_region,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out, "out") }?;
+    ffi! {
+        let out = try_out!(out);
         let own = dup_checked(fd)?;
-        let keep = own.try_clone().map_err(|e| {
-            Fail::from(Error::Io {
-                op: "dup",
-                path: None,
-                source: e,
-            })
-        })?;
-        let region = Region::from_fd(own)?;
-        finish(shmsched_region::new(region, Some(keep)), out)
-    })
+        let keep = own.try_clone().map_err(|e| Fail::io("dup", e))?;
+        finish(Region::from_fd(own)?, Some(keep), out)
+    }
 }
 
 /// Duplicates a caller's descriptor after checking that it is an open
@@ -285,21 +262,11 @@ fn dup_checked(fd: RawFd) -> Result<OwnedFd, Fail> {
     // the duplication below. (Another thread closing it meanwhile would make
     // the dup fail, not read freed memory.)
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let own = borrowed.try_clone_to_owned().map_err(|e| {
-        Fail::from(Error::Io {
-            op: "dup",
-            path: None,
-            source: e,
-        })
-    })?;
+    let own = borrowed
+        .try_clone_to_owned()
+        .map_err(|e| Fail::io("dup", e))?;
     let file = File::from(own);
-    let meta = file.metadata().map_err(|e| {
-        Fail::from(Error::Io {
-            op: "fstat",
-            path: None,
-            source: e,
-        })
-    })?;
+    let meta = file.metadata().map_err(|e| Fail::io("fstat", e))?;
     if !meta.is_file() {
         return Err(Fail::invalid(format!(
             "descriptor {fd} is not a regular file (nor a memfd), so it cannot be a region"
@@ -328,9 +295,8 @@ pub unsafe extern "C" fn shmsched_region_dup_fd(
     region: *const shmsched_region,
     out_fd: *mut i32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out_fd, "out_fd")?) };
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out_fd));
         let Some(fd) = &r.fd else {
             return Err(Fail::invalid(format!(
                 "{} is named: pass its name to the other program (shmsched_region_open) instead of a descriptor",
@@ -341,15 +307,10 @@ pub unsafe extern "C" fn shmsched_region_dup_fd(
         // new descriptor (without FD_CLOEXEC) that we hand to the caller.
         let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, 0) };
         if dup < 0 {
-            return Err(Fail::from(Error::Io {
-                op: "dup",
-                path: None,
-                source: std::io::Error::last_os_error(),
-            }));
+            return Err(Fail::io("dup", std::io::Error::last_os_error()));
         }
-        out.set(dup);
-        Ok(())
-    })
+        out.set(dup)
+    }
 }
 
 /// Removes a named region's file (see `shmsched_region_create` for
@@ -364,12 +325,7 @@ pub unsafe extern "C" fn shmsched_region_dup_fd(
 /// `name` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_region_remove(name: *const c_char) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let name = unsafe { text(name, "name") }?;
-        Region::remove(name)?;
-        Ok(())
-    })
+    ffi!(Region::remove(try_text!(name))?)
 }
 
 /// What a region's header says. Before the call set `size` to
@@ -414,9 +370,8 @@ pub unsafe extern "C" fn shmsched_region_get_info(
     region: *const shmsched_region,
     out: *mut shmsched_region_info,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let r = unsafe { handle(region, "region") }?;
+    ffi! {
+        let r = try_ref!(region);
         let info = match r.region.info() {
             Ok(Some(h)) => shmsched_region_info {
                 size: 0,
@@ -432,8 +387,8 @@ pub unsafe extern "C" fn shmsched_region_get_info(
             Err(e) => return Err(r.fail(e)),
         };
         // SAFETY: the caller's contract; the struct has no padding.
-        unsafe { args::write_sized(out, info, |i, n| i.size = n) }
-    })
+        unsafe { face::write_sized(out, info, |i, n| i.size = n) }
+    }
 }
 
 /// Closes the region handle. Objects bound through it keep working. NULL
@@ -447,13 +402,7 @@ pub unsafe extern "C" fn shmsched_region_get_info(
 /// `region` must be NULL or an open region handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_region_close(region: *mut shmsched_region) {
-    if region.is_null() {
-        return;
-    }
-    let _ = boundary(|| {
-        // SAFETY: `region` came from Box::into_raw in `finish` and the
-        // caller does not use it again.
-        drop(unsafe { Box::from_raw(region) });
-        Ok(())
-    });
+    // SAFETY: the caller's contract: NULL or a handle from `finish`, not
+    // used again.
+    unsafe { close_box(region) }
 }

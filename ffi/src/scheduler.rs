@@ -5,14 +5,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shmsched::priority::LEVELS;
-use shmsched::scheduler::{Concurrency, QueueStats, Scheduler, SchedulerStats};
+use shmsched::scheduler::{Concurrency, Permit, QueueStats, Scheduler, SchedulerStats};
 use shmsched::Priority;
 
-use crate::args::{self, handle, Out};
+use crate::face::{
+    self, close, ffi, new_handle, try_mut, try_opt_out, try_out, try_priority, try_ref, Handle, Out,
+};
 use crate::permits::{self, shmsched_permit};
 use crate::process;
 use crate::region::shmsched_region;
-use crate::status::{boundary, shmsched_status, Fail};
+use crate::status::{shmsched_status, Fail};
+use crate::waiter;
 
 /// `max` (or a reported concurrency) meaning "no overall limit".
 pub const SHMSCHED_UNLIMITED: u32 = u32::MAX;
@@ -61,31 +64,19 @@ impl shmsched_scheduler {
     pub(crate) fn mark_closed(&self) {
         self.closed.store(true, Ordering::Release);
     }
-
-    /// The scheduler, unless this handle was inherited across `fork` (for
-    /// the waitset).
-    pub(crate) fn usable_scheduler(&self) -> Result<&Scheduler, Fail> {
-        self.usable()
-    }
-
-    /// The scheduler, unless this handle was inherited across `fork`.
-    #[inline(always)]
-    fn usable(&self) -> Result<&Scheduler, Fail> {
-        if self.fork_generation != process::fork_generation() {
-            return Err(forked());
-        }
-        Ok(&self.sched)
-    }
 }
 
-#[cold]
-fn forked() -> Fail {
-    Fail::new(
-        shmsched_status::Forked,
+impl Handle for shmsched_scheduler {
+    type Target = Scheduler;
+    const AFTER_FORK: &'static str =
         "handle used after fork: a Scheduler belongs to the process that created it; in a \
          forked child, create a new one from the Region (shmsched_scheduler_shared or \
-         shmsched_scheduler_attach)",
-    )
+         shmsched_scheduler_attach)";
+
+    #[inline(always)]
+    fn parts(&self) -> (u64, &Scheduler) {
+        (self.fork_generation, &self.sched)
+    }
 }
 
 /// How many tasks may run at once, overall and per priority.
@@ -154,19 +145,14 @@ pub unsafe extern "C" fn shmsched_concurrency_set_cap(
     priority: i32,
     cap: u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let c = unsafe { c.as_mut() }.ok_or_else(|| Fail::null("c"))?;
-        let p = args::priority(priority)?;
-        c.caps[p.index()] = cap;
-        Ok(())
-    })
+    ffi! {
+        let c = try_mut!(c);
+        c.caps[try_priority!(priority).index()] = cap;
+    }
 }
 
 fn make(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail> {
-    process::install_fork_handler()?;
-    out.set(Box::into_raw(Box::new(shmsched_scheduler::new(sched))));
-    Ok(())
+    new_handle(out, shmsched_scheduler::new(sched))
 }
 
 /// Binds a scheduler shared through `region` with at most `max` tasks at
@@ -211,18 +197,10 @@ pub unsafe extern "C" fn shmsched_scheduler_shared_with(
     c: *const shmsched_concurrency,
     out: *mut *mut shmsched_scheduler,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, c, out) = unsafe {
-            (
-                handle(region, "region")?,
-                handle(c, "c")?,
-                Out::new(out, "out")?,
-            )
-        };
-        let sched = r.bind(|region| Scheduler::shared(region, c.to_library()))?;
-        make(sched, out)
-    })
+    ffi! {
+        let (r, c, out) = (try_ref!(region), try_ref!(c), try_out!(out));
+        make(r.bind(|region| Scheduler::shared(region, c.to_library()))?, out)
+    }
 }
 
 /// Joins the scheduler already initialised in `region`, whatever its max.
@@ -239,12 +217,10 @@ pub unsafe extern "C" fn shmsched_scheduler_attach(
     region: *const shmsched_region,
     out: *mut *mut shmsched_scheduler,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (r, out) = unsafe { (handle(region, "region")?, Out::new(out, "out")?) };
-        let sched = r.bind(Scheduler::attach)?;
-        make(sched, out)
-    })
+    ffi! {
+        let (r, out) = (try_ref!(region), try_out!(out));
+        make(r.bind(Scheduler::attach)?, out)
+    }
 }
 
 /// A child scheduler: an extra local cap of `max` (or `SHMSCHED_UNLIMITED`)
@@ -285,18 +261,10 @@ pub unsafe extern "C" fn shmsched_scheduler_child_with(
     c: *const shmsched_concurrency,
     out: *mut *mut shmsched_scheduler,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (p, c, out) = unsafe {
-            (
-                handle(parent, "parent")?,
-                handle(c, "c")?,
-                Out::new(out, "out")?,
-            )
-        };
-        let child = p.usable()?.child(c.to_library())?;
-        make(child, out)
-    })
+    ffi! {
+        let (p, c, out) = (try_ref!(parent), try_ref!(c), try_out!(out));
+        make(p.usable()?.child(c.to_library())?, out)
+    }
 }
 
 /// Blocks until a slot is free at `priority` (a `SHMSCHED_PRIORITY_*`
@@ -319,14 +287,7 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire(
     priority: i32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        h.usable()?;
-        out.set(permits::acquire_with(h, |s| s.acquire(p))?);
-        Ok(())
-    })
+    ffi! { acquire(try_ref!(sched), try_out!(out), priority, |s, p| s.acquire(p)) }
 }
 
 /// Like `shmsched_scheduler_acquire`, giving up after `timeout_ns`
@@ -346,15 +307,12 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_timeout(
     timeout_ns: u64,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        h.usable()?;
-        let timeout = Duration::from_nanos(timeout_ns);
-        out.set(permits::acquire_with(h, |s| s.acquire_timeout(p, timeout))?);
-        Ok(())
-    })
+    let timeout = Duration::from_nanos(timeout_ns);
+    ffi! {
+        acquire(try_ref!(sched), try_out!(out), priority, |s, p| {
+            s.acquire_timeout(p, timeout)
+        })
+    }
 }
 
 /// The completion of `shmsched_scheduler_acquire_async`: called exactly
@@ -371,13 +329,8 @@ pub type shmsched_acquire_callback = Option<
     ),
 >;
 
-/// A raw pointer handed to the waiting thread.
-struct SendPtr<T>(*mut T);
-
-// SAFETY: the pointers are the caller's (a handle that stays open until the
-// callback ran, and an opaque context), passed to another thread as the C
-// contract of the `_async` calls allows.
-unsafe impl<T> Send for SendPtr<T> {}
+// The waiting thread reports through this type.
+const _: fn(shmsched_acquire_callback) -> waiter::Callback<shmsched_permit> = |c| c;
 
 /// Starts an acquire at `priority` that waits on a thread of its own and
 /// reports to `callback(ctx, …)` when it is granted, times out after
@@ -409,34 +362,20 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
     callback: shmsched_acquire_callback,
     ctx: *mut c_void,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let p = args::priority(priority)?;
-        let cb = callback.ok_or_else(|| Fail::null("callback"))?;
-        h.usable()?;
-        let target = SendPtr(sched as *mut shmsched_scheduler);
-        let ctx = SendPtr(ctx);
-        crate::waiter::spawn(move || {
-            let (target, ctx) = (target, ctx);
-            // SAFETY: the caller keeps the handle open until the callback ran.
-            let h = unsafe { &*target.0 };
-            let outcome = || {
-                permits::acquire_with(h, |s| match crate::waiter::timeout(timeout_ns) {
+    ffi! {
+        let h = try_ref!(sched);
+        let p = try_priority!(priority);
+        // SAFETY: the caller's contract: the handle stays open until the
+        // callback ran, which may be called from any thread with `ctx`.
+        unsafe {
+            waiter::start(h, timeout_ns, callback, ctx, move |h, timeout| {
+                permits::acquire_with(h, |s| match timeout {
                     None => s.acquire(p),
                     Some(t) => s.acquire_timeout(p, t),
                 })
-            };
-            crate::waiter::report(
-                outcome,
-                shmsched_permit::default(),
-                |status, permit, msg| {
-                    // SAFETY: the caller's callback contract.
-                    unsafe { cb(ctx.0, status, permit, msg) }
-                },
-            );
-        })
-    })
+            })
+        }
+    }
 }
 
 /// Takes a slot only if one is free at `priority` now and nothing is queued
@@ -455,19 +394,11 @@ pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
     priority: i32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        let s = h.usable()?;
-        match s.try_acquire(p) {
-            Some(permit) => {
-                out.set(permits::insert(h, permit)?);
-                Ok(())
-            }
-            None => Err(why_not(s)),
-        }
-    })
+    ffi! {
+        acquire(try_ref!(sched), try_out!(out), priority, |s, p| {
+            s.try_acquire(p).ok_or_else(|| why_not(s))
+        })
+    }
 }
 
 /// A weighted acquire: blocks until `n` units of the budget are free at
@@ -490,8 +421,7 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_many(
     n: u32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    // SAFETY: the caller's contract, forwarded.
-    boundary(|| unsafe { acquire_many(sched, priority, n, None, out) })
+    ffi! { acquire(try_ref!(sched), try_out!(out), priority, |s, p| s.acquire_many(p, n)) }
 }
 
 /// Like `shmsched_scheduler_acquire_many`, giving up after `timeout_ns`
@@ -512,30 +442,30 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_many_timeout(
     timeout_ns: u64,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    // SAFETY: the caller's contract, forwarded.
-    boundary(|| unsafe { acquire_many(sched, priority, n, Some(timeout_ns), out) })
+    let timeout = Duration::from_nanos(timeout_ns);
+    ffi! {
+        acquire(try_ref!(sched), try_out!(out), priority, |s, p| {
+            s.acquire_many_timeout(p, n, timeout)
+        })
+    }
 }
 
-/// The two weighted acquires: `timeout_ns` None waits for ever.
-///
-/// # Safety
-///
-/// As `shmsched_scheduler_acquire`.
-unsafe fn acquire_many(
-    sched: *const shmsched_scheduler,
+/// Every acquire but the `_async` one: once the handle, `out` and the
+/// priority are checked and the handle is this process's, `take` runs and
+/// its permit is recorded and written to `*out`.
+#[inline(always)]
+fn acquire<'h, E>(
+    h: &'h shmsched_scheduler,
+    out: Out<shmsched_permit>,
     priority: i32,
-    n: u32,
-    timeout_ns: Option<u64>,
-    out: *mut shmsched_permit,
-) -> Result<(), Fail> {
-    // SAFETY: the caller's contract.
-    let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-    let p = args::priority(priority)?;
+    take: impl FnOnce(&'h Scheduler, Priority) -> Result<Permit<'h>, E>,
+) -> Result<(), Fail>
+where
+    Fail: From<E>,
+{
+    let p = try_priority!(priority);
     h.usable()?;
-    out.set(permits::acquire_with(h, |s| match timeout_ns {
-        None => s.acquire_many(p, n),
-        Some(t) => s.acquire_many_timeout(p, n, Duration::from_nanos(t)),
-    })?);
+    out.set(permits::acquire_with(h, |s| take(s, p))?);
     Ok(())
 }
 
@@ -557,24 +487,14 @@ pub unsafe extern "C" fn shmsched_scheduler_try_acquire_many(
     n: u32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        let p = args::priority(priority)?;
-        let s = h.usable()?;
-        if n == 0 {
-            return Err(Fail::invalid(
-                "try_acquire_many of 0 slots: n must be at least 1",
-            ));
-        }
-        match s.try_acquire_many(p, n) {
-            Some(permit) => {
-                out.set(permits::insert(h, permit)?);
-                Ok(())
+    ffi! {
+        acquire(try_ref!(sched), try_out!(out), priority, |s, p| {
+            if n == 0 {
+                return Err(Fail::invalid("try_acquire_many of 0 slots: n must be at least 1"));
             }
-            None => Err(why_not(s)),
-        }
-    })
+            s.try_acquire_many(p, n).ok_or_else(|| why_not(s))
+        })
+    }
 }
 
 /// Why a `try_acquire` took nothing.
@@ -604,7 +524,7 @@ fn why_not(s: &Scheduler) -> Fail {
 /// permit free it once. Fork: see above.
 #[no_mangle]
 pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_status {
-    boundary(|| permits::release(permit))
+    ffi!(permits::release(permit))
 }
 
 /// Disposes the scheduler and its children: queued waiters get
@@ -622,12 +542,7 @@ pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_s
 pub unsafe extern "C" fn shmsched_scheduler_dispose(
     sched: *const shmsched_scheduler,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        h.usable()?.dispose();
-        Ok(())
-    })
+    ffi!(try_ref!(sched).usable()?.dispose())
 }
 
 /// Writes whether the scheduler (or a parent of it) is disposed.
@@ -643,12 +558,10 @@ pub unsafe extern "C" fn shmsched_scheduler_is_disposed(
     sched: *const shmsched_scheduler,
     out: *mut bool,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.is_disposed());
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(sched), try_out!(out));
+        out.set(h.usable()?.is_disposed())
+    }
 }
 
 /// Gives back now every slot held by dead processes sharing the region
@@ -669,20 +582,11 @@ pub unsafe extern "C" fn shmsched_scheduler_reap(
     out_processes: *mut u32,
     out_slots: *mut u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let (processes, slots) = h.usable()?.reap()?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_processes) } {
-            o.set(processes);
-        }
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_slots) } {
-            o.set(slots);
-        }
-        Ok(())
-    })
+    ffi! {
+        let (processes, slots) = try_ref!(sched).usable()?.reap()?;
+        try_opt_out!(out_processes).set(processes);
+        try_opt_out!(out_slots).set(slots);
+    }
 }
 
 /// Writes the number of slots held right now across every process sharing
@@ -699,12 +603,10 @@ pub unsafe extern "C" fn shmsched_scheduler_global_running(
     sched: *const shmsched_scheduler,
     out: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.global_running());
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(sched), try_out!(out));
+        out.set(h.usable()?.global_running())
+    }
 }
 
 /// Writes this level's overall ceiling, `SHMSCHED_UNLIMITED` when none.
@@ -720,12 +622,10 @@ pub unsafe extern "C" fn shmsched_scheduler_concurrency(
     sched: *const shmsched_scheduler,
     out: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.concurrency().unwrap_or(SHMSCHED_UNLIMITED));
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(sched), try_out!(out));
+        out.set(h.usable()?.concurrency().unwrap_or(SHMSCHED_UNLIMITED))
+    }
 }
 
 /// Reseeds this level's starvation lottery with `seed` (0 keeps the current
@@ -743,13 +643,10 @@ pub unsafe extern "C" fn shmsched_scheduler_set_lottery(
     seed: u64,
     enabled: bool,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        h.usable()?
-            .set_lottery((seed != 0).then_some(seed), enabled);
-        Ok(())
-    })
+    ffi! {
+        let lottery = (seed != 0).then_some(seed);
+        try_ref!(sched).usable()?.set_lottery(lottery, enabled)
+    }
 }
 
 /// Moves the effective ceiling of a shared scheduler to `target` (at most
@@ -775,16 +672,10 @@ pub unsafe extern "C" fn shmsched_scheduler_set_ceiling(
     target: u32,
     out_reached: *mut bool,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let reached = h.usable()?.set_ceiling(target)?;
-        // SAFETY: the caller's contract.
-        if let Some(o) = unsafe { Out::optional(out_reached) } {
-            o.set(reached);
-        }
-        Ok(())
-    })
+    ffi! {
+        let reached = try_ref!(sched).usable()?.set_ceiling(target)?;
+        try_opt_out!(out_reached).set(reached);
+    }
 }
 
 /// Writes the effective ceiling of the region the scheduler (or its root,
@@ -802,12 +693,10 @@ pub unsafe extern "C" fn shmsched_scheduler_ceiling(
     sched: *const shmsched_scheduler,
     out: *mut u32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out, "out")?) };
-        out.set(h.usable()?.ceiling());
-        Ok(())
-    })
+    ffi! {
+        let (h, out) = (try_ref!(sched), try_out!(out));
+        out.set(h.usable()?.ceiling())
+    }
 }
 
 /// One priority's queue: a gauge and cumulative counters. While the
@@ -949,13 +838,11 @@ pub unsafe extern "C" fn shmsched_scheduler_get_stats(
     sched: *const shmsched_scheduler,
     out: *mut shmsched_scheduler_stats,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let stats = shmsched_scheduler_stats::from(&h.usable()?.stats());
+    ffi! {
+        let stats = shmsched_scheduler_stats::from(&try_ref!(sched).usable()?.stats());
         // SAFETY: the caller's contract; the struct has no padding.
-        unsafe { args::write_sized(out, stats, |s, n| s.size = n) }
-    })
+        unsafe { face::write_sized(out, stats, |s, n| s.size = n) }
+    }
 }
 
 /// Writes the scheduler's stats as one JSON object (the serde form of the
@@ -979,14 +866,11 @@ pub unsafe extern "C" fn shmsched_scheduler_stats_json(
     len: usize,
     out_len: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
+    ffi! {
+        let json = serde_json::to_string(&try_ref!(sched).usable()?.stats());
         // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let json = serde_json::to_string(&h.usable()?.stats())
-            .map_err(|e| Fail::new(shmsched_status::Internal, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { args::write_text(&json, buf, len, out_len) }
-    })
+        unsafe { face::write_json(json, buf, len, out_len) }
+    }
 }
 
 /// Leaves the region now and closes the handle: frees this process's entry
@@ -1008,10 +892,8 @@ pub unsafe extern "C" fn shmsched_scheduler_stats_json(
 pub unsafe extern "C" fn shmsched_scheduler_detach(
     sched: *mut shmsched_scheduler,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let h = unsafe { handle(sched, "sched") }?;
-        let usable = h.usable().map(|_| ());
+    ffi! {
+        let usable = try_ref!(sched).usable().map(|_| ());
         let held = permits::outstanding(sched);
         if usable.is_err() || held > 0 {
             // SAFETY: `sched` came from Box::into_raw in `make` and the
@@ -1027,9 +909,8 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
         // SAFETY: `sched` came from Box::into_raw in `make`, no permit
         // refers to it (checked above), and the caller does not use it again.
         let owned = unsafe { Box::from_raw(sched) };
-        owned.sched.detach()?;
-        Ok(())
-    })
+        owned.sched.detach()?
+    }
 }
 
 /// Closes the handle. Permits acquired through it stay valid and can still
@@ -1047,13 +928,7 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
 /// `sched` must be NULL or an open scheduler handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_scheduler_close(sched: *mut shmsched_scheduler) {
-    if sched.is_null() {
-        return;
-    }
-    let _ = boundary(|| {
-        // SAFETY: `sched` came from Box::into_raw in `make` and the caller
-        // does not use it again.
-        unsafe { permits::retire(sched) };
-        Ok(())
-    });
+    // SAFETY: the caller's contract: NULL or a handle from `make`, not used
+    // again; `retire` parks it until no permit refers to it.
+    unsafe { close(sched, |h| permits::retire(h)) }
 }

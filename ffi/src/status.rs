@@ -8,9 +8,9 @@
 //! pointers, permits, buffers).
 //!
 //! Inside the crate, functions compute a `Result<_, Fail>` and the exported
-//! wrapper turns it into a status through `boundary`, which also catches
-//! any panic: a panic never unwinds into C (that would be undefined
-//! behaviour); it becomes [`shmsched_status::Internal`].
+//! wrapper turns it into a status through the boundary of [`crate::face`],
+//! which also catches any panic: a panic never unwinds into C (that would
+//! be undefined behaviour); it becomes [`shmsched_status::Internal`].
 //!
 //! Panics are silent: this library (a cdylib or staticlib with its own copy
 //! of std, so its panic hook is its own) installs a hook that prints
@@ -25,6 +25,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use shmsched::fair::FairError;
 use shmsched::Error;
+
+use crate::face::cut_into_raw;
 
 /// The result of every fallible call. `SHMSCHED_STATUS_OK` (0) is success;
 /// every other value is a failure whose text is available from
@@ -193,6 +195,16 @@ impl Fail {
         Fail::new(shmsched_status::InvalidArgument, message)
     }
 
+    /// An operating-system error of the C layer's own (`op` on no file).
+    #[cold]
+    pub(crate) fn io(op: &'static str, source: std::io::Error) -> Fail {
+        Fail::from(Error::Io {
+            op,
+            path: None,
+            source,
+        })
+    }
+
     /// Stores the message for this thread and returns the status.
     #[cold]
     pub(crate) fn report(self) -> shmsched_status {
@@ -269,12 +281,7 @@ pub(crate) fn silence_panics() {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
-            let what = info
-                .payload()
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic with a non-text payload".into());
+            let what = payload_text(info.payload());
             let at = info
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
@@ -288,6 +295,15 @@ pub(crate) fn silence_panics() {
     });
 }
 
+/// The text of a panic's payload.
+fn payload_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".into())
+}
+
 fn set_last_error(message: &str) {
     // `try_with`: during thread teardown the slot may be gone; the status
     // still reaches the caller.
@@ -299,35 +315,13 @@ fn set_last_error(message: &str) {
     });
 }
 
-/// Runs the body of an exported function: maps `Err` to its status (leaving
-/// the message for this thread) and a panic to [`shmsched_status::Internal`].
-#[inline(always)]
-pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> shmsched_status {
-    silence_panics();
-    // AssertUnwindSafe: after a caught panic the caller only gets a status;
-    // no state observed half-updated by the panicking code is read by this
-    // call again (library handles guard their own invariants with locks
-    // that recover from poisoning).
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => shmsched_status::Ok,
-        Ok(Err(fail)) => fail.report(),
-        Err(payload) => panicked(payload),
-    }
-}
-
 #[cold]
 pub(crate) fn panicked(payload: Box<dyn std::any::Any + Send>) -> shmsched_status {
     let recorded = LAST_PANIC
         .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take()))
         .ok()
         .flatten();
-    let what = recorded.unwrap_or_else(|| {
-        payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic with a non-text payload".into())
-    });
+    let what = recorded.unwrap_or_else(|| payload_text(&*payload));
     // Dropping a panic payload can itself panic; never let that escape.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
     Fail::new(
@@ -360,19 +354,9 @@ pub(crate) fn panicked(payload: Box<dyn std::any::Any + Send>) -> shmsched_statu
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_last_error_message(buf: *mut c_char, len: usize) -> usize {
     let copy = |m: &str| -> usize {
-        if !buf.is_null() && len > 0 {
-            let mut n = m.len().min(len - 1);
-            while !m.is_char_boundary(n) {
-                n -= 1;
-            }
-            // SAFETY: the caller guarantees `len` writable bytes at `buf`;
-            // we write `n + 1 <= len` of them, from a source that does not
-            // overlap (a Rust String).
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
-        }
+        // SAFETY: the caller guarantees `len` writable bytes at `buf` (or
+        // NULL), and a Rust String cannot overlap them.
+        unsafe { cut_into_raw(m, buf, len) };
         m.len()
     };
     catch_unwind(AssertUnwindSafe(|| {
@@ -396,6 +380,7 @@ pub extern "C" fn shmsched_strerror(status: u32) -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::face::boundary;
 
     #[test]
     fn every_code_has_a_description() {

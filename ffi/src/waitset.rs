@@ -53,12 +53,12 @@ use shmsched::scheduler::{Acquire, Permit};
 use shmsched::sys::event::ReadyFd;
 use shmsched::sys::monotonic_ns;
 
-use crate::args::{self, handle, Out};
+use crate::face::{self, ffi, new_handle, try_out, try_priority, try_ref, Handle};
 use crate::limiter::{shmsched_grant, shmsched_limiter};
 use crate::permits::{self, shmsched_permit};
 use crate::process;
 use crate::scheduler::shmsched_scheduler;
-use crate::status::{boundary, shmsched_status, Fail};
+use crate::status::{shmsched_status, Fail};
 use crate::waiter::SHMSCHED_FOREVER;
 
 /// `shmsched_completion.kind` of a scheduler acquire.
@@ -113,6 +113,18 @@ const _: () = assert!(
 /// `SHMSCHED_STATUS_FORKED` and `_close` frees only the child's memory.
 pub struct shmsched_waitset {
     inner: Arc<Inner>,
+}
+
+impl Handle for shmsched_waitset {
+    type Target = Arc<Inner>;
+    const AFTER_FORK: &'static str =
+        "waitset used after fork: its waits belong to the process that created it; in \
+         a forked child, create a new waitset";
+
+    #[inline(always)]
+    fn parts(&self) -> (u64, &Arc<Inner>) {
+        (self.inner.fork_generation, &self.inner)
+    }
 }
 
 /// The scheduler handle of an acquire, carried to the waitset's lock.
@@ -176,14 +188,7 @@ impl Done {
             Outcome::Grant(g, _, _) => out.grant = g.into(),
             Outcome::Fail(f) => {
                 out.status = f.status;
-                let m = f.message.as_bytes();
-                let mut n = m.len().min(SHMSCHED_COMPLETION_MESSAGE_MAX - 1);
-                while !f.message.is_char_boundary(n) {
-                    n -= 1;
-                }
-                for (d, s) in out.message.iter_mut().zip(&m[..n]) {
-                    *d = *s as c_char;
-                }
+                face::cut_into(&f.message, &mut out.message);
             }
         }
         out
@@ -230,7 +235,8 @@ struct State {
     done: VecDeque<Done>,
 }
 
-struct Inner {
+/// A waitset's state (what a handle shares with the wakers of its waits).
+pub(crate) struct Inner {
     fd: ReadyFd,
     /// Ids whose waker ran since the last take (may repeat, may name waits
     /// that are gone: both are ignored).
@@ -309,17 +315,6 @@ impl Entry {
 }
 
 impl Inner {
-    fn usable(&self) -> Result<(), Fail> {
-        if self.fork_generation != process::fork_generation() {
-            return Err(Fail::new(
-                shmsched_status::Forked,
-                "waitset used after fork: its waits belong to the process that created it; in \
-                 a forked child, create a new waitset",
-            ));
-        }
-        Ok(())
-    }
-
     /// Re-arms the timer at the earliest deadline (or disarms it).
     fn arm(&self, st: &State) {
         self.fd.arm(st.deadlines.first().map(|(d, _)| *d));
@@ -553,34 +548,6 @@ impl Inner {
     }
 }
 
-/// The waitset behind `ws`, unless it was inherited across `fork`.
-///
-/// # Safety
-///
-/// `ws` must be NULL or an open waitset handle that outlives `'a`.
-unsafe fn waitset<'a>(ws: *const shmsched_waitset) -> Result<&'a Arc<Inner>, Fail> {
-    // SAFETY: forwarded contract.
-    let w = unsafe { handle(ws, "ws") }?;
-    w.inner.usable()?;
-    Ok(&w.inner)
-}
-
-/// Runs `f` on the waitset behind `ws`, unless it was inherited across
-/// `fork`.
-///
-/// # Safety
-///
-/// `ws` must be NULL or an open waitset handle.
-unsafe fn with<T>(
-    ws: *const shmsched_waitset,
-    f: impl FnOnce(&Arc<Inner>) -> Result<T, Fail>,
-) -> Result<T, Fail> {
-    // SAFETY: forwarded contract.
-    let w = unsafe { handle(ws, "ws") }?;
-    w.inner.usable()?;
-    f(&w.inner)
-}
-
 /// Creates an empty waitset and writes it to `*out`.
 ///
 /// Errors: `NULL_ARGUMENT`, `IO` (no descriptor could be made). Threads:
@@ -593,17 +560,10 @@ unsafe fn with<T>(
 pub unsafe extern "C" fn shmsched_waitset_create(
     out: *mut *mut shmsched_waitset,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out, "out") }?;
+    ffi! {
+        let out = try_out!(out);
         process::install_fork_handler()?;
-        let fd = ReadyFd::new().map_err(|e| {
-            Fail::from(shmsched::Error::Io {
-                op: "create the waitset's descriptors",
-                path: None,
-                source: e,
-            })
-        })?;
+        let fd = ReadyFd::new().map_err(|e| Fail::io("create the waitset's descriptors", e))?;
         let inner = Arc::new(Inner {
             fd,
             woken: Mutex::new(Vec::new()),
@@ -611,9 +571,8 @@ pub unsafe extern "C" fn shmsched_waitset_create(
             state: Mutex::new(State::default()),
             fork_generation: process::fork_generation(),
         });
-        out.set(Box::into_raw(Box::new(shmsched_waitset { inner })));
-        Ok(())
-    })
+        new_handle(out, shmsched_waitset { inner })
+    }
 }
 
 /// Writes to `*out_fd` the waitset's descriptor: readable while it has
@@ -637,14 +596,10 @@ pub unsafe extern "C" fn shmsched_waitset_fd(
     ws: *const shmsched_waitset,
     out_fd: *mut i32,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out_fd, "out_fd") }?;
-        // SAFETY: the caller's contract.
-        let fd = unsafe { with(ws, |w| Ok(w.fd.fd())) }?;
-        out.set(fd);
-        Ok(())
-    })
+    ffi! {
+        let out = try_out!(out_fd);
+        out.set(try_ref!(ws).usable()?.fd.fd())
+    }
 }
 
 /// Starts an acquire of `n_units` slots (1 for a plain acquire, more for
@@ -678,16 +633,14 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_start(
     tag: u64,
     out_id: *mut u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(sched, "sched")?, Out::new(out_id, "out_id")?) };
-        let p = args::priority(priority)?;
+    ffi! {
+        let (h, out) = (try_ref!(sched), try_out!(out_id));
+        let p = try_priority!(priority);
         if n_units == 0 {
             return Err(Fail::invalid("n_units 0: an acquire takes at least 1 unit"));
         }
-        let s = h.usable_scheduler()?;
-        // SAFETY: the caller's contract.
-        let w = unsafe { waitset(ws) }?;
+        let s = h.usable()?;
+        let w = try_ref!(ws).usable()?;
         let id = w.start(tag, timeout_ns, || {
             let fut = if n_units == 1 {
                 s.acquire_async(p)
@@ -704,9 +657,8 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_start(
                 fut: Box::pin(fut),
             }
         });
-        out.set(id);
-        Ok(())
-    })
+        out.set(id)
+    }
 }
 
 /// Starts a consume of `n` tokens at `priority` on `lim`, waiting in `ws`,
@@ -735,20 +687,17 @@ pub unsafe extern "C" fn shmsched_limiter_consume_start(
     tag: u64,
     out_id: *mut u64,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (h, out) = unsafe { (handle(lim, "lim")?, Out::new(out_id, "out_id")?) };
-        let p = args::priority(priority)?;
-        let l = h.usable_limiter()?.clone();
-        // SAFETY: the caller's contract.
-        let w = unsafe { waitset(ws) }?;
+    ffi! {
+        let (h, out) = (try_ref!(lim), try_out!(out_id));
+        let p = try_priority!(priority);
+        let l = h.usable()?.clone();
+        let w = try_ref!(ws).usable()?;
         let id = w.start(tag, timeout_ns, || Work::Consume {
             fut: l.consume_async(n, p),
             lim: l,
         });
-        out.set(id);
-        Ok(())
-    })
+        out.set(id)
+    }
 }
 
 /// Cancels the wait `id` of `ws`: a wait not yet taken completes as
@@ -769,8 +718,7 @@ pub unsafe extern "C" fn shmsched_waitset_cancel(
     ws: *const shmsched_waitset,
     id: u64,
 ) -> shmsched_status {
-    // SAFETY: the caller's contract.
-    boundary(|| unsafe { with(ws, |w| w.cancel(id)) })
+    ffi!(try_ref!(ws).usable()?.cancel(id))
 }
 
 /// Takes up to `cap` completions into `buf[0..*out_n]`, without blocking
@@ -794,28 +742,21 @@ pub unsafe extern "C" fn shmsched_waitset_take(
     cap: usize,
     out_n: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out_n, "out_n") }?;
+    ffi! {
+        let out = try_out!(out_n);
         if buf.is_null() && cap > 0 {
             return Err(Fail::null("buf"));
         }
-        let n = if cap == 0 {
-            // SAFETY: the caller's contract.
-            unsafe { with(ws, |_| Ok(0)) }?
-        } else {
+        let w = try_ref!(ws).usable()?;
+        // (`cap` 0 only checks the handle: a take would clear the doorbell.)
+        out.set(match cap {
+            0 => 0,
             // SAFETY: `buf` is valid for writes of `cap` completions (the
             // caller's contract); `take` initialises the first `n` it
             // reports, and the caller reads only those.
-            let slots = unsafe {
-                std::slice::from_raw_parts_mut(buf.cast::<MaybeUninit<shmsched_completion>>(), cap)
-            };
-            // SAFETY: the caller's contract.
-            unsafe { with(ws, |w| Ok(w.take(slots))) }?
-        };
-        out.set(n);
-        Ok(())
-    })
+            _ => w.take(unsafe { std::slice::from_raw_parts_mut(buf.cast(), cap) }),
+        })
+    }
 }
 
 /// Blocks until the waitset has something to take (a completion, a woken
@@ -842,14 +783,10 @@ pub unsafe extern "C" fn shmsched_waitset_wait(
     timeout_ns: u64,
     out_ready: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out_ready, "out_ready") }?;
-        // SAFETY: the caller's contract.
-        let n = unsafe { with(ws, |w| w.wait(timeout_ns)) }?;
-        out.set(n);
-        Ok(())
-    })
+    ffi! {
+        let out = try_out!(out_ready);
+        out.set(try_ref!(ws).usable()?.wait(timeout_ns)?)
+    }
 }
 
 /// Makes a `shmsched_waitset_wait` in progress (or the next one) return at
@@ -866,15 +803,7 @@ pub unsafe extern "C" fn shmsched_waitset_wait(
 pub unsafe extern "C" fn shmsched_waitset_interrupt(
     ws: *const shmsched_waitset,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        unsafe {
-            with(ws, |w| {
-                w.interrupt();
-                Ok(())
-            })
-        }
-    })
+    ffi!(try_ref!(ws).usable()?.interrupt())
 }
 
 /// Writes the number of waits started on `ws` and not yet taken (pending,
@@ -891,14 +820,10 @@ pub unsafe extern "C" fn shmsched_waitset_pending(
     ws: *const shmsched_waitset,
     out: *mut usize,
 ) -> shmsched_status {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { Out::new(out, "out") }?;
-        // SAFETY: the caller's contract.
-        let n = unsafe { with(ws, |w| Ok(w.pending())) }?;
-        out.set(n);
-        Ok(())
-    })
+    ffi! {
+        let out = try_out!(out);
+        out.set(try_ref!(ws).usable()?.pending())
+    }
 }
 
 /// Closes the waitset: every pending wait is cancelled (nothing stays
@@ -915,21 +840,18 @@ pub unsafe extern "C" fn shmsched_waitset_pending(
 /// `ws` must be NULL or an open waitset handle, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_waitset_close(ws: *mut shmsched_waitset) {
-    if ws.is_null() {
-        return;
+    // SAFETY: the caller's contract: NULL or a handle from
+    // `shmsched_waitset_create`, not used again; only its box refers to it.
+    unsafe {
+        face::close(ws, |ws| {
+            let w = Box::from_raw(ws);
+            match w.usable() {
+                Ok(inner) => inner.close(),
+                // A forked child: the futures are the parent's waiters;
+                // dropping them here would act on the parent's queue. Leak
+                // them.
+                Err(_) => std::mem::forget(std::mem::take(&mut *lock(&w.inner.state))),
+            }
+        })
     }
-    let _ = boundary(|| {
-        // SAFETY: `ws` came from Box::into_raw in `shmsched_waitset_create`
-        // and the caller does not use it again.
-        let w = unsafe { Box::from_raw(ws) };
-        if w.inner.usable().is_ok() {
-            w.inner.close();
-        } else {
-            // A forked child: the futures are the parent's waiters; dropping
-            // them here would act on the parent's queue. Leak them.
-            let st = std::mem::take(&mut *lock(&w.inner.state));
-            std::mem::forget(st);
-        }
-        Ok(())
-    });
 }
