@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use procs::{role, say, spawn, unique_name, wait_parent, Kid};
 use serde_json::Value;
+use shmsched::fair::shared::CrashPoint;
 use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
 use shmsched::region::{Region, RegionOptions};
 
@@ -193,11 +194,18 @@ fn child_fair_inspect_role() {
             say("held");
         }
         // Stops itself inside the ledger's lock during an acquire of 20 for
-        // a at 500; when continued, reports the answer.
-        "stop_in_call" => {
-            f.test_while_locked(Some(stop_self));
+        // a at 500 (right after locking, or in the middle of the update);
+        // when continued, reports the answer.
+        "stop_in_call" | "stop_mid_write" => {
+            if r == "stop_in_call" {
+                f.test_while_locked(Some(stop_self));
+            } else {
+                // Stopped with the first record of the update half written.
+                f.test_hook_at(CrashPoint::MidWrite, Some(stop_self));
+            }
             let r = f.acquire("a", 20.0, 60_000, 500);
             f.test_while_locked(None);
+            f.test_hook_at(CrashPoint::MidWrite, None);
             match r {
                 Ok(Ok(l)) => say(&format!("granted {} at {}", l.id, l.granted_at_ms)),
                 other => say(&format!("failed {other:?}")),
@@ -319,19 +327,28 @@ fn inspecting_a_full_table_changes_nothing() {
 /// continued, the application's call succeeds at its own time.
 #[test]
 fn inspecting_beside_an_application_stopped_in_a_call() {
-    let (name, _g, _f) = region_holding_b30("inspect-stopped", RegionOptions::default());
-    let stopped = Stopped(spawn(
-        "child_fair_inspect_role",
-        "stop_in_call",
-        std::slice::from_ref(&name),
-    ));
-    stopped.wait_stopped();
-    let v = inspect_all_unchanged(&name, AT_ONCE);
-    assert_eq!(v["fair"]["stats"]["tenants"]["b"]["held"], 30, "{v}");
-    assert_eq!(v["fair"]["stats"]["tenants"]["a"]["held"], 0, "{v}");
-    stopped.cont();
-    let mut stopped = stopped;
-    assert_eq!(stopped.0.expect_line("granted"), "a1 at 500");
+    for role in ["stop_in_call", "stop_mid_write"] {
+        let (name, _g, _f) = region_holding_b30("inspect-stopped", RegionOptions::default());
+        let stopped = Stopped(spawn(
+            "child_fair_inspect_role",
+            role,
+            std::slice::from_ref(&name),
+        ));
+        stopped.wait_stopped();
+        let v = inspect_all_unchanged(&name, AT_ONCE);
+        assert_eq!(
+            v["fair"]["stats"]["tenants"]["b"]["held"], 30,
+            "{role}: {v}"
+        );
+        assert_eq!(v["fair"]["stats"]["tenants"]["a"]["held"], 0, "{role}: {v}");
+        assert_eq!(
+            v["fair"]["stats"]["tenants"]["a"]["leases"], 0,
+            "{role}: {v}"
+        );
+        stopped.cont();
+        let mut stopped = stopped;
+        assert_eq!(stopped.0.expect_line("granted"), "a1 at 500", "{role}");
+    }
 }
 
 /// One scrape of three regions, one of them beside an application stopped
@@ -368,4 +385,62 @@ fn one_scrape_answers_for_every_region_beside_a_stopped_application() {
             Some(30.0)
         );
     }
+}
+
+/// `serve --region-timeout`: a region that cannot be read in time (here its
+/// file is held under an exclusive `flock`, as by a stopped initialiser) is
+/// reported down at that scrape, and the other regions are answered.
+#[test]
+fn a_region_that_cannot_be_read_in_time_is_reported_down_alone() {
+    use std::os::fd::AsRawFd;
+    let (locked, _g1, _f1) = region_holding_b30("scrape-locked", RegionOptions::default());
+    let (other, _g2, _f2) = region_holding_b30("scrape-free", RegionOptions::default());
+    let file = std::fs::File::open(path_of(&locked)).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--region-timeout",
+            "300",
+        ])
+        .args([&locked, &other])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    assert!(err.read_line(&mut line).unwrap() > 0, "serve said nothing");
+    let url = line
+        .trim()
+        .strip_prefix("shmsched serve: listening on ")
+        .unwrap()
+        .to_string();
+    std::thread::spawn(move || for _ in err.lines() {});
+    let s = Served(child, url);
+    let (body, took) = scrape(&s.1);
+    assert!(took < Duration::from_secs(3), "the scrape took {took:?}");
+    let up = |name: &str| {
+        sample(
+            &body,
+            "shmsched_region_up",
+            &[&format!("region=\"{name}\"")],
+        )
+    };
+    assert_eq!(up(&locked), Some(0.0), "{body}");
+    assert_eq!(up(&other), Some(1.0), "{body}");
+    drop(file);
+    let (body, _) = scrape(&s.1);
+    let up = |name: &str| {
+        sample(
+            &body,
+            "shmsched_region_up",
+            &[&format!("region=\"{name}\"")],
+        )
+    };
+    assert_eq!(up(&locked), Some(1.0), "{body}");
 }

@@ -218,3 +218,66 @@ fn now_calls_use_the_clock_under_the_lock() {
     assert!(l.granted_at_ms >= s.now_ms, "{l:?}");
     f.release(&l.id, 6).unwrap();
 }
+
+/// Two handles of one region record their calls, some with times behind
+/// the ledger's (taken at the last accepted time) and some at the clock;
+/// the merged log replays in-process to exactly the recorded answers.
+#[test]
+fn recorded_region_logs_merge_and_replay_exactly() {
+    use shmsched::fair::replay::{acquire_json, merge_call_logs, release_json, value_json};
+    let region = Region::anonymous().unwrap();
+    let mut h1 = FairShare::shared_with_capacity(&region, &cfg2(), 16).unwrap();
+    let mut h2 = h1.handle().unwrap();
+    h1.record_calls().unwrap();
+    h2.record_calls().unwrap();
+    // (seq, handle, answer): the merge keeps ties (calls that changed
+    // nothing, which commute) in log order, handle 1's first.
+    let mut answers: Vec<(u64, u8, serde_json::Value)> = Vec::new();
+    fn seq_of(h: &SharedFairShare) -> u64 {
+        let line = h.call_log().unwrap().last().unwrap();
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    }
+    macro_rules! call {
+        ($h:ident, $json:expr) => {{
+            let v = $json;
+            let k = if stringify!($h) == "h1" { 1 } else { 2 };
+            answers.push((seq_of(&$h), k, v));
+        }};
+    }
+    call!(h1, acquire_json(&h1.acquire("b", 50.0, 1000, at(50))));
+    let late = h2.acquire("b", 10.0, 100, at(10));
+    call!(h2, acquire_json(&late));
+    let late = late.unwrap().unwrap();
+    assert_eq!(late.granted_at_ms, at(50));
+    call!(h2, release_json(&h2.release(&late.id, at(0))));
+    call!(h1, release_json(&h1.release("b1", 0)));
+    call!(h2, release_json(&h2.release("b1", 0)));
+    call!(h1, value_json(&h1.stats(at(20))));
+    call!(h2, acquire_json(&h2.acquire_now("a", 60.0, 100)));
+    call!(h1, acquire_json(&h1.acquire("a", 10.0, 100, at(60))));
+    call!(h1, value_json(&h1.plan(0)));
+    call!(h2, value_json(&h2.fairness_report(0)));
+    call!(h2, value_json(&h2.stats_now()));
+    answers.sort_by_key(|a| (a.0, a.1));
+    let merged = merge_call_logs(&[h1.call_log().unwrap(), h2.call_log().unwrap()]);
+    assert_eq!(merged.len(), answers.len() + 1);
+    let mut out = Vec::new();
+    let sum = shmsched::fair::replay(merged.join("\n").as_bytes(), &mut out).unwrap();
+    assert_eq!(sum.malformed, 0);
+    let replayed: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replayed[0], serde_json::json!({"ok": true}));
+    let want: Vec<serde_json::Value> = answers.into_iter().map(|a| a.2).collect();
+    assert_eq!(replayed[1..], want[..]);
+    assert!(
+        replayed.iter().any(|r| r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already released"))),
+        "{replayed:?}"
+    );
+}

@@ -314,6 +314,8 @@ pub struct SharedFairShare {
     ledger: SharedLedger,
     cfg: FairConfig,
     cap: usize,
+    /// This handle's recorded calls, if recording.
+    log: Option<Vec<String>>,
 }
 
 // SAFETY: `ledger` points into the mapping owned by `map`, which lives as
@@ -503,6 +505,7 @@ impl SharedFairShare {
             ledger,
             cfg,
             cap,
+            log: None,
         };
         // Register now; a full table may hold dead processes: reap them
         // (returning their leases) and try once more. (`me` itself waits for
@@ -687,77 +690,155 @@ impl SharedFairShare {
             .ok_or_else(|| FairError::Corrupt("a committed acquire gave no answer".into()))
     }
 
+    /// Starts recording this handle's calls in the call-log format
+    /// ([`replay()`](super::replay())), from a `config` line on. Each line
+    /// carries the `now` the ledger took (in a region a `now` earlier than
+    /// the last accepted one is taken as that one, and a `*_now` call's
+    /// clock reading is recorded as its time) and `"seq"`, the call's place
+    /// in the ledger's order ([`SharedLedger::last_taken`]): the logs of
+    /// several handles or processes merged by
+    /// [`merge_call_logs`](super::replay::merge_call_logs) replay exactly
+    /// in-process, as long as no process died (reaping a dead process's
+    /// leases is not a call and is not in any log).
+    pub fn record_calls(&mut self) -> Result<(), FairError> {
+        let mut line =
+            serde_json::to_value(&self.cfg).map_err(|e| FairError::InvalidConfig(e.to_string()))?;
+        if let Some(o) = line.as_object_mut() {
+            o.insert("op".into(), "config".into());
+            o.insert("lease_capacity".into(), self.cap.into());
+        }
+        self.log = Some(vec![line.to_string()]);
+        Ok(())
+    }
+
+    /// The recorded calls (config first), if [`record_calls`](Self::record_calls)
+    /// was called.
+    pub fn call_log(&self) -> Option<&[String]> {
+        self.log.as_deref()
+    }
+
+    /// Appends a call-log line (only built when recording): `op` fields,
+    /// the `now` taken and the call's place in the ledger's order.
+    fn record(&mut self, v: impl FnOnce() -> serde_json::Value) {
+        if let Some(log) = &mut self.log {
+            let (now, seq) = self.ledger.last_taken();
+            let mut line = v();
+            if let Some(o) = line.as_object_mut() {
+                o.insert("now_ms".into(), now.into());
+                o.insert("seq".into(), seq.into());
+            }
+            log.push(line.to_string());
+        }
+    }
+
+    fn recorded_acquire(
+        &mut self,
+        tenant: &str,
+        cost: f64,
+        hold_ms: u64,
+        at: Option<u64>,
+    ) -> AcquireResult {
+        let r = self.acquire_at(tenant, cost, hold_ms, at);
+        self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":super::num_value(cost),"hold_ms":hold_ms}));
+        r
+    }
+
+    fn recorded_release(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
+        let r = self
+            .owner()
+            .and_then(|_| self.ledger.release_at(lease_id, at));
+        self.record(|| serde_json::json!({"op":"release","lease":lease_id}));
+        r
+    }
+
     /// Asks for `cost` held for `hold_ms` at `now_ms` (see
-    /// [`FairShare::acquire`]); the lease records this process as owner.
+    /// [`FairShare::acquire`]); the lease records this process as owner. A
+    /// `now_ms` earlier than the ledger's last accepted `now` is taken as
+    /// that one (see the module docs, "Time").
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
-        self.acquire_at(tenant, cost, hold_ms, Some(now_ms))
+        self.recorded_acquire(tenant, cost, hold_ms, Some(now_ms))
     }
 
     /// [`acquire`](Self::acquire) at `CLOCK_MONOTONIC` ms, read under the
     /// ledger's lock.
     pub fn acquire_now(&mut self, tenant: &str, cost: f64, hold_ms: u64) -> AcquireResult {
-        self.acquire_at(tenant, cost, hold_ms, None)
+        self.recorded_acquire(tenant, cost, hold_ms, None)
     }
 
-    /// Releases `lease_id` at `now_ms`.
+    /// Releases `lease_id` at `now_ms` (never fails for time). Any process
+    /// may release any live lease by its id.
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.release_at(lease_id, Some(now_ms))
+        self.recorded_release(lease_id, Some(now_ms))
     }
 
     /// [`release`](Self::release) at the clock, read under the lock.
     pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.release_at(lease_id, None)
+        self.recorded_release(lease_id, None)
+    }
+
+    fn stats_at(&mut self, at: Option<u64>, out: &mut Stats) -> Result<(), FairError> {
+        let r = self
+            .owner()
+            .and_then(|_| self.ledger.stats_into_at(at, out));
+        self.record(|| serde_json::json!({"op":"stats"}));
+        r
     }
 
     /// Stats at `now_ms`.
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
-        self.owner()?;
-        self.ledger.stats_at(Some(now_ms))
+        let mut out = Stats::default();
+        self.stats_at(Some(now_ms), &mut out)?;
+        Ok(out)
     }
 
     /// Stats at the clock, read under the lock.
     pub fn stats_now(&mut self) -> Result<Stats, FairError> {
-        self.owner()?;
-        self.ledger.stats_at(None)
+        let mut out = Stats::default();
+        self.stats_at(None, &mut out)?;
+        Ok(out)
     }
 
     /// [`stats`](Self::stats) into `out`, reusing its vectors (see
     /// [`FairShare::stats_into`]).
     pub fn stats_into(&mut self, now_ms: u64, out: &mut Stats) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.stats_into_at(Some(now_ms), out)
+        self.stats_at(Some(now_ms), out)
     }
 
     /// [`stats_into`](Self::stats_into) at the clock, read under the lock.
     pub fn stats_into_now(&mut self, out: &mut Stats) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.stats_into_at(None, out)
+        self.stats_at(None, out)
+    }
+
+    fn plan_at(&mut self, at: Option<u64>) -> Result<Plan, FairError> {
+        let r = self.owner().and_then(|_| self.ledger.plan_at(at));
+        self.record(|| serde_json::json!({"op":"plan"}));
+        r
     }
 
     /// Plan at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
-        self.owner()?;
-        self.ledger.plan_at(Some(now_ms))
+        self.plan_at(Some(now_ms))
     }
 
     /// Plan at the clock, read under the lock.
     pub fn plan_now(&mut self) -> Result<Plan, FairError> {
-        self.owner()?;
-        self.ledger.plan_at(None)
+        self.plan_at(None)
+    }
+
+    fn report_at(&mut self, at: Option<u64>) -> Result<FairnessReport, FairError> {
+        let r = self.owner().and_then(|_| self.ledger.report_at(at));
+        self.record(|| serde_json::json!({"op":"report"}));
+        r
     }
 
     /// Fairness report at `now_ms`.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
-        self.owner()?;
-        self.ledger.report_at(Some(now_ms))
+        self.report_at(Some(now_ms))
     }
 
     /// Fairness report at the clock, read under the lock.
     pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
-        self.owner()?;
-        self.ledger.report_at(None)
+        self.report_at(None)
     }
 }
 

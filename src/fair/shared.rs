@@ -242,6 +242,9 @@ pub struct SharedLedger {
     ops: u64,
     /// Sorts the overrun leases of `stats` (kept: no allocation).
     scratch: Vec<(u64, u32)>,
+    /// The last call's `now` as taken, and its place in the ledger's order
+    /// (see [`SharedLedger::last_taken`]).
+    taken: (u64, u64),
     /// The region the ledger lives in, if any: for the maps check of a lock
     /// holder and the repair lock.
     region: Option<Arc<Mapping>>,
@@ -363,6 +366,7 @@ impl SharedLedger {
             hook: None,
             ops: 0,
             scratch: Vec::new(),
+            taken: (0, 0),
             region: None,
             while_locked: None,
         }
@@ -468,6 +472,15 @@ impl SharedLedger {
     /// leases this handle takes.
     pub fn set_owner(&mut self, owner: u32) {
         self.owner = owner;
+    }
+
+    /// The last call's `now` as the ledger took it (a `now` earlier than
+    /// the last accepted one is taken as that one), and its place in the
+    /// ledger's order: `2c` for the call that made commit `c`, `2c + 1` for
+    /// a call that changed nothing after commit `c`. Sorting calls of
+    /// several handles by it orders them as the ledger ran them.
+    pub fn last_taken(&self) -> (u64, u64) {
+        self.taken
     }
 
     /// Times a holder died mid-call and the next caller recovered.
@@ -699,7 +712,10 @@ impl SharedLedger {
         let nth = self.ops;
         self.ops += 1;
         let (state, held) = self.lock()?;
-        let h = self.header();
+        // SAFETY: as in `header`; a reference of its own (not a borrow of
+        // `self`), valid while the caller keeps the memory mapped, which
+        // outlasts this call.
+        let h = unsafe { &*(self.base.as_ptr() as *const SharedHeader) };
         let _guard = Unlock(&h.mutex, held);
         if let Some(f) = self.while_locked {
             f();
@@ -716,12 +732,20 @@ impl SharedLedger {
         // SAFETY: we hold the lock.
         unsafe { self.undo(nth) }?;
         let now = at.unwrap_or_else(monotonic_ms);
-        let (r, opened) = {
+        let (r, opened, now) = {
             // SAFETY: we hold the lock until `_guard` drops, after the view.
             let mut view = unsafe { self.view(nth) }?;
+            // The instant the call is taken at (the view clamps the same).
+            let now = match view.meta() {
+                Ok(m) => now.max(m.last_now_ms).max(self.params.started_at_ms),
+                Err(_) => now,
+            };
             let r = f(&mut view, now);
-            (r, view.journal().is_some_and(|j| j.opened))
+            (r, view.journal().is_some_and(|j| j.opened), now)
         };
+        let done = h.seq.load(Ordering::Relaxed) / 2;
+        let wrote = matches!(r, Ok((_, true))) && opened;
+        self.taken = (now, if wrote { 2 * (done + 1) } else { 2 * done + 1 });
         match r {
             Ok((r, true)) => {
                 if opened {
