@@ -29,7 +29,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use shmsched::fair::{FairConfig, FairLedger, FairShare, FairnessUnit, SharedFairShare, Stats};
 use shmsched::region::Region;
 
