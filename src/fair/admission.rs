@@ -475,11 +475,45 @@ fn snap(x: f64) -> f64 {
     }
 }
 
-/// `acquire`: misuse → `Err`; refusal → `Ok(Some(Err(..)))`; grant →
-/// `Ok(Some(Ok(..)))`. When the answer would be a refusal or a full lease
-/// table and `defer()` says so, nothing is written and the answer is
-/// `Ok(None)` (the region home then reaps dead processes and asks again,
-/// so that a refusal is recorded once).
+/// What [`acquire`] answered (the lease itself is written in place).
+pub(crate) enum Answer {
+    /// Granted: the lease was written to `out`.
+    Granted,
+    /// Refused, with the reason.
+    Refused(Refusal),
+    /// Deferred: nothing was written (see [`acquire`]).
+    Deferred,
+}
+
+impl Answer {
+    /// The public answer, built in place. `out` must be the one [`acquire`]
+    /// wrote to. `Deferred` (which only the caller that asked for it can
+    /// get, and then does not call this) is a corrupt-ledger error.
+    #[inline(always)]
+    pub(crate) fn into_result(
+        self,
+        out: &std::mem::MaybeUninit<Lease>,
+    ) -> Result<Result<Lease, Refusal>, FairError> {
+        match self {
+            // SAFETY: `acquire` answers `Granted` only after writing `out`
+            // (the last thing it does on that path).
+            Answer::Granted => Ok(Ok(unsafe { out.assume_init_read() })),
+            Answer::Refused(r) => Ok(Err(r)),
+            Answer::Deferred => Err(FairError::Corrupt(
+                "an acquire was deferred where it may not be".into(),
+            )),
+        }
+    }
+}
+
+/// `acquire`: misuse → `Err`; refusal → `Ok(Refused)`; grant →
+/// `Ok(Granted)` with the lease written to `out` (in place: a lease is a
+/// few hundred bytes, and it is not moved through the layers above). When
+/// the answer would be a refusal or a full lease table and `defer()` says
+/// so, nothing is written and the answer is `Ok(Deferred)` (the region
+/// home then reaps dead processes and asks again, so that a refusal is
+/// recorded once).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     v: &mut View<'_>,
     owner: u32,
@@ -488,10 +522,11 @@ pub(crate) fn acquire(
     hold_ms: u64,
     now: u64,
     defer: &mut dyn FnMut() -> bool,
-) -> Result<Option<Result<Lease, Refusal>>, FairError> {
+    out: &mut std::mem::MaybeUninit<Lease>,
+) -> Result<Answer, FairError> {
     // (1) misuse: nothing below this block may fail for a caller's reason.
     let (now, m) = accept_now(v, now)?;
-    let ti = v
+    let (ti, mut me) = v
         .find_tenant(tenant)?
         .ok_or_else(|| FairError::UnknownTenant(tenant.to_string()))?;
     if !(cost.is_finite() && cost >= 0.0) {
@@ -511,12 +546,11 @@ pub(crate) fn acquire(
         hold: hold_ms,
         now,
     };
-    let mut me = v.tenant(ti)?;
     let decision = decide(v, &ask, &me)?;
     let slot = match decision {
         Decision::Grant { .. } => match v.take_slot(m)? {
             Some(s) => Some(s),
-            None if defer() => return Ok(None),
+            None if defer() => return Ok(Answer::Deferred),
             None => {
                 return Err(FairError::CapacityExhausted {
                     what: "lease table",
@@ -530,7 +564,7 @@ pub(crate) fn acquire(
         .checked_add(hold_ms)
         .ok_or(FairError::InvalidHold(hold_ms))?;
     if matches!(decision, Decision::Refuse(_)) && defer() {
-        return Ok(None);
+        return Ok(Answer::Deferred);
     }
     // From here on the call is accepted and recorded.
     integrate(&mut me, v.p.idle_after_ms, now);
@@ -552,7 +586,7 @@ pub(crate) fn acquire(
             }
             v.set_tenant(ti, me)?;
             note_now(v, m, now)?;
-            return Ok(Some(Err(r)));
+            return Ok(Answer::Refused(r));
         }
         (Decision::Grant { own, cover }, Some((slot, m))) => (own, cover, slot, m),
         (Decision::Grant { .. }, None) => {
@@ -610,7 +644,7 @@ pub(crate) fn acquire(
     v.insert_lease(&mut m, slot, rec)?;
     v.set_meta(m)?;
     let bad_id = || FairError::Corrupt(format!("tenant id \"{tenant}\" too long"));
-    Ok(Some(Ok(Lease {
+    out.write(Lease {
         id: LeaseId::new(tenant, no).ok_or_else(bad_id)?,
         tenant: TenantId::new(tenant).ok_or_else(bad_id)?,
         cost,
@@ -619,7 +653,8 @@ pub(crate) fn acquire(
         slices,
         granted_at_ms: now,
         deadline_ms: deadline,
-    })))
+    });
+    Ok(Answer::Granted)
 }
 
 /// Gives back a lease's units to its holder's and lenders' ledgers and

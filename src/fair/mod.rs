@@ -276,9 +276,11 @@ impl FairShare {
 
     /// Asks for `cost` held for `hold_ms` on behalf of `tenant` at `now_ms`.
     /// See the module docs for the decision order.
+    #[inline]
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
         self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
-        admission::acquire(
+        let mut out = std::mem::MaybeUninit::uninit();
+        let answer = admission::acquire(
             &mut self.view()?,
             0,
             tenant,
@@ -286,11 +288,13 @@ impl FairShare {
             hold_ms,
             now_ms,
             &mut || false,
-        )?
-        .ok_or_else(|| FairError::Corrupt("an in-process acquire was deferred".into()))
+            &mut out,
+        )?;
+        answer.into_result(&out)
     }
 
     /// Releases the lease `lease_id` at `now_ms` (activity of its holder).
+    #[inline]
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
         self.record(|| serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
         admission::release(&mut self.view()?, lease_id, now_ms)

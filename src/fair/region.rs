@@ -669,25 +669,28 @@ impl SharedFairShare {
         self.ledger.set_refusal_counts_as_activity(yes);
     }
 
+    /// The ledger's answer to an acquire; a grant is written to `out`.
+    #[inline]
     fn acquire_at(
         &mut self,
         tenant: &str,
         cost: f64,
         hold_ms: u64,
         at: Option<u64>,
-    ) -> AcquireResult {
+        out: &mut std::mem::MaybeUninit<super::Lease>,
+    ) -> Result<super::admission::Answer, FairError> {
         let owner = self.owner()?;
         // A refusal or a full table defers (commits nothing) when a scan for
         // dead processes is due: their leases may be what is short.
         let (map, ledger) = (&self.map, &mut self.ledger);
-        let first = ledger.acquire_as(owner, tenant, cost, hold_ms, at, &mut || reap_due(map))?;
-        if let Some(r) = first {
-            return Ok(r);
+        let first =
+            ledger.acquire_as(owner, tenant, cost, hold_ms, at, &mut || reap_due(map), out)?;
+        if !matches!(first, super::admission::Answer::Deferred) {
+            return Ok(first);
         }
         self.maybe_reap(at.unwrap_or(0))?;
         self.ledger
-            .acquire_as(owner, tenant, cost, hold_ms, at, &mut || false)?
-            .ok_or_else(|| FairError::Corrupt("a committed acquire gave no answer".into()))
+            .acquire_as(owner, tenant, cost, hold_ms, at, &mut || false, out)
     }
 
     /// Starts recording this handle's calls in the call-log format
@@ -731,6 +734,7 @@ impl SharedFairShare {
         }
     }
 
+    #[inline]
     fn recorded_acquire(
         &mut self,
         tenant: &str,
@@ -738,11 +742,13 @@ impl SharedFairShare {
         hold_ms: u64,
         at: Option<u64>,
     ) -> AcquireResult {
-        let r = self.acquire_at(tenant, cost, hold_ms, at);
+        let mut out = std::mem::MaybeUninit::uninit();
+        let answer = self.acquire_at(tenant, cost, hold_ms, at, &mut out);
         self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":super::num_value(cost),"hold_ms":hold_ms}));
-        r
+        answer?.into_result(&out)
     }
 
+    #[inline]
     fn recorded_release(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
         let r = self
             .owner()

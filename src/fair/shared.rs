@@ -99,7 +99,7 @@ use super::store::{
 };
 use super::{
     initial_state, AcquireResult, FairConfig, FairError, FairLedger, FairnessReport, Lease, Plan,
-    Refusal, Stats,
+    Stats,
 };
 use crate::region::Mapping;
 use crate::sys::clock::monotonic_ms;
@@ -514,8 +514,18 @@ impl SharedLedger {
         unsafe { &*(self.base.as_ptr() as *const SharedHeader) }
     }
 
-    /// Runs the test seams of `point` for call `nth`.
+    /// Runs the test seams of `point` for call `nth` (none are armed
+    /// outside tests: one test of two `None`s).
+    #[inline(always)]
     fn point(&self, nth: u64, at: CrashPoint) {
+        if self.crash.is_none() && self.hook.is_none() {
+            return;
+        }
+        self.point_armed(nth, at);
+    }
+
+    #[cold]
+    fn point_armed(&self, nth: u64, at: CrashPoint) {
         if self.crash == Some((nth, at)) {
             std::process::abort();
         }
@@ -527,7 +537,11 @@ impl SharedLedger {
     }
 
     /// The first write's fault for call `nth`, if a test asked for one.
+    #[inline(always)]
     fn write_fault(&self, nth: u64) -> Option<WriteFault> {
+        if self.crash.is_none() && self.hook.is_none() {
+            return None;
+        }
         if self.crash == Some((nth, CrashPoint::MidWrite)) {
             return Some(WriteFault::Abort);
         }
@@ -541,6 +555,10 @@ impl SharedLedger {
     /// ledger lives in a region (see the module docs).
     fn lock(&self) -> Result<(LockState, Held), FairError> {
         let h = self.header();
+        // Uncontended: one attempt, nothing built.
+        if let Some(r) = h.mutex.try_lock() {
+            return r.map_err(|e| FairError::Lock(e.to_string()));
+        }
         let file = self.region.as_ref().map(|m| m.file_identity());
         // In a region, only a process that holds a process-table entry (as
         // its live owner, or as the reaper at work on it) ever holds the
@@ -604,6 +622,7 @@ impl SharedLedger {
     ///
     /// The caller holds the ledger's lock (no other well-behaved process
     /// writes the state meanwhile) and uses the view before unlocking.
+    #[inline(always)]
     unsafe fn view(&self, nth: u64) -> Result<View<'_>, FairError> {
         let base = self.base.as_ptr();
         let at = self.at;
@@ -648,6 +667,7 @@ impl SharedLedger {
             used: &h.used,
             seq: &h.seq,
             opened: false,
+            count: 0,
             fault: self.write_fault(nth),
         });
         v.clamp_time = true;
@@ -732,17 +752,20 @@ impl SharedLedger {
         // SAFETY: we hold the lock.
         unsafe { self.undo(nth) }?;
         let now = at.unwrap_or_else(monotonic_ms);
-        let (r, opened, now) = {
+        let (r, opened) = {
             // SAFETY: we hold the lock until `_guard` drops, after the view.
             let mut view = unsafe { self.view(nth) }?;
-            // The instant the call is taken at (the view clamps the same).
-            let now = match view.meta() {
-                Ok(m) => now.max(m.last_now_ms).max(self.params.started_at_ms),
-                Err(_) => now,
-            };
             let r = f(&mut view, now);
-            (r, view.journal().is_some_and(|j| j.opened), now)
+            (r, view.journal().is_some_and(|j| j.opened))
         };
+        // The instant the call was taken at: the view clamps `now` to the
+        // last accepted one, which an accepted call then leaves at the
+        // instant it took (and a refused one, undone, leaves as it was).
+        // SAFETY: the meta record lies inside the validated size; we hold
+        // the lock; a `u64` read of plain data.
+        let last = unsafe { ptr::read(self.base.as_ptr().add(self.at.meta) as *const MetaRec) }
+            .last_now_ms;
+        let now = now.max(last).max(self.params.started_at_ms);
         let done = h.seq.load(Ordering::Relaxed) / 2;
         let wrote = matches!(r, Ok((_, true))) && opened;
         self.taken = (now, if wrote { 2 * (done + 1) } else { 2 * done + 1 });
@@ -777,15 +800,27 @@ impl SharedLedger {
     /// See [`FairLedger::acquire`].
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
         let owner = self.owner;
-        self.acquire_as(owner, tenant, cost, hold_ms, Some(now_ms), &mut || false)?
-            .ok_or_else(|| FairError::Corrupt("an acquire was deferred".into()))
+        let mut out = std::mem::MaybeUninit::uninit();
+        self.acquire_as(
+            owner,
+            tenant,
+            cost,
+            hold_ms,
+            Some(now_ms),
+            &mut || false,
+            &mut out,
+        )?
+        .into_result(&out)
     }
 
     /// Acquire on behalf of `owner` at `at` (`None`: the clock, read under
-    /// the lock). When the answer would be a refusal or a full table and
-    /// `defer()` (asked under the lock) says so, nothing is written and the
-    /// answer is `Ok(None)`, so the caller can reap dead processes and ask
-    /// again without recording a refusal twice.
+    /// the lock); a grant is written to `out`. When the answer would be a
+    /// refusal or a full table and `defer()` (asked under the lock) says
+    /// so, nothing is written and the answer is `Deferred`, so the caller
+    /// can reap dead processes and ask again without recording a refusal
+    /// twice.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn acquire_as(
         &mut self,
         owner: u32,
@@ -794,9 +829,10 @@ impl SharedLedger {
         hold_ms: u64,
         at: Option<u64>,
         defer: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<Result<Lease, Refusal>>, FairError> {
+        out: &mut std::mem::MaybeUninit<Lease>,
+    ) -> Result<admission::Answer, FairError> {
         self.with_view_at(at, |v, now| {
-            admission::acquire(v, owner, tenant, cost, hold_ms, now, defer).map(|r| (r, true))
+            admission::acquire(v, owner, tenant, cost, hold_ms, now, defer, out).map(|r| (r, true))
         })
     }
 
@@ -806,6 +842,7 @@ impl SharedLedger {
     }
 
     /// Releases `lease_id` at `at` (`None`: the clock, read under the lock).
+    #[inline]
     pub(crate) fn release_at(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
         self.with_view_at(at, |v, now| {
             admission::release(v, lease_id, now).map(|r| (r, true))

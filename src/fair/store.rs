@@ -59,6 +59,14 @@ pub(crate) const COUNTER_LIMIT: u64 = 1 << 62;
 /// Test seam for trace T10 only; never set in production.
 pub(crate) const FLAG_REFUSAL_NOT_ACTIVITY: u32 = 1;
 
+/// Whether `v` is finite and not negative (`-0.0` included), on its bits:
+/// below the exponent of infinity with the sign clear, or negative zero.
+#[inline(always)]
+fn finite_non_negative(v: f64) -> bool {
+    let b = v.to_bits();
+    (b < 0x7ff0_0000_0000_0000) | (b == 0x8000_0000_0000_0000)
+}
+
 /// Immutable parameters of one ledger.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -238,16 +246,47 @@ impl TenantRec {
         self.own_held + self.borrowed
     }
 
+    /// Checks every field (the id's bytes are checked where they are read
+    /// as text: [`id_str`](Self::id_str) answers `"?"` for invalid UTF-8).
+    /// The common case is one branch-light test; only a bad record builds
+    /// the message naming the field.
+    #[inline]
     pub(crate) fn check(&self, i: usize) -> Result<(), FairError> {
+        let sane = self.id_len != 0
+            && self.id_len as usize <= MAX_TENANT_ID_BYTES
+            && self.want_open <= 1
+            && finite_non_negative(self.weight)
+                & finite_non_negative(self.guarantee)
+                & finite_non_negative(self.own_held)
+                & finite_non_negative(self.lent)
+                & finite_non_negative(self.borrowed)
+                & finite_non_negative(self.want)
+                & finite_non_negative(self.deficit_unit_ms)
+                & finite_non_negative(self.granted_cost)
+            && self.weight != 0.0
+            && self.next_lease_no != 0
+            && (self.next_lease_no
+                | self.live_leases
+                | self.granted_requests
+                | self.reaped_leases
+                | self.worst_reclaim_plus1)
+                <= COUNTER_LIMIT;
+        if sane {
+            Ok(())
+        } else {
+            self.explain(i)
+        }
+    }
+
+    /// The error naming what [`check`](Self::check) found wrong.
+    #[cold]
+    fn explain(&self, i: usize) -> Result<(), FairError> {
         let c = |m: String| Err(FairError::Corrupt(format!("tenant record {i}: {m}")));
         if self.id_len == 0 || self.id_len as usize > MAX_TENANT_ID_BYTES {
             return c(format!(
                 "id length {} out of 1..={MAX_TENANT_ID_BYTES}",
                 self.id_len
             ));
-        }
-        if std::str::from_utf8(&self.id[..self.id_len as usize]).is_err() {
-            return c("id is not UTF-8".into());
         }
         if self.want_open > 1 {
             return c(format!("want flag {} is not 0 or 1", self.want_open));
@@ -283,7 +322,7 @@ impl TenantRec {
                 return c(format!("{name} {v} exceeds {COUNTER_LIMIT}"));
             }
         }
-        Ok(())
+        c("a counter exceeds the limit".into())
     }
 }
 
@@ -335,7 +374,41 @@ pub struct LeaseRec {
 }
 
 impl LeaseRec {
+    /// Checks every field in use; as for tenants, the common case is one
+    /// branch-light test and only a bad record builds the message.
+    #[inline]
     fn check(&self, slot: usize, n_tenants: usize, cap: usize) -> Result<(), FairError> {
+        let sane = match self.state {
+            0 => self.link as usize <= cap,
+            1 => {
+                let n = self.n_slices as usize;
+                self.link as usize <= cap
+                    && (self.live_pos as usize) < cap
+                    && (self.tenant as usize) < n_tenants
+                    && n <= MAX_SLICES
+                    && finite_non_negative(self.cost)
+                        & finite_non_negative(self.charge)
+                        & finite_non_negative(self.own)
+                    && self.deadline_ms >= self.granted_ms
+                    && self.no != 0
+                    && self.slices[..n.min(MAX_SLICES)].iter().all(|s| {
+                        (s.lender as usize) < n_tenants
+                            && s.lender != self.tenant
+                            && finite_non_negative(s.units)
+                    })
+            }
+            _ => false,
+        };
+        if sane {
+            Ok(())
+        } else {
+            self.explain(slot, n_tenants, cap)
+        }
+    }
+
+    /// The error naming what [`check`](Self::check) found wrong.
+    #[cold]
+    fn explain(&self, slot: usize, n_tenants: usize, cap: usize) -> Result<(), FairError> {
         let c = |m: String| Err(FairError::Corrupt(format!("lease slot {slot}: {m}")));
         if self.state > 1 {
             return c(format!("state {} is not 0 or 1", self.state));
@@ -384,7 +457,7 @@ impl LeaseRec {
                 self.deadline_ms, self.granted_ms, self.no
             ));
         }
-        Ok(())
+        c("a field is out of range".into())
     }
 
     /// Units borrowed from `lender` by this lease.
@@ -469,13 +542,17 @@ pub(crate) struct Journal<'a> {
     pub seq: &'a AtomicU64,
     /// Whether this update has made `seq` odd yet.
     pub opened: bool,
+    /// Entries this update has counted (the value of `used` it stored last:
+    /// `used` is 0 when an update starts).
+    pub count: usize,
     /// Test seam for the first write.
     pub fault: Option<WriteFault>,
 }
 
 impl Journal<'_> {
-    /// Saves `len` bytes at `at` before they are overwritten.
-    fn save(&mut self, at: *const u8, len: usize) -> Result<(), FairError> {
+    /// Marks the update under way (`seq` odd) before its first write.
+    #[inline]
+    fn open(&mut self) {
         if !self.opened {
             // Readers that saw an even sequence retry from here on.
             let s = self.seq.load(Ordering::Relaxed);
@@ -483,17 +560,23 @@ impl Journal<'_> {
             fence(Ordering::Release);
             self.opened = true;
         }
-        let n = self.used.load(Ordering::Relaxed) as usize;
+    }
+
+    /// Saves `len` bytes at `at` before they are overwritten (`len` 0:
+    /// nothing to save, the update is only marked under way).
+    fn save(&mut self, at: *const u8, len: usize) -> Result<(), FairError> {
+        self.open();
+        if len == 0 {
+            return Ok(());
+        }
+        let n = self.count;
         let off = (at as usize).wrapping_sub(self.base as usize);
-        let e = self.entries.get_mut(n).ok_or_else(|| {
-            FairError::Corrupt(format!(
-                "an update needed more than {JOURNAL_ENTRIES} undo-journal entries"
-            ))
-        })?;
-        let (Ok(off32), true) = (u32::try_from(off), len <= MAX_RECORD_BYTES) else {
-            return Err(FairError::Corrupt(format!(
-                "a write of {len} bytes at ledger offset {off} cannot be journaled"
-            )));
+        let (Some(e), Ok(off32), true) = (
+            self.entries.get_mut(n),
+            u32::try_from(off),
+            len <= MAX_RECORD_BYTES,
+        ) else {
+            return Err(journal_error(n, off, len));
         };
         e.off = off32;
         e.len = len as u32;
@@ -505,6 +588,7 @@ impl Journal<'_> {
         // record is written: a process killed anywhere leaves every written
         // byte covered by a counted entry; a reader that sees `used`
         // unchanged across its copy saw no write beyond these entries.
+        self.count = n + 1;
         self.used.store(n as u64 + 1, Ordering::Release);
         fence(Ordering::Release);
         Ok(())
@@ -521,14 +605,49 @@ impl Journal<'_> {
             let s = self.seq.load(Ordering::Relaxed);
             self.seq.store((s | 1) + 1, Ordering::Release);
             self.opened = false;
+            self.count = 0;
         }
     }
 }
 
+/// The error of a write the journal cannot take.
+#[cold]
+fn journal_error(n: usize, off: usize, len: usize) -> FairError {
+    if n >= JOURNAL_ENTRIES {
+        FairError::Corrupt(format!(
+            "an update needed more than {JOURNAL_ENTRIES} undo-journal entries"
+        ))
+    } else {
+        FairError::Corrupt(format!(
+            "a write of {len} bytes at ledger offset {off} cannot be journaled"
+        ))
+    }
+}
+
 /// Writes `val` to `dst`, first saving the old bytes in `journal` (if any).
+#[inline]
 fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: T) -> Result<(), FairError> {
+    put_saving(journal, dst, val, std::mem::size_of::<T>())
+}
+
+/// Bytes of a lease record that matter while it is free: `state` … `link`
+/// (a free slot is read only for its state and its free-list link).
+const FREE_LEASE_BYTES: usize = std::mem::offset_of!(LeaseRec, link) + 4;
+
+/// Like [`put`], saving only the first `saved` bytes of the old value (the
+/// rest of it does not matter: a free lease record beyond its link).
+#[inline]
+fn put_saving<T: Copy>(
+    journal: &mut Option<Journal<'_>>,
+    dst: &mut T,
+    val: T,
+    saved: usize,
+) -> Result<(), FairError> {
     if let Some(j) = journal {
-        j.save(dst as *const T as *const u8, std::mem::size_of::<T>())?;
+        j.save(
+            dst as *const T as *const u8,
+            saved.min(std::mem::size_of::<T>()),
+        )?;
         if let Some(fault) = j.fault.take() {
             let half = std::mem::size_of::<T>() / 2;
             // SAFETY: `dst` is a valid `&mut T`; writing its first `half`
@@ -605,9 +724,11 @@ pub struct View<'a> {
 }
 
 impl<'a> View<'a> {
-    /// Wraps the parts, checking that they agree with `p`.
+    /// Wraps the parts, checking that they agree with `p`. `p` must have
+    /// passed [`Params::check`] (both homes check their private copy once,
+    /// at construction or attach; it is not re-read from shared memory).
+    #[inline]
     pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
-        p.check()?;
         let cap = p.lease_capacity as usize;
         if parts.tenants.len() != p.tenant_count as usize
             || parts.leases.len() != cap
@@ -659,6 +780,7 @@ impl<'a> View<'a> {
     }
 
     /// A validated copy of the meta record.
+    #[inline(always)]
     pub fn meta(&self) -> Result<MetaRec, FairError> {
         let m = *self.meta;
         check_meta(&m, self.leases.len())?;
@@ -666,11 +788,13 @@ impl<'a> View<'a> {
     }
 
     /// Writes the meta record.
+    #[inline]
     pub fn set_meta(&mut self, m: MetaRec) -> Result<(), FairError> {
         put(&mut self.journal, self.meta, m)
     }
 
     /// A validated copy of tenant `i`.
+    #[inline(always)]
     pub fn tenant(&self, i: usize) -> Result<TenantRec, FairError> {
         let t = *self.tenants.get(i).ok_or_else(|| {
             FairError::Corrupt(format!(
@@ -683,6 +807,7 @@ impl<'a> View<'a> {
     }
 
     /// Writes tenant `i` (index checked by the caller's earlier read).
+    #[inline]
     pub fn set_tenant(&mut self, i: usize, t: TenantRec) -> Result<(), FairError> {
         match self.tenants.get_mut(i) {
             Some(slot) => put(&mut self.journal, slot, t),
@@ -690,20 +815,21 @@ impl<'a> View<'a> {
         }
     }
 
-    /// Index of the tenant with this id. Compares the stored bytes first
-    /// and validates only the record that matches.
-    pub fn find_tenant(&self, id: &str) -> Result<Option<usize>, FairError> {
+    /// The tenant with this id: its index and a validated copy. Compares
+    /// the stored bytes first and validates only the record that matches.
+    #[inline]
+    pub fn find_tenant(&self, id: &str) -> Result<Option<(usize, TenantRec)>, FairError> {
         let b = id.as_bytes();
         for (i, t) in self.tenants.iter().enumerate() {
             if t.id_len as usize == b.len() && t.id.get(..b.len()) == Some(b) {
-                self.tenant(i)?;
-                return Ok(Some(i));
+                return self.tenant(i).map(|t| Some((i, t)));
             }
         }
         Ok(None)
     }
 
     /// A validated copy of lease slot `slot`.
+    #[inline(always)]
     pub fn lease(&self, slot: usize) -> Result<LeaseRec, FairError> {
         let l = *self.leases.get(slot).ok_or_else(|| {
             FairError::Corrupt(format!(
@@ -727,6 +853,7 @@ impl<'a> View<'a> {
     /// sign, no leading zero, no space, at most `u64::MAX`. Lease ids are
     /// unambiguous because no tenant id is another one followed by a
     /// digit (checked at construction).
+    #[inline]
     pub fn parse_lease_id(&self, id: &str) -> Option<(usize, u64)> {
         let b = id.as_bytes();
         for (i, t) in self.tenants.iter().enumerate() {
@@ -781,19 +908,24 @@ impl<'a> View<'a> {
     }
 
     /// The live lease `(tenant, no)`, by its hash chain.
+    #[inline]
     pub fn find_lease(&self, tenant: usize, no: u64) -> Result<Option<Found>, FairError> {
         let b = self.bucket_of(tenant as u32, no);
         let mut cur = self.link_slot(self.buckets[b], "hash bucket")?;
         let mut prev = None;
         let mut steps = 0usize;
         while let Some(slot) = cur {
-            let rec = self.lease(slot)?;
-            if rec.state != 1 {
+            // Only the match is copied out and validated whole; the others
+            // are read for their key, state and link.
+            let r = &self.leases[slot];
+            let (state, t, n, link) = (r.state, r.tenant, r.no, r.link);
+            if state != 1 {
                 return Err(FairError::Corrupt(format!(
-                    "free lease slot {slot} is on hash chain {b}"
+                    "lease slot {slot} (state {state}) is on hash chain {b}"
                 )));
             }
-            if rec.tenant as usize == tenant && rec.no == no {
+            if t as usize == tenant && n == no {
+                let rec = self.lease(slot)?;
                 return Ok(Some(Found {
                     slot,
                     rec,
@@ -806,22 +938,25 @@ impl<'a> View<'a> {
                 return Err(FairError::Corrupt(format!("hash chain {b} loops")));
             }
             prev = Some(slot);
-            cur = self.link_slot(rec.link, "hash link")?;
+            cur = self.link_slot(link, "hash link")?;
         }
         Ok(None)
     }
 
     /// The slot the next lease will take, and the meta record after taking
     /// it (nothing is written): the last freed slot, else a never-used one.
+    #[inline]
     pub fn take_slot(&self, mut m: MetaRec) -> Result<Option<(usize, MetaRec)>, FairError> {
         if let Some(slot) = self.link_slot(m.free_head, "free list head")? {
-            let l = self.lease(slot)?;
-            if l.state != 0 {
+            // A free slot is read for its state and link only.
+            let r = &self.leases[slot];
+            let (state, link) = (r.state, r.link);
+            if state != 0 || link as usize > self.leases.len() {
                 return Err(FairError::Corrupt(format!(
-                    "live lease slot {slot} is on the free list"
+                    "lease slot {slot} (state {state}, link {link}) is on the free list"
                 )));
             }
-            m.free_head = l.link;
+            m.free_head = link;
             return Ok(Some((slot, m)));
         }
         if (m.fresh as usize) < self.leases.len() {
@@ -835,6 +970,7 @@ impl<'a> View<'a> {
     /// Writes the new live lease `rec` into `slot` (taken by
     /// [`take_slot`](Self::take_slot)), links it into its hash chain and
     /// the live list. `m` is updated; the caller writes it.
+    #[inline]
     pub fn insert_lease(
         &mut self,
         m: &mut MetaRec,
@@ -852,15 +988,25 @@ impl<'a> View<'a> {
         rec.state = 1;
         rec.live_pos = pos as u32;
         rec.link = self.buckets[b];
-        put(&mut self.journal, slot_mut(self.leases, slot)?, rec)?;
+        // The slot is free (take_slot checked): only its state and link
+        // need saving.
+        put_saving(
+            &mut self.journal,
+            slot_mut(self.leases, slot)?,
+            rec,
+            FREE_LEASE_BYTES,
+        )?;
         put(&mut self.journal, &mut self.buckets[b], slot as u32 + 1)?;
-        put(&mut self.journal, &mut self.live[pos], slot as u32)?;
+        // Beyond the committed live count: not read after an undo (which
+        // restores the count), so not saved.
+        put_saving(&mut self.journal, &mut self.live[pos], slot as u32, 0)?;
         m.live_count += 1;
         Ok(())
     }
 
     /// Unlinks the live lease `f` from its hash chain and the live list and
     /// puts its slot on the free list. `m` is updated; the caller writes it.
+    #[inline]
     pub fn remove_lease(&mut self, m: &mut MetaRec, f: &Found) -> Result<(), FairError> {
         match f.prev {
             Some(p) => {
@@ -882,7 +1028,11 @@ impl<'a> View<'a> {
             let moved = *self.live.get(last).ok_or_else(|| {
                 FairError::Corrupt(format!("live count {} out of range", m.live_count))
             })?;
-            self.lease(moved as usize)?;
+            if self.leases.get(moved as usize).map(|r| r.state) != Some(1) {
+                return Err(FairError::Corrupt(format!(
+                    "live list position {last} names slot {moved}, which is not live"
+                )));
+            }
             put(&mut self.journal, &mut self.live[pos], moved)?;
             put(
                 &mut self.journal,
@@ -891,17 +1041,27 @@ impl<'a> View<'a> {
             )?;
         }
         m.live_count -= 1;
+        // Freed: its state and its free-list link are all that is read of
+        // it from now on (the other fields keep the old lease's values), so
+        // only they are saved.
         let free = LeaseRec {
+            state: 0,
             link: m.free_head,
-            ..LeaseRec::default()
+            ..f.rec
         };
-        put(&mut self.journal, slot_mut(self.leases, f.slot)?, free)?;
+        put_saving(
+            &mut self.journal,
+            slot_mut(self.leases, f.slot)?,
+            free,
+            FREE_LEASE_BYTES,
+        )?;
         m.free_head = f.slot as u32 + 1;
         Ok(())
     }
 
     /// The live lease at position `pos` of the live list (validated: live,
     /// and recorded at that position).
+    #[inline]
     pub fn live_lease(&self, pos: usize) -> Result<(usize, LeaseRec), FairError> {
         let slot = *self
             .live
@@ -1095,10 +1255,10 @@ mod tests {
         assert!(s.view(params(3, 4)).is_err(), "tenant count mismatch");
         let mut p = params(2, 4);
         p.idle_after_ms = 100;
-        assert!(s.view(p).is_err());
+        assert!(p.check().is_err());
         p = params(2, 4);
         p.unit = 5;
-        assert!(s.view(p).is_err());
+        assert!(p.check().is_err());
         s.meta.fresh = 5;
         let v = s.view(params(2, 4)).unwrap();
         assert!(v.meta().is_err());

@@ -15,6 +15,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 
 use serde::ser::{SerializeMap, SerializeSeq};
@@ -39,10 +40,15 @@ macro_rules! inline_str {
             pub const CAPACITY: usize = $cap;
 
             /// The text.
+            #[inline]
             pub fn as_str(&self) -> &str {
                 let b = &self.buf[..(self.len as usize).min($cap)];
-                // Only ever filled from whole `str`s (see `push`): valid UTF-8.
-                std::str::from_utf8(b).unwrap_or("")
+                // SAFETY: `buf[..len]` is only ever written by `push`, which
+                // appends a whole `&str` (valid UTF-8) and moves `len` to its
+                // end; the fields are private to this module, and a fresh
+                // value is empty. A concatenation of valid UTF-8 strings is
+                // valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(b) }
             }
 
             /// Appends `s` if it fits whole, else leaves `self` unchanged
@@ -236,7 +242,9 @@ pub struct Slice {
 #[derive(Clone, Copy)]
 pub struct Slices {
     n: u8,
-    items: [Slice; MAX_SLICES],
+    /// `items[..n]` are initialised (the rest are never read, so a lease
+    /// without slices costs no initialisation of them).
+    items: [MaybeUninit<Slice>; MAX_SLICES],
 }
 
 impl Slices {
@@ -244,10 +252,7 @@ impl Slices {
     pub fn new() -> Slices {
         Slices {
             n: 0,
-            items: [Slice {
-                lender: TenantId::default(),
-                units: 0.0,
-            }; MAX_SLICES],
+            items: [MaybeUninit::uninit(); MAX_SLICES],
         }
     }
 
@@ -255,7 +260,7 @@ impl Slices {
     pub(crate) fn push(&mut self, s: Slice) -> bool {
         match self.items.get_mut(self.n as usize) {
             Some(x) => {
-                *x = s;
+                x.write(s);
                 self.n += 1;
                 true
             }
@@ -273,7 +278,11 @@ impl Default for Slices {
 impl Deref for Slices {
     type Target = [Slice];
     fn deref(&self) -> &[Slice] {
-        &self.items[..(self.n as usize).min(MAX_SLICES)]
+        let n = (self.n as usize).min(MAX_SLICES);
+        // SAFETY: `items[..n]` were initialised by `push` (the only writer,
+        // which moves `n` past each item it writes; fields are private), and
+        // `MaybeUninit<Slice>` has the layout of `Slice`.
+        unsafe { std::slice::from_raw_parts(self.items.as_ptr() as *const Slice, n) }
     }
 }
 
