@@ -8,43 +8,20 @@
 //! test binary re-executed with a role, `tests/procs`); every stopped child
 //! is continued and killed by a guard.
 
+mod common;
 mod procs;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use procs::{role, say, spawn, unique_name, wait_parent, Kid};
+use procs::{role, say, serve, spawn, unique_name, wait_parent, Gone, Kid};
 use serde_json::Value;
 use shmsched::fair::shared::CrashPoint;
-use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
+use shmsched::fair::FairShare;
 use shmsched::region::{Region, RegionOptions};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shmsched");
 
 /// How long an inspecting command may take beside a stopped application.
 const AT_ONCE: Duration = Duration::from_secs(1);
-
-fn cfg() -> FairConfig {
-    FairConfig {
-        ceiling: 100.0,
-        fairness_unit: FairnessUnit::Cost,
-        tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
-        reclaim_horizon_ms: 100,
-        idle_after_ms: 1000,
-        started_at_ms: 0,
-    }
-}
-
-/// Removes the named region when the test ends.
-struct Gone(String);
-
-impl Drop for Gone {
-    fn drop(&mut self) {
-        let _ = Region::remove(&self.0);
-    }
-}
 
 fn path_of(name: &str) -> PathBuf {
     shmsched::region::resolve_path(name).unwrap()
@@ -57,61 +34,13 @@ fn bytes(name: &str) -> Vec<u8> {
 /// Runs the CLI with `args`, killing it after 20 s; returns (success,
 /// stdout, stderr, elapsed).
 fn cli(args: &[&str]) -> (bool, String, String, Duration) {
-    let start = Instant::now();
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("shmsched {args:?} hung for 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let elapsed = start.elapsed();
-    let out = child.wait_with_output().unwrap();
+    let (out, took, _) = procs::cli_within(args, Duration::from_secs(20));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed,
+        took,
     )
-}
-
-/// A `serve` process for `regions`, killed on drop.
-struct Served(Child, String);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(regions: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(regions)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    assert!(err.read_line(&mut line).unwrap() > 0, "serve said nothing");
-    let url = line
-        .trim()
-        .strip_prefix("shmsched serve: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
-        .to_string();
-    std::thread::spawn(move || for _ in err.lines() {});
-    Served(child, url)
 }
 
 /// One scrape: (body, elapsed).
@@ -225,7 +154,7 @@ fn region_holding_b30(
     let name = unique_name(tag);
     let gone = Gone(name.clone());
     let region = Region::create_with(&name, opts).unwrap();
-    let mut f = FairShare::shared(&region, &cfg()).unwrap();
+    let mut f = FairShare::shared(&region, &common::cfg2()).unwrap();
     f.acquire("b", 30.0, 60_000, 200).unwrap().unwrap();
     (name, gone, f)
 }
@@ -398,30 +327,7 @@ fn a_region_that_cannot_be_read_in_time_is_reported_down_alone() {
     let file = std::fs::File::open(path_of(&locked)).unwrap();
     // SAFETY: flock(2) on a descriptor this test owns.
     assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--region-timeout",
-            "300",
-        ])
-        .args([&locked, &other])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    assert!(err.read_line(&mut line).unwrap() > 0, "serve said nothing");
-    let url = line
-        .trim()
-        .strip_prefix("shmsched serve: listening on ")
-        .unwrap()
-        .to_string();
-    std::thread::spawn(move || for _ in err.lines() {});
-    let s = Served(child, url);
+    let s = serve(&["--region-timeout", "300", &locked, &other]);
     let (body, took) = scrape(&s.1);
     assert!(took < Duration::from_secs(3), "the scrape took {took:?}");
     let up = |name: &str| {

@@ -78,53 +78,43 @@ macro_rules! success_path {
     }};
 }
 
+/// The whole check for one home: after one warm-up round (which sets the
+/// stats' shape), 1,000 rounds of the success path and 100 pairs at the
+/// clock allocate nothing.
+macro_rules! allocates_nothing {
+    ($f:expr) => {{
+        let mut f = $f;
+        // One overrun lease stays in the stats' shape.
+        f.acquire("a", 1.0, 1, 2_000).unwrap().unwrap();
+        let mut stats = Stats::default();
+        let mut now = 3_000;
+        success_path!(f, stats, now);
+        assert_eq!(stats.overrun_leases.len(), 1);
+        let n = allocations(|| {
+            for _ in 0..1000 {
+                now += 1;
+                success_path!(f, stats, now);
+            }
+        });
+        assert_eq!(n, 0, "allocations in 1000 rounds");
+        assert_eq!(stats.tenant("b").unwrap().held, 0.0);
+        let n = allocations(|| {
+            for _ in 0..100 {
+                let l = f.acquire_now("a", 1.0, 10).unwrap().unwrap();
+                f.release_now(&l.id).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "allocations in 100 pairs at the clock");
+    }};
+}
+
 #[test]
 fn in_process_success_path_allocates_nothing() {
-    let mut f = FairShare::new(cfg()).unwrap();
-    // One overrun lease stays in the stats' shape.
-    f.acquire("a", 1.0, 1, 2_000).unwrap().unwrap();
-    let mut stats = Stats::default();
-    let mut now = 3_000;
-    success_path!(f, stats, now); // warm up: the shape is set
-    assert_eq!(stats.overrun_leases.len(), 1);
-    let n = allocations(|| {
-        for _ in 0..1000 {
-            now += 1;
-            success_path!(f, stats, now);
-        }
-    });
-    assert_eq!(n, 0, "allocations in 1000 rounds");
-    assert_eq!(stats.tenant("b").unwrap().held, 0.0);
-    let n = allocations(|| {
-        for _ in 0..100 {
-            let l = f.acquire_now("a", 1.0, 10).unwrap().unwrap();
-            f.release_now(&l.id).unwrap();
-        }
-    });
-    assert_eq!(n, 0, "allocations in 100 pairs at the clock");
+    allocates_nothing!(FairShare::new(cfg()).unwrap());
 }
 
 #[test]
 fn region_success_path_allocates_nothing() {
     let region = Region::anonymous().unwrap();
-    let mut f = FairShare::shared(&region, &cfg()).unwrap();
-    f.acquire("a", 1.0, 1, 2_000).unwrap().unwrap();
-    let mut stats = Stats::default();
-    let mut now = 3_000;
-    success_path!(f, stats, now);
-    assert_eq!(stats.overrun_leases.len(), 1);
-    let n = allocations(|| {
-        for _ in 0..1000 {
-            now += 1;
-            success_path!(f, stats, now);
-        }
-    });
-    assert_eq!(n, 0, "allocations in 1000 rounds");
-    let n = allocations(|| {
-        for _ in 0..100 {
-            let l = f.acquire_now("a", 1.0, 10).unwrap().unwrap();
-            f.release_now(&l.id).unwrap();
-        }
-    });
-    assert_eq!(n, 0, "allocations in 100 pairs at the clock");
+    allocates_nothing!(FairShare::shared(&region, &cfg()).unwrap());
 }

@@ -14,7 +14,7 @@ mod procs;
 
 use std::time::{Duration, Instant};
 
-use procs::{role, say, spawn, unique_name, wait_parent};
+use procs::{role, say, spawn, unique_name, wait_parent, Gone};
 use shmsched::fair::{FairConfig, FairError, FairShare, FairnessUnit};
 use shmsched::region::Region;
 use shmsched::sys::clock::monotonic_ms;
@@ -29,15 +29,6 @@ fn cfg() -> FairConfig {
         reclaim_horizon_ms: 100,
         idle_after_ms: 1000,
         started_at_ms: 0,
-    }
-}
-
-/// Removes the named region when the test ends.
-struct Gone(String);
-
-impl Drop for Gone {
-    fn drop(&mut self) {
-        let _ = Region::remove(&self.0);
     }
 }
 

@@ -227,16 +227,17 @@ fn sched_view(name: &str, v: &RegionView) -> Result<SchedView, CliError> {
     })
 }
 
+/// The process rows of a region whose processes hold no slots.
+fn slotless_procs(v: &RegionView) -> Result<Vec<Proc>, shmsched::Error> {
+    Ok(proc_rows(
+        v.processes()?.into_iter().map(|p| (p, 0)).collect(),
+    ))
+}
+
 fn limiter_view(name: &str, v: &RegionView) -> Result<LimView, CliError> {
     let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
     let stats = v.limiter_stats().map_err(bad)?;
-    let processes = proc_rows(
-        v.processes()
-            .map_err(bad)?
-            .into_iter()
-            .map(|p| (p, 0))
-            .collect(),
-    );
+    let processes = slotless_procs(v).map_err(bad)?;
     Ok(LimView { stats, processes })
 }
 
@@ -244,13 +245,7 @@ fn limiter_view(name: &str, v: &RegionView) -> Result<LimView, CliError> {
 fn fair_view(name: &str, v: &RegionView) -> Result<FairView, CliError> {
     let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
     let f = v.fair_share().map_err(bad)?;
-    let processes = proc_rows(
-        v.processes()
-            .map_err(bad)?
-            .into_iter()
-            .map(|p| (p, 0))
-            .collect(),
-    );
+    let processes = slotless_procs(v).map_err(bad)?;
     Ok(FairView {
         config: f.config,
         stats: f.stats,
