@@ -715,7 +715,7 @@ impl SharedLedger {
         h.used.store(0, Ordering::Release);
         let s = h.seq.load(Ordering::Relaxed);
         if s & 1 == 1 {
-            h.seq.store(s + 1, Ordering::Release);
+            h.seq.store(s.wrapping_add(1), Ordering::Release);
         }
         Ok(())
     }
@@ -768,7 +768,16 @@ impl SharedLedger {
         let now = now.max(last).max(self.params.started_at_ms);
         let done = h.seq.load(Ordering::Relaxed) / 2;
         let wrote = matches!(r, Ok((_, true))) && opened;
-        self.taken = (now, if wrote { 2 * (done + 1) } else { 2 * done + 1 });
+        // (The sequence word is region contents: wrapping arithmetic, so a
+        // scribbled word gives a wrong order, never a panic.)
+        self.taken = (
+            now,
+            if wrote {
+                done.wrapping_add(1).wrapping_mul(2)
+            } else {
+                done.wrapping_mul(2) | 1
+            },
+        );
         match r {
             Ok((r, true)) => {
                 if opened {
@@ -778,7 +787,7 @@ impl SharedLedger {
                     h.used.store(0, Ordering::Release);
                     self.point(nth, CrashPoint::AfterCommit);
                     let s = h.seq.load(Ordering::Relaxed);
-                    h.seq.store((s | 1) + 1, Ordering::Release);
+                    h.seq.store((s | 1).wrapping_add(1), Ordering::Release);
                 }
                 self.point(nth, CrashPoint::BeforeUnlock);
                 Ok(r)

@@ -603,7 +603,7 @@ impl Journal<'_> {
             fence(Ordering::Release);
             self.used.store(0, Ordering::Release);
             let s = self.seq.load(Ordering::Relaxed);
-            self.seq.store((s | 1) + 1, Ordering::Release);
+            self.seq.store((s | 1).wrapping_add(1), Ordering::Release);
             self.opened = false;
             self.count = 0;
         }
