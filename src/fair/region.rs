@@ -894,7 +894,8 @@ impl FairLedger for SharedFairShare {
     }
 }
 
-/// A fair-share region as an inspector sees it ([`RegionView::fair_share`]):
+/// A fair-share region as an inspector sees it
+/// ([`RegionView::fair_share`](crate::region::RegionView::fair_share)):
 /// its configuration and its stats at a `now`, read without writing a byte.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FairInspection {

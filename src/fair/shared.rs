@@ -53,11 +53,13 @@
 //! counts, and counts before the write), so step 2 restores the last
 //! committed state; killed after it, its update is complete. Reaping a dead
 //! process's leases commits after each lease, so the journal needs room for
-//! one lease's release at most ([`JOURNAL_ENTRIES`]).
+//! one lease's release at most (32 entries).
 //!
 //! # Reading without the lock
 //!
-//! `seq` is also a seqlock: [`read_snapshot`] copies the state it needs
+//! `seq` is also a seqlock: a reader (`read_snapshot`, behind
+//! [`RegionView::fair_share`](crate::region::RegionView::fair_share))
+//! copies the state it needs
 //! (meta, tenants, live list, the live leases' headers) between two reads of
 //! `seq`; equal and even, the copy is a committed state. When `seq` is odd
 //! an update is under way, perhaps by a process that is stopped (SIGSTOP, a
@@ -132,7 +134,8 @@ pub const MAX_SHARED_TENANTS: usize = 4096;
 /// [`MAX_LEASE_CAPACITY`](super::MAX_LEASE_CAPACITY)).
 pub const MAX_SHARED_LEASES: usize = super::MAX_LEASE_CAPACITY;
 
-/// How long [`read_snapshot`] keeps trying for a consistent copy.
+/// How long a lock-free read of the ledger (see the module docs) keeps
+/// trying for a consistent copy.
 pub const SNAPSHOT_BUDGET: Duration = Duration::from_millis(200);
 
 /// The fixed header at the start of a shared ledger.
