@@ -137,7 +137,7 @@ fn mutex_layout_mismatch_is_refused() {
     let spec = ObjectSpec {
         kind: ObjectKind::FairShare,
         params: [
-            shmsched::fair::region::OBJECT_REV,
+            shmsched::fair::region::OBJECT_REVISION,
             0,
             2,
             32,
