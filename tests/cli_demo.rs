@@ -1,32 +1,16 @@
 //! The `shmsched demo` command, end to end (each run is bounded: the demo
 //! stops itself after `--seconds`, and the test kills it after a deadline).
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod procs;
+
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shmsched");
-
 /// Runs the binary with `args`, killing it after `limit`.
 fn run(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmsched");
-    let start = Instant::now();
-    while child.try_wait().expect("try_wait").is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("shmsched {args:?} ran longer than {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = child.id();
-    let out = child.wait_with_output().expect("output");
+    let (out, _, pid) = procs::cli_within(args, limit);
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok())

@@ -10,13 +10,12 @@ mod tools;
 use tools::BoundedOutput;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use procs::{role, say, spawn, unique_name, until, wait_parent};
+use procs::{role, say, serve, spawn, unique_name, until, wait_parent, Gone};
 use prometheus_parse::{Sample, Scrape, Value as PValue};
 use serde_json::Value;
 use shmsched::fair::{FairConfig, FairShare, FairnessUnit};
@@ -26,46 +25,6 @@ use shmsched::scheduler::Scheduler;
 use shmsched::Priority;
 
 const BIN: &str = env!("CARGO_BIN_EXE_shmsched");
-
-struct Gone(String);
-
-impl Drop for Gone {
-    fn drop(&mut self) {
-        let _ = Region::remove(&self.0);
-    }
-}
-
-/// A `serve` process, killed on drop.
-struct Served(Child, String);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(regions: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(regions)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    assert!(err.read_line(&mut line).unwrap() > 0, "serve said nothing");
-    let url = line
-        .trim()
-        .strip_prefix("shmsched serve: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
-        .to_string();
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in err.lines() {});
-    Served(child, url)
-}
 
 fn get(url: &str) -> (String, String) {
     let mut resp = ureq::get(url).call().unwrap();

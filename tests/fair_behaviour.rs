@@ -182,7 +182,7 @@ fn starvation_without_demand_signal() {
         }
         let r = no(f.acquire("a", 50.0, 100, at(t)));
         assert_eq!(r.reason, RefusalReason::GuaranteeOnLoan);
-        assert_eq!(r.blocking_leases, vec![loan.id.clone()]);
+        assert_eq!(r.blocking_leases, vec![loan.id]);
         refusals += 1;
     }
     assert_eq!(refusals, 100, "a was never served in 1000ms");

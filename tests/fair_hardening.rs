@@ -55,8 +55,9 @@ fn ledger_offset(name: &str) -> u64 {
     h.object_offset + 128 + h.params[7].div_ceil(128) * 128
 }
 
-/// Offsets in the ledger's shared header (asserted in `fair/shared.rs`).
-const COMMITTED: u64 = 88;
+/// Offsets in the ledger's shared header (asserted in `fair/shared.rs`):
+/// the undo journal's entry count, and the mutex.
+const JOURNAL_USED: u64 = 96;
 const MUTEX: u64 = 112;
 
 /// Writes `bytes` at `offset` of `path` from another process.
@@ -183,12 +184,15 @@ fn corrupt_lock_word_is_repaired_not_a_hang() {
         }
     });
     assert_eq!(wait_child(victim, Duration::from_secs(20)), Exit::Code(0));
-    // Corrupt it again: the CLI must not hang either.
+    // Corrupt it again: the CLI must not hang either. It reads without the
+    // lock, so it neither waits for it nor repairs it: the next call does.
     scribble_from_another_process(&path, at, &0x7f_i32.to_ne_bytes());
     let (code, out, err) = stat_within(&path, Duration::from_secs(20));
     assert_eq!(code, Some(0), "stat: {err}");
-    assert!(out.contains("fair") || out.contains("tenant"), "{out}");
-    let f = FairShare::attach(&Region::open(&name).unwrap()).unwrap();
+    assert!(out.contains("held") && out.contains("10.00"), "{out}");
+    let mut f = FairShare::attach(&Region::open(&name).unwrap()).unwrap();
+    assert_eq!(f.lock_repairs(), 1);
+    assert_eq!(f.stats_now().unwrap().tenant("b").unwrap().held, 10.0);
     assert_eq!(f.lock_repairs(), 2);
 }
 
@@ -301,8 +305,9 @@ fn list_pointers_scribbled_while_held_do_not_crash_the_holder() {
     assert_eq!(f.stats_now().unwrap().tenant("a").unwrap().held, 5.0);
 }
 
-/// A reap whose release fails (here: the committed index is scribbled)
-/// keeps the dead process's entry; once the ledger is readable again, the
+/// A reap whose release fails (here: the undo journal's count is
+/// scribbled to name entries that hold nothing valid) keeps the dead
+/// process's entry; once the ledger is readable again, the
 /// next reap releases its leases. Nothing is orphaned.
 #[test]
 fn failed_reap_keeps_the_dead_process_for_a_later_reap() {
@@ -318,16 +323,16 @@ fn failed_reap_keeps_the_dead_process_for_a_later_reap() {
     });
     assert_eq!(recv(&mut rep_r), Some(1));
     assert_eq!(wait_child(dead, LIMIT), Exit::Code(0));
-    let at = ledger_offset(&name) + COMMITTED;
-    let mut good = [0u8; 4];
+    let at = ledger_offset(&name) + JOURNAL_USED;
+    let mut good = [0u8; 8];
     std::fs::File::open(&path)
         .unwrap()
         .read_exact_at(&mut good, at)
         .unwrap();
     let mut f = FairShare::attach(&Region::open(&name).unwrap()).unwrap();
-    scribble_from_another_process(&path, at, &7u32.to_ne_bytes());
+    scribble_from_another_process(&path, at, &7u64.to_ne_bytes());
     let e = f.reap().unwrap_err();
-    assert!(e.to_string().contains("committed index 7"), "{e}");
+    assert!(e.to_string().contains("undo journal entry 6"), "{e}");
     scribble_from_another_process(&path, at, &good);
     let r = f.reap().unwrap();
     assert_eq!(

@@ -91,7 +91,7 @@ proptest! {
                             prop_assert!(!live.iter().any(|x| x.tenant == l), "lender {} holds a lease", l);
                             prop_assert!(now - last_activity[l] >= idle, "lender {} active at {}", l, last_activity[l]);
                         }
-                        live.push(Live { id: lease.id.clone(), tenant, deadline: lease.deadline_ms, lenders });
+                        live.push(Live { id: lease.id.to_string(), tenant, deadline: lease.deadline_ms, lenders });
                     }
                     last_activity[tenant] = now;
                 }

@@ -18,7 +18,7 @@ fn make(cfg: FairConfig, freeze: bool) -> Result<SharedFairShare, FairError> {
     Ok(f)
 }
 
-trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse);
+trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse, time_backwards_is_clamped, strict_lease_ids);
 
 /// The region home answers exactly like the in-process ledger (T27, JSON).
 #[test]
@@ -136,7 +136,16 @@ fn mutex_layout_mismatch_is_refused() {
     // As another build would write it: same rev, a different tag and size.
     let spec = ObjectSpec {
         kind: ObjectKind::FairShare,
-        params: [1, 0, 2, 32, (2 << 32) | 24, 24, 2, 10],
+        params: [
+            shmsched::fair::region::OBJECT_REVISION,
+            0,
+            2,
+            32,
+            (2 << 32) | 24,
+            24,
+            2,
+            10,
+        ],
         object_size: 1 << 16,
         init: &init,
     };
@@ -203,9 +212,72 @@ fn now_calls_use_the_clock_under_the_lock() {
     );
     f.plan_now().unwrap();
     f.fairness_report_now().unwrap();
-    // An explicit time behind the clock is now misuse (time went backwards).
-    assert!(matches!(
-        f.acquire("a", 1.0, 10, 5),
-        Err(FairError::TimeWentBackwards { .. })
-    ));
+    // An explicit time behind the clock is taken at the ledger's last
+    // accepted time (issue 20): a region's time is monotonic by rule.
+    let l = ok(f.acquire("a", 1.0, 10, 5));
+    assert!(l.granted_at_ms >= s.now_ms, "{l:?}");
+    f.release(&l.id, 6).unwrap();
+}
+
+/// Two handles of one region record their calls, some with times behind
+/// the ledger's (taken at the last accepted time) and some at the clock;
+/// the merged log replays in-process to exactly the recorded answers.
+#[test]
+fn recorded_region_logs_merge_and_replay_exactly() {
+    use shmsched::fair::replay::{acquire_json, merge_call_logs, release_json, value_json};
+    let region = Region::anonymous().unwrap();
+    let mut h1 = FairShare::shared_with_capacity(&region, &cfg2(), 16).unwrap();
+    let mut h2 = h1.handle().unwrap();
+    h1.record_calls().unwrap();
+    h2.record_calls().unwrap();
+    // (seq, handle, answer): the merge keeps ties (calls that changed
+    // nothing, which commute) in log order, handle 1's first.
+    let mut answers: Vec<(u64, u8, serde_json::Value)> = Vec::new();
+    fn seq_of(h: &SharedFairShare) -> u64 {
+        let line = h.call_log().unwrap().last().unwrap();
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    }
+    macro_rules! call {
+        ($h:ident, $json:expr) => {{
+            let v = $json;
+            let k = if stringify!($h) == "h1" { 1 } else { 2 };
+            answers.push((seq_of(&$h), k, v));
+        }};
+    }
+    call!(h1, acquire_json(&h1.acquire("b", 50.0, 1000, at(50))));
+    let late = h2.acquire("b", 10.0, 100, at(10));
+    call!(h2, acquire_json(&late));
+    let late = late.unwrap().unwrap();
+    assert_eq!(late.granted_at_ms, at(50));
+    call!(h2, release_json(&h2.release(&late.id, at(0))));
+    call!(h1, release_json(&h1.release("b1", 0)));
+    call!(h2, release_json(&h2.release("b1", 0)));
+    call!(h1, value_json(&h1.stats(at(20))));
+    call!(h2, acquire_json(&h2.acquire_now("a", 60.0, 100)));
+    call!(h1, acquire_json(&h1.acquire("a", 10.0, 100, at(60))));
+    call!(h1, value_json(&h1.plan(0)));
+    call!(h2, value_json(&h2.fairness_report(0)));
+    call!(h2, value_json(&h2.stats_now()));
+    answers.sort_by_key(|a| (a.0, a.1));
+    let merged = merge_call_logs(&[h1.call_log().unwrap(), h2.call_log().unwrap()]);
+    assert_eq!(merged.len(), answers.len() + 1);
+    let mut out = Vec::new();
+    let sum = shmsched::fair::replay(merged.join("\n").as_bytes(), &mut out).unwrap();
+    assert_eq!(sum.malformed, 0);
+    let replayed: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replayed[0], serde_json::json!({"ok": true}));
+    let want: Vec<serde_json::Value> = answers.into_iter().map(|a| a.2).collect();
+    assert_eq!(replayed[1..], want[..]);
+    assert!(
+        replayed.iter().any(|r| r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already released"))),
+        "{replayed:?}"
+    );
 }

@@ -14,7 +14,7 @@ fn make(cfg: FairConfig, freeze: bool) -> Result<TestShared, FairError> {
     Ok(t)
 }
 
-trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse);
+trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse, time_backwards_is_clamped, strict_lease_ids);
 
 /// Two handles (as two processes would have) see one ledger.
 #[test]

@@ -1,7 +1,13 @@
-//! Crash consistency of the shared ledger: a child process is killed while
-//! holding the robust mutex at every step of every call of a trace; the
-//! parent then recovers (`OwnerDied` → committed copy) and must see exactly
-//! the state after the calls that committed.
+//! Crash consistency of the shared ledger (updated in place under an undo
+//! journal, committed by one store; `src/fair/shared.rs`): a child process
+//! is killed while holding the robust mutex at every step of every call of
+//! a trace (right after the lock, in the middle of the first journaled
+//! write with a torn record, before the commit store, after it, before the
+//! unlock); the parent then recovers (`OwnerDied` → undo) and must see
+//! exactly the state after the calls that committed. A second process
+//! killed in the middle of undoing the first one's update leaves the same
+//! state. And a writer stopped (SIGSTOP) at each step leaves a region that
+//! an inspector reads, without the lock, as exactly the committed state.
 //!
 //! One test function only: forking from a single-threaded test binary
 //! keeps the child's allocator usable.
@@ -14,7 +20,7 @@ use common::{at, cfg2};
 use shmsched::fair::shared::CrashPoint;
 use shmsched::fair::{FairLedger, FairShare};
 
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum Call {
     Acq(&'static str, f64, u64, i64),
     Rel(&'static str, i64),
@@ -52,11 +58,163 @@ fn snapshot<L: FairLedger>(l: &mut L) -> serde_json::Value {
     })
 }
 
+fn snapshot_no_acquire<L: FairLedger>(l: &mut L) -> serde_json::Value {
+    serde_json::json!({
+        "stats": serde_json::to_value(l.stats(at(10_000)).unwrap()).unwrap(),
+        "report": serde_json::to_value(l.fairness_report(at(10_000)).unwrap()).unwrap(),
+    })
+}
+
 /// One test function so the binary forks from a single thread.
 #[test]
 fn crash_consistency_and_concurrency() {
     killed_holder_at_every_step_leaves_committed_state();
+    killed_during_the_undo_leaves_committed_state();
+    stopped_writer_is_read_as_committed_state();
     concurrent_processes_keep_the_ledger_exact();
+}
+
+/// Whether call `c` of the script writes the ledger (a misuse error is
+/// found before any write, so the points after the first write are never
+/// reached).
+fn writes(c: &Call) -> bool {
+    !matches!(c, Call::Rel("zz", _))
+}
+
+fn run_one<L: FairLedger>(l: &mut L, c: &Call) {
+    run(l, std::slice::from_ref(c));
+}
+
+/// The child of a crash run: `n` calls, then the rest with the crash armed
+/// at call `n`.
+fn crash_child(t: &TestShared, n: usize, point: CrashPoint) -> ! {
+    let mut h = t.attach().unwrap();
+    h.crash_at(n as u64, point);
+    run(&mut h, SCRIPT);
+    // SAFETY: leave without running the parent's destructors.
+    unsafe { libc::_exit(3) };
+}
+
+fn wait(pid: libc::pid_t) -> i32 {
+    tools::bounded_waitpid(pid)
+}
+
+/// The second process to lock after a crash mid-update dies while undoing
+/// it; the third undoes it again: the state is the last committed one.
+fn killed_during_the_undo_leaves_committed_state() {
+    for (n, call) in SCRIPT.iter().enumerate().filter(|(_, c)| writes(c)) {
+        let t = TestShared::create(&cfg2(), 16).unwrap();
+        // SAFETY: fork from this single-threaded test; the child only uses
+        // the ledger and then dies by abort.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            crash_child(&t, n, CrashPoint::MidWrite);
+        }
+        assert!(libc::WIFSIGNALED(wait(pid)), "call {n} {call:?}");
+        // SAFETY: as above.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut h = t.attach().unwrap();
+            h.crash_at(0, CrashPoint::MidUndo);
+            drop(h.stats(at(10_000)));
+            // SAFETY: leave without running the parent's destructors.
+            unsafe { libc::_exit(3) };
+        }
+        assert!(libc::WIFSIGNALED(wait(pid)), "undo of call {n}");
+        let mut h = t.attach().unwrap();
+        let mut reference = FairShare::new(cfg2()).unwrap();
+        run(&mut reference, &SCRIPT[..n]);
+        assert_eq!(snapshot(&mut h), snapshot(&mut reference), "call {n}");
+        assert_eq!(h.recoveries(), 2);
+    }
+}
+
+/// Stops the calling process (SIGSTOP) until the parent continues it.
+fn stop_self() {
+    // SAFETY: raise(2) on this process.
+    unsafe { libc::raise(libc::SIGSTOP) };
+}
+
+/// A writer stopped at each step of each call: an inspector's read of the
+/// region (no lock, no write) is exactly the committed state, and the file
+/// is unchanged by it; SIGKILLed there, the next locker recovers the same.
+fn stopped_writer_is_read_as_committed_state() {
+    use shmsched::fair::FairShare as F;
+    use shmsched::region::{Region, RegionView};
+    let path = format!("/dev/shm/shmsched-test-crash-stop-{}", std::process::id());
+    struct Rm(String);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(path.clone());
+    let points = [
+        CrashPoint::AfterLock,
+        CrashPoint::MidWrite,
+        CrashPoint::BeforeCommit,
+        CrashPoint::AfterCommit,
+    ];
+    let mut checked = 0;
+    for (n, call) in SCRIPT.iter().enumerate() {
+        for &point in &points {
+            if point > CrashPoint::AfterLock && !writes(call) {
+                continue;
+            }
+            let _ = std::fs::remove_file(&path);
+            let region = Region::create(&path).unwrap();
+            drop(F::shared_with_capacity(&region, &cfg2(), 16).unwrap());
+            // SAFETY: fork from this single-threaded test; the child only
+            // uses the ledger, stops itself, and is killed.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                let mut f = F::attach(&region).unwrap();
+                run(&mut f, &SCRIPT[..n]);
+                f.test_hook_at(point, Some(stop_self));
+                run_one(&mut f, call);
+                // SAFETY: not reached (killed while stopped).
+                unsafe { libc::_exit(3) };
+            }
+            let mut st = 0;
+            // SAFETY: our child; WUNTRACED reports the stop.
+            let r = unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) };
+            assert!(
+                r == pid && libc::WIFSTOPPED(st),
+                "call {n} {point:?}: {st:#x}"
+            );
+            let committed = if point >= CrashPoint::AfterCommit {
+                n + 1
+            } else {
+                n
+            };
+            let mut reference = FairShare::new(cfg2()).unwrap();
+            run(&mut reference, &SCRIPT[..committed]);
+            let before = std::fs::read(&path).unwrap();
+            let seen = RegionView::open(&path).unwrap().fair_share().unwrap();
+            assert!(seen.leases_consistent);
+            assert!(std::fs::read(&path).unwrap() == before, "the read wrote");
+            let want = reference.stats(seen.stats.now_ms).unwrap();
+            assert_eq!(seen.stats, want, "call {n} {point:?}");
+            // SAFETY: our stopped child: kill it (a stopped process dies on
+            // SIGKILL) and reap it.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            assert!(libc::WIFSIGNALED(wait(pid)));
+            // (Stats and report only: an acquire would reap the dead child.)
+            let mut h = F::attach(&region).unwrap();
+            let mut reference = FairShare::new(cfg2()).unwrap();
+            run(&mut reference, &SCRIPT[..committed]);
+            assert_eq!(
+                snapshot_no_acquire(&mut h),
+                snapshot_no_acquire(&mut reference),
+                "call {n} {point:?}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > SCRIPT.len() * 3);
 }
 
 /// Four processes hammer one ledger through their own handles; every grant
@@ -129,9 +287,10 @@ fn concurrent_processes_keep_the_ledger_exact() {
 fn killed_holder_at_every_step_leaves_committed_state() {
     let points = [
         CrashPoint::AfterLock,
-        CrashPoint::MidCopy,
-        CrashPoint::BeforeFlip,
-        CrashPoint::AfterFlip,
+        CrashPoint::MidWrite,
+        CrashPoint::BeforeCommit,
+        CrashPoint::AfterCommit,
+        CrashPoint::BeforeUnlock,
     ];
     let mut checked = 0;
     for (n, call) in SCRIPT.iter().enumerate() {
@@ -142,34 +301,22 @@ fn killed_holder_at_every_step_leaves_committed_state() {
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0);
             if pid == 0 {
-                let mut h = t.attach().unwrap();
-                h.crash_at(n as u64, point);
-                let mut calls = SCRIPT.iter();
-                for c in calls.by_ref() {
-                    match *c {
-                        Call::Acq(tn, cost, hold, now) => drop(h.acquire(tn, cost, hold, at(now))),
-                        Call::Rel(id, now) => drop(h.release(id, at(now))),
-                        Call::Stats(now) => drop(h.stats(at(now))),
-                    }
-                }
-                // SAFETY: leave without running the parent's destructors.
-                unsafe { libc::_exit(3) };
+                crash_child(&t, n, point);
             }
             let status = tools::bounded_waitpid(pid);
             let died = libc::WIFSIGNALED(status);
-            // A misuse call (releasing "zz") fails before the flip, so its
-            // BeforeFlip/AfterFlip points are never reached: the child
-            // finishes the script and exits normally.
-            let misuse = matches!(call, Call::Rel("zz", _));
+            // A misuse call (releasing "zz") fails before its first write,
+            // so the points from the first write on are never reached: the
+            // child finishes the script and exits normally.
             assert!(
-                died || (misuse && point >= CrashPoint::BeforeFlip),
+                died || (!writes(call) && point >= CrashPoint::MidWrite),
                 "call {n} {point:?}"
             );
             assert!(died || libc::WEXITSTATUS(status) == 3);
             let mut h = t.attach().unwrap();
             let committed = match (died, point) {
                 (false, _) => SCRIPT.len(),
-                (true, CrashPoint::AfterFlip) => n + 1,
+                (true, CrashPoint::AfterCommit | CrashPoint::BeforeUnlock) => n + 1,
                 (true, _) => n,
             };
             let mut reference = FairShare::new(cfg2()).unwrap();
@@ -180,5 +327,5 @@ fn killed_holder_at_every_step_leaves_committed_state() {
             checked += 1;
         }
     }
-    assert_eq!(checked, SCRIPT.len() * 4);
+    assert_eq!(checked, SCRIPT.len() * 5);
 }

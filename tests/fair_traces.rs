@@ -11,7 +11,7 @@ fn make(cfg: FairConfig, freeze: bool) -> Result<FairShare, FairError> {
     Ok(f)
 }
 
-trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse);
+trace_suite!(make; t01, t03, t04, t05, t06, t07, t08, t09, t10, t12, t19, t23, t27, t36, t37, t41, t44, t45, p1, misuse, time_backwards_is_misuse, strict_lease_ids);
 
 /// T02: the fairness unit has no default; "tokens" is refused.
 #[test]

@@ -42,9 +42,14 @@ fn every_status_code_is_produced_from_c() {
         .collect();
     let defined = header_status_codes();
     assert!(defined.len() >= 25, "parsed the header's enum: {defined:?}");
+    // Kept in the header for ABI stability, no longer returned: a
+    // fair-share ledger in a region takes a `now` earlier than its last
+    // accepted one as that one (issue 20), and the C ABI's ledgers are all
+    // in regions.
+    let retired = ["SHMSCHED_STATUS_TIME_WENT_BACKWARDS"];
     let missing: Vec<&(String, u32)> = defined
         .iter()
-        .filter(|(_, v)| !produced.contains(v))
+        .filter(|(n, v)| !produced.contains(v) && !retired.contains(&n.as_str()))
         .collect();
     assert!(
         missing.is_empty(),

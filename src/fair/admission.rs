@@ -35,25 +35,48 @@
 //! # Deficit integration
 //!
 //! Each tenant record carries its want (largest refused charge
-//! outstanding, Q10), the instant it opened and `integrated_to_ms`. Before
-//! any mutating step, [`advance`] integrates every tenant from
-//! `integrated_to_ms` to `now` at the rate `min(guarantee, held + want) −
-//! held` (Q9; zero without a want). A want lapses at `last_ask +
-//! idle_after_ms`: the integral is cut at that instant (D20) and the
-//! in-progress wait is dropped without being recorded (D28). Because the
-//! rate is constant between calls, splitting an interval at extra calls
-//! (stats, other tenants' calls) does not change the result. A grant ends
-//! the wait and records its length in `worst_reclaim` (Q8).
+//! outstanding, Q10), the instant it opened and `integrated_to_ms`. The
+//! deficit grows at the rate `min(guarantee, held + want) − held` (Q9; zero
+//! without a want), which only a call *of that tenant* changes (its grant,
+//! release, refusal or reaped lease: lending does not enter the rate). So a
+//! tenant is integrated from `integrated_to_ms` to `now` lazily, just
+//! before a call changes its held units or its want ([`integrate`]), and
+//! `stats` and `plan` integrate copies up to their `now` without storing
+//! them: a call touches the records of the tenants it concerns, never all
+//! of them. A want lapses at `last_ask + idle_after_ms`: the integral is cut
+//! at that instant (D20) and the in-progress wait is dropped without being
+//! recorded (D28); that instant is fixed when the want opens, so a lazy
+//! integration finds the same cut. A grant ends the wait and records its
+//! length in `worst_reclaim` (Q8).
+//!
+//! # Time
+//!
+//! In-process (and in replays), a `now` earlier than the last accepted one
+//! or than `started_at_ms` is misuse (Q22). In a region the view is built
+//! with `clamp_time`: such a `now` is taken as the last accepted one (which
+//! is never earlier than `started_at_ms`), so processes that read the clock
+//! and then race for the lock never fail, and a release never fails for
+//! time. Every instant recorded (grant time, deadline, activity, the stats'
+//! `now_ms`) is the one taken, so a log of the calls with these instants
+//! replays exactly in-process.
+//!
+//! # Allocation
+//!
+//! A grant, a release and [`stats_into`] allocate nothing: the lender pool
+//! and the borrowed slices are fixed arrays of at most [`MAX_SLICES`], ids
+//! are inline ([`LeaseId`], [`TenantId`]), and the overrun list is sorted in
+//! a caller-owned scratch vector. Refusals build their explanation.
 
 use super::config::FairnessUnit;
 use super::error::FairError;
 use super::plan::plan_allocation;
 use super::store::{
-    LeaseRec, MetaRec, SliceRec, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY, MAX_SLICES,
+    Found, LeaseRec, MetaRec, SliceRec, TenantRec, View, COUNTER_LIMIT, FLAG_REFUSAL_NOT_ACTIVITY,
+    MAX_SLICES,
 };
 use super::types::{
-    FairnessReport, Lease, Plan, PlanEntry, Refusal, RefusalReason, Slice, Stats, TenantShare,
-    TenantStats,
+    FairnessReport, Lease, LeaseId, Plan, PlanEntry, Refusal, RefusalReason, Slice, Slices, Stats,
+    TenantId, TenantShare, TenantStats,
 };
 
 /// Fixed comparison tolerance of the seed (D30).
@@ -83,25 +106,42 @@ fn unit_of(v: &View<'_>) -> FairnessUnit {
     FairnessUnit::from_code(v.p.unit).unwrap_or(FairnessUnit::Cost)
 }
 
-/// Ruling Q22: `now` may not precede `startedAt` or the last accepted `now`.
-pub(crate) fn check_now(v: &View<'_>, now: u64) -> Result<MetaRec, FairError> {
+/// The instant a call at `now` is taken at, and the validated meta record.
+/// In-process (ruling Q22) `now` may not precede `startedAt` or the last
+/// accepted `now`; in a region (`clamp_time`) it is raised to the last
+/// accepted one. Call first: nothing is written.
+pub(crate) fn accept_now(v: &View<'_>, now: u64) -> Result<(u64, MetaRec), FairError> {
+    let m = v.meta()?;
+    if v.clamp_time {
+        return Ok((now.max(m.last_now_ms).max(v.p.started_at_ms), m));
+    }
     if now < v.p.started_at_ms {
         return Err(FairError::BeforeStart {
             now_ms: now,
             started_at_ms: v.p.started_at_ms,
         });
     }
-    let m = v.meta()?;
     if now < m.last_now_ms {
         return Err(FairError::TimeWentBackwards {
             now_ms: now,
             last_ms: m.last_now_ms,
         });
     }
-    Ok(m)
+    Ok((now, m))
 }
 
-fn integrate(t: &mut TenantRec, idle_after_ms: u64, now: u64) {
+/// Records `now` as the last accepted instant (after every check passed).
+fn note_now(v: &mut View<'_>, mut m: MetaRec, now: u64) -> Result<(), FairError> {
+    if now > m.last_now_ms {
+        m.last_now_ms = now;
+        v.set_meta(m)?;
+    }
+    Ok(())
+}
+
+/// Integrates `t`'s deficit up to `now` and lapses its want if due (see
+/// the module docs). Call before changing the tenant's held units or want.
+pub(crate) fn integrate(t: &mut TenantRec, idle_after_ms: u64, now: u64) {
     let t0 = t.integrated_to_ms;
     if t.want_open == 1 {
         let lapse = t.last_ask_ms.saturating_add(idle_after_ms);
@@ -119,67 +159,98 @@ fn integrate(t: &mut TenantRec, idle_after_ms: u64, now: u64) {
     t.integrated_to_ms = now.max(t0);
 }
 
-/// Integrates every tenant's deficit up to `now`, lapses old wants and
-/// records `now` as the last accepted instant. Call only after all misuse
-/// checks passed.
-pub(crate) fn advance(v: &mut View<'_>, now: u64) -> Result<(), FairError> {
-    for i in 0..v.n() {
-        let mut t = v.tenant(i)?;
-        integrate(&mut t, v.p.idle_after_ms, now);
-        v.set_tenant(i, t);
-    }
-    let mut m = v.meta()?;
-    m.last_now_ms = m.last_now_ms.max(now);
-    v.set_meta(m);
-    Ok(())
-}
-
 fn is_idle(t: &TenantRec, idle_after_ms: u64, now: u64) -> bool {
     t.live_leases == 0 && t.last_activity_ms <= now && now - t.last_activity_ms >= idle_after_ms
 }
 
-/// Idle lenders other than `me` with free units, largest first, ties by
-/// constructor order.
-fn lenders(ts: &[TenantRec], me: usize, idle_after_ms: u64, now: u64) -> Vec<(u32, f64)> {
-    let mut v: Vec<(u32, f64)> = ts
-        .iter()
-        .enumerate()
-        .filter(|(i, t)| *i != me && is_idle(t, idle_after_ms, now))
-        .map(|(i, t)| (i as u32, t.guarantee - t.own_held - t.lent))
-        .filter(|(_, free)| *free > TOLERANCE)
-        .collect();
-    v.sort_by(|a, b| {
-        b.1.partial_cmp(&a.1)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.0.cmp(&b.0))
-    });
-    v
+/// The idle lenders other than the requester: the [`MAX_SLICES`] with the
+/// most free units (largest first, ties by constructor order, ruling Q7),
+/// and how many there are and hold in all.
+struct Pool {
+    top: [(u32, f64); MAX_SLICES],
+    n: usize,
+    count: usize,
+    all: f64,
+}
+
+impl Pool {
+    fn top(&self) -> &[(u32, f64)] {
+        &self.top[..self.n]
+    }
+}
+
+fn lenders(v: &View<'_>, me: usize, now: u64) -> Result<Pool, FairError> {
+    let mut pool = Pool {
+        top: [(0, 0.0); MAX_SLICES],
+        n: 0,
+        count: 0,
+        all: 0.0,
+    };
+    for i in (0..v.n()).filter(|&i| i != me) {
+        let t = v.tenant(i)?;
+        let free = t.guarantee - t.own_held - t.lent;
+        if !is_idle(&t, v.p.idle_after_ms, now) || free <= TOLERANCE {
+            continue;
+        }
+        pool.count += 1;
+        pool.all += free;
+        // Insertion into the sorted top: after every entry with at least
+        // as many free units (an earlier tenant wins a tie).
+        let at = pool.top[..pool.n]
+            .iter()
+            .position(|&(_, f)| f < free)
+            .unwrap_or(pool.n);
+        if at < MAX_SLICES {
+            let end = (pool.n + 1).min(MAX_SLICES);
+            pool.top.copy_within(at..end - 1, at + 1);
+            pool.top[at] = (i as u32, free);
+            pool.n = end;
+        }
+    }
+    Ok(pool)
+}
+
+/// Borrowed slices of a grant: at most [`MAX_SLICES`] `(lender, units)`.
+#[derive(Clone, Copy)]
+struct Cover {
+    s: [(u32, f64); MAX_SLICES],
+    n: usize,
+}
+
+impl Cover {
+    const NONE: Cover = Cover {
+        s: [(0, 0.0); MAX_SLICES],
+        n: 0,
+    };
+
+    fn slices(&self) -> &[(u32, f64)] {
+        &self.s[..self.n]
+    }
 }
 
 /// Slices covering `need` from `lenders` in order, or `None`.
-fn cover(lenders: &[(u32, f64)], need: f64) -> Option<Vec<(u32, f64)>> {
+fn cover(lenders: &[(u32, f64)], need: f64) -> Option<Cover> {
+    let mut out = Cover::NONE;
     if need <= TOLERANCE {
-        return Some(Vec::new());
+        return Some(out);
     }
     let mut remaining = need;
-    let mut out = Vec::new();
-    for &(i, free) in lenders {
-        if out.len() == MAX_SLICES {
-            return None;
-        }
+    for &(i, free) in lenders.iter().take(MAX_SLICES) {
         let take = free.min(remaining);
         if remaining - take <= TOLERANCE {
-            out.push((i, remaining));
+            out.s[out.n] = (i, remaining);
+            out.n += 1;
             return Some(out);
         }
-        out.push((i, take));
+        out.s[out.n] = (i, take);
+        out.n += 1;
         remaining -= take;
     }
     None
 }
 
 enum Decision {
-    Grant { own: f64, slices: Vec<(u32, f64)> },
+    Grant { own: f64, cover: Cover },
     Refuse(Refusal),
 }
 
@@ -191,15 +262,13 @@ struct Ask<'s> {
     now: u64,
 }
 
-fn decide(v: &View<'_>, a: &Ask<'_>) -> Result<Decision, FairError> {
+fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairError> {
     let p = v.p;
-    let unit = unit_of(v).noun();
-    let ts = v.all_tenants()?;
-    let me = ts[a.ti];
     let (name, charge, hold, now) = (a.name, a.charge, a.hold, a.now);
     let h = p.reclaim_horizon_ms;
     // (2) a charge no ceiling can hold.
     if charge > p.ceiling + TOLERANCE {
+        let unit = unit_of(v).noun();
         return Ok(Decision::Refuse(Refusal {
             reason: RefusalReason::ExceedsCeiling,
             retry_after_ms: None,
@@ -218,31 +287,32 @@ fn decide(v: &View<'_>, a: &Ask<'_>) -> Result<Decision, FairError> {
     if charge <= own_free + TOLERANCE {
         return Ok(Decision::Grant {
             own: charge,
-            slices: Vec::new(),
+            cover: Cover::NONE,
         });
     }
     let own_part = own_free.max(0.0);
     let need = charge - own_part;
-    let pool = lenders(&ts, a.ti, p.idle_after_ms, now);
+    let pool = lenders(v, a.ti, now)?;
     // (4) would fit once its own loans return.
     if me.lent > TOLERANCE && charge <= own_free + me.lent + TOLERANCE {
         if hold <= h {
-            if let Some(slices) = cover(&pool, need) {
+            if let Some(cover) = cover(pool.top(), need) {
                 return Ok(Decision::Grant {
                     own: own_part,
-                    slices,
+                    cover,
                 });
             }
         }
         return Ok(Decision::Refuse(on_loan(
             v,
             a,
-            &me,
+            me,
             own_part,
             need,
-            hold > h && !pool.is_empty(),
+            hold > h && pool.count > 0,
         )?));
     }
+    let unit = unit_of(v).noun();
     // (5) borrowing for longer than the horizon is refused outright.
     if hold > h {
         return Ok(Decision::Refuse(Refusal {
@@ -262,17 +332,16 @@ fn decide(v: &View<'_>, a: &Ask<'_>) -> Result<Decision, FairError> {
         }));
     }
     // (6) idle lenders, largest first.
-    if let Some(slices) = cover(&pool, need) {
+    if let Some(cover) = cover(pool.top(), need) {
         return Ok(Decision::Grant {
             own: own_part,
-            slices,
+            cover,
         });
     }
     // (7) nothing to borrow.
-    let usable: f64 = pool.iter().take(MAX_SLICES).map(|l| l.1).sum();
-    let all: f64 = pool.iter().map(|l| l.1).sum();
-    let spread = if all + TOLERANCE >= need && pool.len() > MAX_SLICES {
-        format!(" ({} idle tenants hold enough in total, but one lease may borrow from at most {MAX_SLICES} of them.)", pool.len())
+    let usable: f64 = pool.top().iter().map(|l| l.1).sum();
+    let spread = if pool.all + TOLERANCE >= need && pool.count > MAX_SLICES {
+        format!(" ({} idle tenants hold enough in total, but one lease may borrow from at most {MAX_SLICES} of them.)", pool.count)
     } else {
         String::new()
     };
@@ -295,6 +364,14 @@ fn decide(v: &View<'_>, a: &Ask<'_>) -> Result<Decision, FairError> {
     }))
 }
 
+/// The live leases, as `(slot, record)`.
+fn live_leases<'v>(
+    v: &'v View<'_>,
+    m: &MetaRec,
+) -> impl Iterator<Item = Result<(usize, LeaseRec), FairError>> + 'v {
+    (0..m.live_count as usize).map(move |pos| v.live_lease(pos))
+}
+
 /// The `guarantee_on_loan` refusal: minimal earliest-deadline blocking set.
 fn on_loan(
     v: &View<'_>,
@@ -306,15 +383,15 @@ fn on_loan(
 ) -> Result<Refusal, FairError> {
     let unit = unit_of(v).noun();
     let ti = a.ti as u32;
-    let mut loans: Vec<(LeaseRec, f64)> = v
-        .live_leases()?
-        .into_iter()
-        .map(|(_, l)| {
-            let u = l.units_from(ti);
-            (l, u)
-        })
-        .filter(|(_, u)| *u > 0.0)
-        .collect();
+    let m = v.meta()?;
+    let mut loans: Vec<(LeaseRec, f64)> = Vec::new();
+    for x in live_leases(v, &m) {
+        let (_, l) = x?;
+        let u = l.units_from(ti);
+        if u > 0.0 {
+            loans.push((l, u));
+        }
+    }
     loans.sort_by(|x, y| {
         x.0.deadline_ms
             .cmp(&y.0.deadline_ms)
@@ -334,6 +411,13 @@ fn on_loan(
         .iter()
         .map(|l| v.lease_id(l))
         .collect::<Result<Vec<_>, _>>()?;
+    let join = |ids: &[LeaseId]| {
+        ids.iter()
+            .map(|i| i.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let names = |ids: &[LeaseId]| ids.iter().map(|i| i.to_string()).collect::<Vec<_>>();
     let retry = if overrun.is_empty() {
         set.iter()
             .map(|l| l.deadline_ms - a.now.min(l.deadline_ms))
@@ -344,14 +428,14 @@ fn on_loan(
     let when = match retry {
         Some(r) => format!(
             "The loans that must come back first ({}) are due back by their declared deadlines within {r}ms; retry then.",
-            ids.join(", ")
+            join(&ids)
         ),
         None if !overrun.is_empty() => {
             let over = overrun.iter().map(|l| v.lease_id(l)).collect::<Result<Vec<_>, _>>()?;
             format!(
                 "Lease {} has run past its declared deadline (by {}ms), so no reclaim time can be promised; it stays \
                  counted against the ceiling until its holder releases it.",
-                over.join(", "),
+                join(&over),
                 a.now - overrun[0].deadline_ms
             )
         }
@@ -368,7 +452,7 @@ fn on_loan(
     Ok(Refusal {
         reason: RefusalReason::GuaranteeOnLoan,
         retry_after_ms: retry,
-        blocking_leases: ids,
+        blocking_leases: names(&ids),
         explanation: format!(
             "Tenant \"{}\" asked for {} {unit}, which fits its guarantee of {} once its loans return, but only {} of \
              it is free now because {} is lent to other tenants and it holds {} itself; {} more must come back.{meanwhile} {when}",
@@ -391,7 +475,45 @@ fn snap(x: f64) -> f64 {
     }
 }
 
-/// `acquire`: misuse → `Err`; refusal → `Ok(Err(..))`; grant → `Ok(Ok(..))`.
+/// What [`acquire`] answered (the lease itself is written in place).
+pub(crate) enum Answer {
+    /// Granted: the lease was written to `out`.
+    Granted,
+    /// Refused, with the reason.
+    Refused(Refusal),
+    /// Deferred: nothing was written (see [`acquire`]).
+    Deferred,
+}
+
+impl Answer {
+    /// The public answer, built in place. `out` must be the one [`acquire`]
+    /// wrote to. `Deferred` (which only the caller that asked for it can
+    /// get, and then does not call this) is a corrupt-ledger error.
+    #[inline(always)]
+    pub(crate) fn into_result(
+        self,
+        out: &std::mem::MaybeUninit<Lease>,
+    ) -> Result<Result<Lease, Refusal>, FairError> {
+        match self {
+            // SAFETY: `acquire` answers `Granted` only after writing `out`
+            // (the last thing it does on that path).
+            Answer::Granted => Ok(Ok(unsafe { out.assume_init_read() })),
+            Answer::Refused(r) => Ok(Err(r)),
+            Answer::Deferred => Err(FairError::Corrupt(
+                "an acquire was deferred where it may not be".into(),
+            )),
+        }
+    }
+}
+
+/// `acquire`: misuse → `Err`; refusal → `Ok(Refused)`; grant →
+/// `Ok(Granted)` with the lease written to `out` (in place: a lease is a
+/// few hundred bytes, and it is not moved through the layers above). When
+/// the answer would be a refusal or a full lease table and `defer()` says
+/// so, nothing is written and the answer is `Ok(Deferred)` (the region
+/// home then reaps dead processes and asks again, so that a refusal is
+/// recorded once).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     v: &mut View<'_>,
     owner: u32,
@@ -399,10 +521,12 @@ pub(crate) fn acquire(
     cost: f64,
     hold_ms: u64,
     now: u64,
-) -> Result<Result<Lease, Refusal>, FairError> {
+    defer: &mut dyn FnMut() -> bool,
+    out: &mut std::mem::MaybeUninit<Lease>,
+) -> Result<Answer, FairError> {
     // (1) misuse: nothing below this block may fail for a caller's reason.
-    check_now(v, now)?;
-    let ti = v
+    let (now, m) = accept_now(v, now)?;
+    let (ti, mut me) = v
         .find_tenant(tenant)?
         .ok_or_else(|| FairError::UnknownTenant(tenant.to_string()))?;
     if !(cost.is_finite() && cost >= 0.0) {
@@ -422,23 +546,31 @@ pub(crate) fn acquire(
         hold: hold_ms,
         now,
     };
-    let decision = decide(v, &ask)?;
+    let decision = decide(v, &ask, &me)?;
     let slot = match decision {
-        Decision::Grant { .. } => Some(v.free_slot()?.ok_or(FairError::CapacityExhausted {
-            what: "lease table",
-            limit: v.capacity(),
-        })?),
+        Decision::Grant { .. } => match v.take_slot(m)? {
+            Some(s) => Some(s),
+            None if defer() => return Ok(Answer::Deferred),
+            None => {
+                return Err(FairError::CapacityExhausted {
+                    what: "lease table",
+                    limit: v.capacity(),
+                })
+            }
+        },
         Decision::Refuse(_) => None,
     };
     let deadline = now
         .checked_add(hold_ms)
         .ok_or(FairError::InvalidHold(hold_ms))?;
+    if matches!(decision, Decision::Refuse(_)) && defer() {
+        return Ok(Answer::Deferred);
+    }
     // From here on the call is accepted and recorded.
-    advance(v, now)?;
-    let mut me = v.tenant(ti)?;
+    integrate(&mut me, v.p.idle_after_ms, now);
     me.last_ask_ms = now;
-    match decision {
-        Decision::Refuse(r) => {
+    let (own, cover, slot, mut m) = match (decision, slot) {
+        (Decision::Refuse(r), _) => {
             if v.p.flags & FLAG_REFUSAL_NOT_ACTIVITY == 0 {
                 me.last_activity_ms = now;
             }
@@ -452,84 +584,93 @@ pub(crate) fn acquire(
                     me.want_since_ms = now;
                 }
             }
-            v.set_tenant(ti, me);
-            Ok(Err(r))
+            v.set_tenant(ti, me)?;
+            note_now(v, m, now)?;
+            return Ok(Answer::Refused(r));
         }
-        Decision::Grant { own, slices } => {
-            let slot = slot.unwrap_or(0);
-            me.last_activity_ms = now;
-            if me.want_open == 1 {
-                let waited = now - me.want_since_ms.min(now);
-                me.worst_reclaim_plus1 = me
-                    .worst_reclaim_plus1
-                    .max(waited.saturating_add(1).min(super::store::COUNTER_LIMIT));
-                me.want_open = 0;
-                me.want = 0.0;
-            }
-            let borrowed: f64 = slices.iter().map(|s| s.1).sum();
-            me.own_held += own;
-            me.borrowed += borrowed;
-            me.live_leases += 1;
-            let no = me.next_lease_no;
-            me.next_lease_no += 1;
-            me.granted_requests += 1;
-            me.granted_cost += cost;
-            v.set_tenant(ti, me);
-            let mut rec = LeaseRec {
-                state: 1,
-                tenant: ti as u32,
-                owner,
-                n_slices: slices.len() as u32,
-                no,
-                seq: 0,
-                cost,
-                charge,
-                own,
-                granted_ms: now,
-                deadline_ms: deadline,
-                slices: [SliceRec::default(); MAX_SLICES],
-            };
-            let mut out = Vec::with_capacity(slices.len());
-            for (k, &(li, units)) in slices.iter().enumerate() {
-                let mut l = v.tenant(li as usize)?;
-                l.lent += units;
-                out.push(Slice {
-                    lender: l.id_str().to_string(),
-                    units,
-                });
-                v.set_tenant(li as usize, l);
-                rec.slices[k] = SliceRec {
-                    lender: li,
-                    _pad: 0,
-                    units,
-                };
-            }
-            let mut m = v.meta()?;
-            rec.seq = m.next_seq;
-            m.next_seq += 1;
-            if slot as u32 >= m.lease_hwm {
-                m.lease_hwm = slot as u32 + 1;
-            }
-            v.set_meta(m);
-            v.set_lease(slot, rec);
-            Ok(Ok(Lease {
-                id: format!("{tenant}{no}"),
-                tenant: tenant.to_string(),
-                cost,
-                charge,
-                own,
-                slices: out,
-                granted_at_ms: now,
-                deadline_ms: deadline,
-            }))
+        (Decision::Grant { own, cover }, Some((slot, m))) => (own, cover, slot, m),
+        (Decision::Grant { .. }, None) => {
+            return Err(FairError::Corrupt("a grant without a slot".into()))
         }
+    };
+    me.last_activity_ms = now;
+    if me.want_open == 1 {
+        let waited = now - me.want_since_ms.min(now);
+        me.worst_reclaim_plus1 = me
+            .worst_reclaim_plus1
+            .max(waited.saturating_add(1).min(COUNTER_LIMIT));
+        me.want_open = 0;
+        me.want = 0.0;
     }
+    let borrowed: f64 = cover.slices().iter().map(|s| s.1).sum();
+    me.own_held += own;
+    me.borrowed += borrowed;
+    me.live_leases += 1;
+    let no = me.next_lease_no;
+    me.next_lease_no += 1;
+    me.granted_requests += 1;
+    me.granted_cost += cost;
+    v.set_tenant(ti, me)?;
+    let mut rec = LeaseRec {
+        state: 1,
+        tenant: ti as u32,
+        owner,
+        n_slices: cover.n as u32,
+        no,
+        seq: m.next_seq,
+        cost,
+        charge,
+        own,
+        granted_ms: now,
+        deadline_ms: deadline,
+        ..LeaseRec::default()
+    };
+    let mut slices = Slices::new();
+    for (k, &(li, units)) in cover.slices().iter().enumerate() {
+        let mut l = v.tenant(li as usize)?;
+        l.lent += units;
+        let lender = TenantId::new(l.id_str())
+            .ok_or_else(|| FairError::Corrupt(format!("tenant record {li}: id too long")))?;
+        slices.push(Slice { lender, units });
+        v.set_tenant(li as usize, l)?;
+        rec.slices[k] = SliceRec {
+            lender: li,
+            _pad: 0,
+            units,
+        };
+    }
+    m.next_seq += 1;
+    m.last_now_ms = m.last_now_ms.max(now);
+    v.insert_lease(&mut m, slot, rec)?;
+    v.set_meta(m)?;
+    let bad_id = || FairError::Corrupt(format!("tenant id \"{tenant}\" too long"));
+    out.write(Lease {
+        id: LeaseId::new(tenant, no).ok_or_else(bad_id)?,
+        tenant: TenantId::new(tenant).ok_or_else(bad_id)?,
+        cost,
+        charge,
+        own,
+        slices,
+        granted_at_ms: now,
+        deadline_ms: deadline,
+    });
+    Ok(Answer::Granted)
 }
 
-/// Gives back a lease's units to its holder's and lenders' ledgers.
-fn free_lease(v: &mut View<'_>, slot: usize, l: &LeaseRec) -> Result<(), FairError> {
+/// Gives back a lease's units to its holder's and lenders' ledgers and
+/// frees its slot. A release is activity of the holder; a reap is not, and
+/// counts in `reaped_leases`.
+fn free_lease(
+    v: &mut View<'_>,
+    m: &mut MetaRec,
+    f: &Found,
+    now: u64,
+    reaped: bool,
+) -> Result<(), FairError> {
+    let l = &f.rec;
     let ti = l.tenant as usize;
     let mut t = v.tenant(ti)?;
+    integrate(&mut t, v.p.idle_after_ms, now);
     t.live_leases = t.live_leases.saturating_sub(1);
     if t.live_leases == 0 {
         t.own_held = 0.0;
@@ -538,124 +679,141 @@ fn free_lease(v: &mut View<'_>, slot: usize, l: &LeaseRec) -> Result<(), FairErr
         t.own_held = snap(t.own_held - l.own);
         t.borrowed = snap(t.borrowed - l.borrowed());
     }
-    v.set_tenant(ti, t);
+    if reaped {
+        t.reaped_leases += 1;
+        m.reaped_total += 1;
+    } else {
+        t.last_activity_ms = now;
+    }
+    v.set_tenant(ti, t)?;
     for s in &l.slices[..(l.n_slices as usize).min(MAX_SLICES)] {
         let mut lt = v.tenant(s.lender as usize)?;
         lt.lent = snap(lt.lent - s.units);
-        v.set_tenant(s.lender as usize, lt);
+        v.set_tenant(s.lender as usize, lt)?;
     }
-    v.set_lease(slot, LeaseRec::default());
-    Ok(())
+    v.remove_lease(m, f)
 }
 
-fn find_live(v: &View<'_>, lease_id: &str) -> Result<Option<(usize, LeaseRec)>, FairError> {
-    for (s, l) in v.live_leases()? {
-        if v.lease_id(&l)? == lease_id {
-            return Ok(Some((s, l)));
-        }
-    }
-    Ok(None)
-}
-
-/// Whether `lease_id` names a lease that was issued (and so, if not live,
-/// already released).
-fn was_issued(v: &View<'_>, lease_id: &str) -> Result<bool, FairError> {
-    for t in v.all_tenants()? {
-        if let Some(rest) = lease_id.strip_prefix(t.id_str()) {
-            if !rest.starts_with('0') {
-                if let Ok(n) = rest.parse::<u64>() {
-                    if n >= 1 && n < t.next_lease_no {
-                        return Ok(true);
-                    }
-                }
-            }
-        }
-    }
-    Ok(false)
-}
-
-/// `release`: the holder's release is activity (idleness is measured from it).
+/// `release`: the holder's release is activity (idleness is measured from
+/// it). Any process may release any live lease by its id.
 pub(crate) fn release(v: &mut View<'_>, lease_id: &str, now: u64) -> Result<(), FairError> {
-    check_now(v, now)?;
-    let Some((slot, l)) = find_live(v, lease_id)? else {
-        return Err(if was_issued(v, lease_id)? {
+    let (now, mut m) = accept_now(v, now)?;
+    let Some((ti, no)) = v.parse_lease_id(lease_id) else {
+        return Err(FairError::UnknownLease(lease_id.to_string()));
+    };
+    let Some(f) = v.find_lease(ti, no)? else {
+        return Err(if no < v.tenant(ti)?.next_lease_no {
             FairError::AlreadyReleased(lease_id.to_string())
         } else {
             FairError::UnknownLease(lease_id.to_string())
         });
     };
-    advance(v, now)?;
-    free_lease(v, slot, &l)?;
-    let mut t = v.tenant(l.tenant as usize)?;
-    t.last_activity_ms = now;
-    v.set_tenant(l.tenant as usize, t);
-    Ok(())
+    free_lease(v, &mut m, &f, now, false)?;
+    m.last_now_ms = m.last_now_ms.max(now);
+    v.set_meta(m)
 }
 
-/// Releases every lease recorded for `owner` (a dead process). Not activity
-/// of the tenants: a dead process signals no presence. Returns the count.
-pub(crate) fn reap_owner(v: &mut View<'_>, owner: u32, now: u64) -> Result<u64, FairError> {
-    check_now(v, now)?;
-    advance(v, now)?;
+/// Releases every lease recorded for `owner` (a dead process), one at a
+/// time, calling `commit` after each (the region home commits each release
+/// on its own, so the undo journal stays small). Not activity of the
+/// tenants: a dead process signals no presence. Returns the count.
+pub(crate) fn reap_owner(
+    v: &mut View<'_>,
+    owner: u32,
+    now: u64,
+    commit: &mut dyn FnMut(&mut View<'_>) -> Result<(), FairError>,
+) -> Result<u64, FairError> {
+    let (now, mut m) = accept_now(v, now)?;
     let mut n = 0;
-    for (slot, l) in v.live_leases()? {
-        if l.owner == owner {
-            free_lease(v, slot, &l)?;
-            let mut t = v.tenant(l.tenant as usize)?;
-            t.reaped_leases += 1;
-            v.set_tenant(l.tenant as usize, t);
-            n += 1;
+    // Backwards: a release moves the last live entry into the freed
+    // position, which this scan has already passed.
+    let mut pos = m.live_count as usize;
+    while pos > 0 {
+        pos -= 1;
+        let (_, l) = v.live_lease(pos)?;
+        if l.owner != owner {
+            continue;
         }
+        let f = v.find_lease(l.tenant as usize, l.no)?.ok_or_else(|| {
+            FairError::Corrupt(format!("live lease at position {pos} is on no hash chain"))
+        })?;
+        free_lease(v, &mut m, &f, now, true)?;
+        m.last_now_ms = m.last_now_ms.max(now);
+        v.set_meta(m)?;
+        commit(v)?;
+        n += 1;
     }
-    let mut m = v.meta()?;
-    m.reaped_total += n;
-    v.set_meta(m);
     Ok(n)
 }
 
-/// `stats(now)`.
-pub(crate) fn stats(v: &mut View<'_>, now: u64) -> Result<Stats, FairError> {
-    check_now(v, now)?;
-    advance(v, now)?;
-    let tenants = v
-        .all_tenants()?
-        .iter()
-        .map(|t| TenantStats {
-            id: t.id_str().to_string(),
-            guarantee: t.guarantee,
-            held: t.held(),
-            borrowed: t.borrowed,
-            lent: t.lent,
-            want: if t.want_open == 1 { t.want } else { 0.0 },
-            deficit_unit_ms: t.deficit_unit_ms,
-            worst_reclaim_ms: t.worst_reclaim_plus1.checked_sub(1),
-            leases: t.live_leases,
-            reaped_leases: t.reaped_leases,
-        })
-        .collect();
-    let mut over: Vec<LeaseRec> = v
-        .live_leases()?
-        .into_iter()
-        .map(|x| x.1)
-        .filter(|l| now > l.deadline_ms)
-        .collect();
-    over.sort_by_key(|l| l.seq);
-    let overrun_leases = over
-        .iter()
-        .map(|l| v.lease_id(l))
-        .collect::<Result<_, _>>()?;
-    Ok(Stats {
-        now_ms: now,
-        tenants,
-        overrun_leases,
+/// One tenant's line of `stats` at `now` (integrating a copy).
+pub(crate) fn tenant_stats(
+    t: &TenantRec,
+    idle_after_ms: u64,
+    now: u64,
+) -> Result<TenantStats, FairError> {
+    let mut t = *t;
+    integrate(&mut t, idle_after_ms, now);
+    Ok(TenantStats {
+        id: TenantId::new(t.id_str())
+            .ok_or_else(|| FairError::Corrupt("a tenant id is too long".into()))?,
+        guarantee: t.guarantee,
+        held: t.held(),
+        borrowed: t.borrowed,
+        lent: t.lent,
+        want: if t.want_open == 1 { t.want } else { 0.0 },
+        deficit_unit_ms: t.deficit_unit_ms,
+        worst_reclaim_ms: t.worst_reclaim_plus1.checked_sub(1),
+        leases: t.live_leases,
+        reaped_leases: t.reaped_leases,
     })
+}
+
+/// `stats(now)` into `out` (reusing its vectors: with the same number of
+/// tenants and no more overrun leases than its capacity, nothing is
+/// allocated). `scratch` sorts the overrun leases.
+pub(crate) fn stats_into(
+    v: &mut View<'_>,
+    now: u64,
+    out: &mut Stats,
+    scratch: &mut Vec<(u64, u32)>,
+) -> Result<(), FairError> {
+    let (now, m) = accept_now(v, now)?;
+    let n = v.n();
+    out.tenants.truncate(n);
+    for i in 0..n {
+        let line = tenant_stats(&v.tenant(i)?, v.p.idle_after_ms, now)?;
+        match out.tenants.get_mut(i) {
+            Some(x) => *x = line,
+            None => out.tenants.push(line),
+        }
+    }
+    scratch.clear();
+    for x in live_leases(v, &m) {
+        let (slot, l) = x?;
+        if now > l.deadline_ms {
+            scratch.push((l.seq, slot as u32));
+        }
+    }
+    scratch.sort_unstable();
+    out.overrun_leases.clear();
+    for &(_, slot) in scratch.iter() {
+        out.overrun_leases
+            .push(v.lease_id(&v.lease(slot as usize)?)?);
+    }
+    out.now_ms = now;
+    note_now(v, m, now)
 }
 
 /// `plan(now)`: progressive filling over current demand (held + want).
 pub(crate) fn plan(v: &mut View<'_>, now: u64) -> Result<Plan, FairError> {
-    check_now(v, now)?;
-    advance(v, now)?;
-    let ts = v.all_tenants()?;
+    let (now, m) = accept_now(v, now)?;
+    let mut ts = Vec::with_capacity(v.n());
+    for i in 0..v.n() {
+        let mut t = v.tenant(i)?;
+        integrate(&mut t, v.p.idle_after_ms, now);
+        ts.push(t);
+    }
     let demand: Vec<(f64, f64)> = ts
         .iter()
         .map(|t| {
@@ -666,46 +824,46 @@ pub(crate) fn plan(v: &mut View<'_>, now: u64) -> Result<Plan, FairError> {
         })
         .collect();
     let target = plan_allocation(v.p.ceiling, &demand);
-    Ok(Plan {
-        tenants: ts
-            .iter()
-            .zip(demand.iter().zip(target))
-            .map(|(t, (d, x))| PlanEntry {
-                id: t.id_str().to_string(),
-                demand: d.1,
-                target: x,
-                held: t.held(),
-            })
-            .collect(),
-    })
+    let mut tenants = Vec::with_capacity(ts.len());
+    for (t, (d, x)) in ts.iter().zip(demand.iter().zip(target)) {
+        tenants.push(PlanEntry {
+            id: TenantId::new(t.id_str())
+                .ok_or_else(|| FairError::Corrupt("a tenant id is too long".into()))?,
+            demand: d.1,
+            target: x,
+            held: t.held(),
+        });
+    }
+    note_now(v, m, now)?;
+    Ok(Plan { tenants })
 }
 
 /// `fairness_report(now)`: shares of granted leases since start (Q14).
 pub(crate) fn report(v: &mut View<'_>, now: u64) -> Result<FairnessReport, FairError> {
-    check_now(v, now)?;
-    advance(v, now)?;
-    let ts = v.all_tenants()?;
+    let (now, m) = accept_now(v, now)?;
+    let ts = (0..v.n())
+        .map(|i| v.tenant(i))
+        .collect::<Result<Vec<_>, _>>()?;
     let total_cost: f64 = ts.iter().map(|t| t.granted_cost).sum();
     let total_req: f64 = ts.iter().map(|t| t.granted_requests as f64).sum();
     let share = |x: f64, tot: f64| if tot > 0.0 { x / tot } else { 0.0 };
     let unit = unit_of(v);
-    let tenants: Vec<TenantShare> = ts
-        .iter()
-        .map(|t| {
-            let cost_share = share(t.granted_cost, total_cost);
-            let request_share = share(t.granted_requests as f64, total_req);
-            let configured = match unit {
-                FairnessUnit::Cost => cost_share,
-                FairnessUnit::Requests => request_share,
-            };
-            TenantShare {
-                id: t.id_str().to_string(),
-                cost_share,
-                request_share,
-                skew: configured / (t.weight / v.p.total_weight),
-            }
-        })
-        .collect();
+    let mut tenants: Vec<TenantShare> = Vec::with_capacity(ts.len());
+    for t in &ts {
+        let cost_share = share(t.granted_cost, total_cost);
+        let request_share = share(t.granted_requests as f64, total_req);
+        let configured = match unit {
+            FairnessUnit::Cost => cost_share,
+            FairnessUnit::Requests => request_share,
+        };
+        tenants.push(TenantShare {
+            id: TenantId::new(t.id_str())
+                .ok_or_else(|| FairError::Corrupt("a tenant id is too long".into()))?,
+            cost_share,
+            request_share,
+            skew: configured / (t.weight / v.p.total_weight),
+        });
+    }
     let mut disagree = tenants
         .iter()
         .any(|t| (t.cost_share - t.request_share).abs() > 0.05);
@@ -718,6 +876,7 @@ pub(crate) fn report(v: &mut View<'_>, now: u64) -> Result<FairnessReport, FairE
             }
         }
     }
+    note_now(v, m, now)?;
     Ok(FairnessReport {
         tenants,
         units_disagree: disagree,

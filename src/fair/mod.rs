@@ -102,17 +102,17 @@ pub use config::{
 };
 pub use error::FairError;
 pub use plan::plan_allocation;
-pub use region::{ReapOutcome, SharedFairShare};
+pub use region::{FairInspection, ReapOutcome, SharedFairShare};
 pub use replay::{replay, ReplaySummary};
 pub use store::MAX_SLICES;
 pub use types::{
-    FairnessReport, Lease, Plan, PlanEntry, Refusal, RefusalReason, Slice, Stats, TenantShare,
-    TenantStats,
+    FairnessReport, Lease, LeaseId, Plan, PlanEntry, Refusal, RefusalReason, Slice, Slices, Stats,
+    TenantId, TenantShare, TenantStats,
 };
 
 use crate::sys::clock::monotonic_ms;
 use serde::Serializer;
-use store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
+use store::{MetaRec, OwnedState, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
 
 /// The result of an acquire: misuse is the outer `Err`; a refusal is
 /// `Ok(Err(Refusal))`; a grant is `Ok(Ok(Lease))`.
@@ -197,9 +197,10 @@ pub(crate) fn initial_state(
 pub struct FairShare {
     cfg: FairConfig,
     params: Params,
-    meta: MetaRec,
-    tenants: Box<[TenantRec]>,
-    leases: Box<[LeaseRec]>,
+    state: OwnedState,
+    /// Sorts the overrun leases of `stats` (kept, so that a `stats_into`
+    /// of a fixed shape allocates nothing).
+    scratch: Vec<(u64, u32)>,
     log: Option<Vec<String>>,
 }
 
@@ -216,20 +217,11 @@ impl FairShare {
     /// an error too, never an abort.
     pub fn with_capacity(cfg: FairConfig, lease_capacity: usize) -> Result<FairShare, FairError> {
         let (params, meta, tenants) = initial_state(&cfg, lease_capacity)?;
-        let mut leases = Vec::new();
-        leases.try_reserve_exact(lease_capacity).map_err(|e| {
-            FairError::InvalidConfig(format!(
-                "cannot allocate {lease_capacity} lease slots ({} bytes): {e}",
-                lease_capacity.saturating_mul(std::mem::size_of::<LeaseRec>())
-            ))
-        })?;
-        leases.resize(lease_capacity, LeaseRec::default());
         Ok(FairShare {
             cfg,
             params,
-            meta,
-            tenants: tenants.into_boxed_slice(),
-            leases: leases.into_boxed_slice(),
+            state: OwnedState::new(meta, tenants, lease_capacity)?,
+            scratch: Vec::new(),
             log: None,
         })
     }
@@ -272,12 +264,7 @@ impl FairShare {
     }
 
     fn view(&mut self) -> Result<View<'_>, FairError> {
-        View::new(
-            self.params,
-            &mut self.meta,
-            &mut self.tenants,
-            &mut self.leases,
-        )
+        self.state.view(self.params)
     }
 
     /// Appends a call-log line; the line is only built when recording.
@@ -289,12 +276,25 @@ impl FairShare {
 
     /// Asks for `cost` held for `hold_ms` on behalf of `tenant` at `now_ms`.
     /// See the module docs for the decision order.
+    #[inline]
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
         self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":num_value(cost),"hold_ms":hold_ms,"now_ms":now_ms}));
-        admission::acquire(&mut self.view()?, 0, tenant, cost, hold_ms, now_ms)
+        let mut out = std::mem::MaybeUninit::uninit();
+        let answer = admission::acquire(
+            &mut self.view()?,
+            0,
+            tenant,
+            cost,
+            hold_ms,
+            now_ms,
+            &mut || false,
+            &mut out,
+        )?;
+        answer.into_result(&out)
     }
 
     /// Releases the lease `lease_id` at `now_ms` (activity of its holder).
+    #[inline]
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
         self.record(|| serde_json::json!({"op":"release","lease":lease_id,"now_ms":now_ms}));
         admission::release(&mut self.view()?, lease_id, now_ms)
@@ -302,8 +302,20 @@ impl FairShare {
 
     /// Stats at `now_ms` (integrates deficits up to `now_ms`).
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
+        let mut out = Stats::default();
+        self.stats_into(now_ms, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`stats`](Self::stats) into `out`, reusing its vectors: with the
+    /// same tenants and no more overrun leases than last time, nothing is
+    /// allocated (recording aside). On an error `out` is unspecified.
+    pub fn stats_into(&mut self, now_ms: u64, out: &mut Stats) -> Result<(), FairError> {
         self.record(|| serde_json::json!({"op":"stats","now_ms":now_ms}));
-        admission::stats(&mut self.view()?, now_ms)
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let r = admission::stats_into(&mut self.view()?, now_ms, out, &mut scratch);
+        self.scratch = scratch;
+        r
     }
 
     /// The weighted max-min plan for current demand at `now_ms`.
@@ -333,6 +345,11 @@ impl FairShare {
     /// [`stats`](Self::stats) at the clock.
     pub fn stats_now(&mut self) -> Result<Stats, FairError> {
         self.stats(monotonic_ms())
+    }
+
+    /// [`stats_into`](Self::stats_into) at the clock.
+    pub fn stats_into_now(&mut self, out: &mut Stats) -> Result<(), FairError> {
+        self.stats_into(monotonic_ms(), out)
     }
 
     /// [`plan`](Self::plan) at the clock.

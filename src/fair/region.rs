@@ -41,11 +41,23 @@
 //!
 //! # Time
 //!
-//! The explicit-`now` calls behave exactly as in-process (the trace suite
-//! runs against this type). The `*_now` calls read `CLOCK_MONOTONIC` in
-//! milliseconds while holding the ledger's lock (ruling Q22), which every
-//! process of the host shares, so concurrent processes never go backwards.
-//! Do not mix them with explicit times on another scale in one region.
+//! Time in a region is monotonic by rule: an explicit `now` earlier than
+//! the last accepted one is taken as the last accepted one (two processes
+//! that read the clock and then race for the lock never fail, and a release
+//! never fails for time). Every instant the ledger records and answers
+//! (`granted_at_ms`, `deadline_ms`, `Stats::now_ms`) is the one taken, so a
+//! log of the calls with those instants replays exactly in-process. The
+//! `*_now` calls read `CLOCK_MONOTONIC` in milliseconds while holding the
+//! ledger's lock, which every process of the host shares. Do not mix them
+//! with explicit times on another scale in one region: a scale ahead of the
+//! other makes every call of the other one be taken at the later time.
+//!
+//! # Inspecting
+//!
+//! [`RegionView::fair_share`](crate::region::RegionView::fair_share) reads
+//! the configuration and the stats without the lock, without a process
+//! entry and without writing (see [`shared`](super::shared)); `shmsched
+//! stat`, `watch` and `serve` use it.
 
 use std::mem::size_of;
 use std::ptr;
@@ -63,8 +75,9 @@ use crate::region::{Mapping, ObjectKind, ObjectSpec, ProcId, Region, TryInit};
 use crate::sys::clock::monotonic_ms;
 use crate::sys::robust_mutex::{LIBC_FLAVOUR, MUTEX_BYTES, MUTEX_LAYOUT_TAG};
 
-/// Revision of this object's layout, stored in the header params.
-pub(crate) const OBJECT_REV: u64 = 1;
+/// Revision of this object's layout, stored in the header params (2: the
+/// ledger's layout version 2, see [`shared`](super::shared)).
+pub(crate) const OBJECT_REV: u64 = 2;
 
 /// The revision of the fair-share object area that this build reads and
 /// writes (see [`crate::object_revision`]).
@@ -305,6 +318,8 @@ pub struct SharedFairShare {
     ledger: SharedLedger,
     cfg: FairConfig,
     cap: usize,
+    /// This handle's recorded calls, if recording.
+    log: Option<Vec<String>>,
 }
 
 // SAFETY: `ledger` points into the mapping owned by `map`, which lives as
@@ -381,24 +396,28 @@ impl FairShare {
 /// Validates the object header and reads the stored configuration and the
 /// ledger's offset.
 fn read_config(map: &Mapping) -> Result<(FairConfig, Layout)> {
-    let params = map.header().params;
+    read_config_at(&map.header().params, map.object_ptr(), map.object_len())
+}
+
+/// [`read_config`] for an object area at `base` of `len` bytes whose
+/// region header holds `params` (reads only, so a read-only mapping does).
+fn read_config_at(params: &[u64; 8], base: *const u8, len: usize) -> Result<(FairConfig, Layout)> {
     if params[0] != OBJECT_REV {
         return Err(Error::BadRegion(format!(
-            "fair-share object revision {} is not the supported {OBJECT_REV}",
+            "fair-share object revision {} is not the supported {OBJECT_REV} (a region of another \
+             shmsched version)",
             params[0]
         )));
     }
-    check_mutex_layout(&params)?;
-    let len = map.object_len();
-    let base = map.object_ptr();
+    check_mutex_layout(params)?;
     if len < 128 || base as usize % 128 != 0 {
         return Err(Error::BadRegion(format!(
             "fair-share object area of {len} bytes at {base:p} is too small or not 128-byte aligned"
         )));
     }
     // SAFETY: the area is at least 128 bytes and 128-aligned (checked) and
-    // starts with a RegionObjHeader of atomics; the mapping outlives the
-    // reference (it is only used in this function).
+    // starts with a RegionObjHeader of atomics, only loaded here; the
+    // mapping outlives the reference (it is only used in this function).
     let h = unsafe { &*(base as *const RegionObjHeader) };
     let magic = h.magic.load(Ordering::Acquire);
     if magic != OBJ_MAGIC {
@@ -450,6 +469,20 @@ fn read_config(map: &Mapping) -> Result<(FairConfig, Layout)> {
     Ok((cfg, l))
 }
 
+/// The object header of the fair-share area mapped by `map` (validated at
+/// bind: size, alignment, magic).
+fn obj_header(map: &Mapping) -> &RegionObjHeader {
+    // SAFETY: validated at bind (size, alignment, magic); made of atomics;
+    // the reference lives no longer than `map`.
+    unsafe { &*(map.object_ptr() as *const RegionObjHeader) }
+}
+
+/// Whether a scan for dead processes is due (see [`REAP_INTERVAL_MS`]).
+fn reap_due(map: &Mapping) -> bool {
+    let last = obj_header(map).last_reap_ms.load(Ordering::Relaxed);
+    monotonic_ms().saturating_sub(last) >= REAP_INTERVAL_MS
+}
+
 impl SharedFairShare {
     fn from_mapping(map: Arc<Mapping>) -> Result<SharedFairShare> {
         let (cfg, l) = read_config(&map)?;
@@ -476,6 +509,7 @@ impl SharedFairShare {
             ledger,
             cfg,
             cap,
+            log: None,
         };
         // Register now; a full table may hold dead processes: reap them
         // (returning their leases) and try once more. (`me` itself waits for
@@ -527,14 +561,7 @@ impl SharedFairShare {
     }
 
     fn obj_header(&self) -> &RegionObjHeader {
-        // SAFETY: validated at bind (size, alignment, magic); made of
-        // atomics; the mapping lives as long as `self`.
-        unsafe { &*(self.map.object_ptr() as *const RegionObjHeader) }
-    }
-
-    fn reap_due(&self) -> bool {
-        let last = self.obj_header().last_reap_ms.load(Ordering::Relaxed);
-        monotonic_ms().saturating_sub(last) >= REAP_INTERVAL_MS
+        obj_header(&self.map)
     }
 
     /// Scans for dead processes unless another scan ran within
@@ -570,20 +597,20 @@ impl SharedFairShare {
         let mut err = None;
         // An entry is freed only if its leases were released: otherwise it
         // stays for a later reap (its leases are never orphaned).
-        let scan = self.map.reap_dead_checked(&mut |_idx, owner| match ledger
-            .reap_owner_latest(owner, at)
-        {
-            Ok(n) => {
-                leases += n;
-                procs += 1;
-                Ok(())
-            }
-            Err(e) => {
-                let msg = format!("releasing the leases of dead owner {owner:#x}: {e}");
-                err.get_or_insert(e);
-                Err(Error::BadRegion(msg))
-            }
-        });
+        let scan =
+            self.map
+                .reap_dead_checked(&mut |_idx, owner| match ledger.reap_owner(owner, at) {
+                    Ok(n) => {
+                        leases += n;
+                        procs += 1;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let msg = format!("releasing the leases of dead owner {owner:#x}: {e}");
+                        err.get_or_insert(e);
+                        Err(Error::BadRegion(msg))
+                    }
+                });
         let h = self.obj_header();
         h.reaped_processes
             .fetch_add(u64::from(procs), Ordering::Relaxed);
@@ -628,96 +655,200 @@ impl SharedFairShare {
         self.ledger.test_while_locked(f);
     }
 
+    /// Test seam: `f` runs at `point` of every call through this handle
+    /// (see [`SharedLedger::test_hook_at`]). Never use it outside tests.
+    #[doc(hidden)]
+    pub fn test_hook_at(&mut self, point: super::shared::CrashPoint, f: Option<fn()>) {
+        self.ledger.test_hook_at(point, f);
+    }
+
+    /// Committed updates of the ledger since creation.
+    pub fn commits(&self) -> u64 {
+        self.ledger.commits()
+    }
+
     /// Test seam for trace T10 (see [`FairShare`]); local to this handle.
     #[doc(hidden)]
     pub fn set_refusal_counts_as_activity(&mut self, yes: bool) {
         self.ledger.set_refusal_counts_as_activity(yes);
     }
 
+    /// The ledger's answer to an acquire; a grant is written to `out`.
+    #[inline]
     fn acquire_at(
         &mut self,
         tenant: &str,
         cost: f64,
         hold_ms: u64,
         at: Option<u64>,
-    ) -> AcquireResult {
+        out: &mut std::mem::MaybeUninit<super::Lease>,
+    ) -> Result<super::admission::Answer, FairError> {
         let owner = self.owner()?;
-        let due = self.reap_due();
-        let first = self
-            .ledger
-            .acquire_as(owner, tenant, cost, hold_ms, at, !due);
-        match first {
-            Ok(Some(r)) => return Ok(r),
-            Ok(None) => {}
-            Err(FairError::CapacityExhausted { .. }) if due => {}
-            Err(e) => return Err(e),
+        // A refusal or a full table defers (commits nothing) when a scan for
+        // dead processes is due: their leases may be what is short.
+        let (map, ledger) = (&self.map, &mut self.ledger);
+        let first =
+            ledger.acquire_as(owner, tenant, cost, hold_ms, at, &mut || reap_due(map), out)?;
+        if !matches!(first, super::admission::Answer::Deferred) {
+            return Ok(first);
         }
-        // Capacity is short: give back what dead processes hold, then decide
-        // (and commit) for real.
         self.maybe_reap(at.unwrap_or(0))?;
         self.ledger
-            .acquire_as(owner, tenant, cost, hold_ms, at, true)?
-            .ok_or_else(|| FairError::Corrupt("a committed acquire gave no answer".into()))
+            .acquire_as(owner, tenant, cost, hold_ms, at, &mut || false, out)
+    }
+
+    /// Starts recording this handle's calls in the call-log format
+    /// ([`replay()`](super::replay())), from a `config` line on. Each line
+    /// carries the `now` the ledger took (in a region a `now` earlier than
+    /// the last accepted one is taken as that one, and a `*_now` call's
+    /// clock reading is recorded as its time) and `"seq"`, the call's place
+    /// in the ledger's order ([`SharedLedger::last_taken`]): the logs of
+    /// several handles or processes merged by
+    /// [`merge_call_logs`](super::replay::merge_call_logs) replay exactly
+    /// in-process, as long as no process died (reaping a dead process's
+    /// leases is not a call and is not in any log).
+    pub fn record_calls(&mut self) -> Result<(), FairError> {
+        let mut line =
+            serde_json::to_value(&self.cfg).map_err(|e| FairError::InvalidConfig(e.to_string()))?;
+        if let Some(o) = line.as_object_mut() {
+            o.insert("op".into(), "config".into());
+            o.insert("lease_capacity".into(), self.cap.into());
+        }
+        self.log = Some(vec![line.to_string()]);
+        Ok(())
+    }
+
+    /// The recorded calls (config first), if [`record_calls`](Self::record_calls)
+    /// was called.
+    pub fn call_log(&self) -> Option<&[String]> {
+        self.log.as_deref()
+    }
+
+    /// Appends a call-log line (only built when recording): `op` fields,
+    /// the `now` taken and the call's place in the ledger's order.
+    fn record(&mut self, v: impl FnOnce() -> serde_json::Value) {
+        if let Some(log) = &mut self.log {
+            let (now, seq) = self.ledger.last_taken();
+            let mut line = v();
+            if let Some(o) = line.as_object_mut() {
+                o.insert("now_ms".into(), now.into());
+                o.insert("seq".into(), seq.into());
+            }
+            log.push(line.to_string());
+        }
+    }
+
+    #[inline]
+    fn recorded_acquire(
+        &mut self,
+        tenant: &str,
+        cost: f64,
+        hold_ms: u64,
+        at: Option<u64>,
+    ) -> AcquireResult {
+        let mut out = std::mem::MaybeUninit::uninit();
+        let answer = self.acquire_at(tenant, cost, hold_ms, at, &mut out);
+        self.record(|| serde_json::json!({"op":"acquire","tenant":tenant,"cost":super::num_value(cost),"hold_ms":hold_ms}));
+        answer?.into_result(&out)
+    }
+
+    #[inline]
+    fn recorded_release(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
+        let r = self
+            .owner()
+            .and_then(|_| self.ledger.release_at(lease_id, at));
+        self.record(|| serde_json::json!({"op":"release","lease":lease_id}));
+        r
     }
 
     /// Asks for `cost` held for `hold_ms` at `now_ms` (see
-    /// [`FairShare::acquire`]); the lease records this process as owner.
+    /// [`FairShare::acquire`]); the lease records this process as owner. A
+    /// `now_ms` earlier than the ledger's last accepted `now` is taken as
+    /// that one (see the module docs, "Time").
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
-        self.acquire_at(tenant, cost, hold_ms, Some(now_ms))
+        self.recorded_acquire(tenant, cost, hold_ms, Some(now_ms))
     }
 
     /// [`acquire`](Self::acquire) at `CLOCK_MONOTONIC` ms, read under the
     /// ledger's lock.
     pub fn acquire_now(&mut self, tenant: &str, cost: f64, hold_ms: u64) -> AcquireResult {
-        self.acquire_at(tenant, cost, hold_ms, None)
+        self.recorded_acquire(tenant, cost, hold_ms, None)
     }
 
-    /// Releases `lease_id` at `now_ms`.
+    /// Releases `lease_id` at `now_ms` (never fails for time). Any process
+    /// may release any live lease by its id.
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.release_at(lease_id, Some(now_ms))
+        self.recorded_release(lease_id, Some(now_ms))
     }
 
     /// [`release`](Self::release) at the clock, read under the lock.
     pub fn release_now(&mut self, lease_id: &str) -> Result<(), FairError> {
-        self.owner()?;
-        self.ledger.release_at(lease_id, None)
+        self.recorded_release(lease_id, None)
+    }
+
+    fn stats_at(&mut self, at: Option<u64>, out: &mut Stats) -> Result<(), FairError> {
+        let r = self
+            .owner()
+            .and_then(|_| self.ledger.stats_into_at(at, out));
+        self.record(|| serde_json::json!({"op":"stats"}));
+        r
     }
 
     /// Stats at `now_ms`.
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
-        self.owner()?;
-        self.ledger.stats_at(Some(now_ms))
+        let mut out = Stats::default();
+        self.stats_at(Some(now_ms), &mut out)?;
+        Ok(out)
     }
 
     /// Stats at the clock, read under the lock.
     pub fn stats_now(&mut self) -> Result<Stats, FairError> {
-        self.owner()?;
-        self.ledger.stats_at(None)
+        let mut out = Stats::default();
+        self.stats_at(None, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`stats`](Self::stats) into `out`, reusing its vectors (see
+    /// [`FairShare::stats_into`]).
+    pub fn stats_into(&mut self, now_ms: u64, out: &mut Stats) -> Result<(), FairError> {
+        self.stats_at(Some(now_ms), out)
+    }
+
+    /// [`stats_into`](Self::stats_into) at the clock, read under the lock.
+    pub fn stats_into_now(&mut self, out: &mut Stats) -> Result<(), FairError> {
+        self.stats_at(None, out)
+    }
+
+    fn plan_at(&mut self, at: Option<u64>) -> Result<Plan, FairError> {
+        let r = self.owner().and_then(|_| self.ledger.plan_at(at));
+        self.record(|| serde_json::json!({"op":"plan"}));
+        r
     }
 
     /// Plan at `now_ms`.
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
-        self.owner()?;
-        self.ledger.plan_at(Some(now_ms))
+        self.plan_at(Some(now_ms))
     }
 
     /// Plan at the clock, read under the lock.
     pub fn plan_now(&mut self) -> Result<Plan, FairError> {
-        self.owner()?;
-        self.ledger.plan_at(None)
+        self.plan_at(None)
+    }
+
+    fn report_at(&mut self, at: Option<u64>) -> Result<FairnessReport, FairError> {
+        let r = self.owner().and_then(|_| self.ledger.report_at(at));
+        self.record(|| serde_json::json!({"op":"report"}));
+        r
     }
 
     /// Fairness report at `now_ms`.
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
-        self.owner()?;
-        self.ledger.report_at(Some(now_ms))
+        self.report_at(Some(now_ms))
     }
 
     /// Fairness report at the clock, read under the lock.
     pub fn fairness_report_now(&mut self) -> Result<FairnessReport, FairError> {
-        self.owner()?;
-        self.ledger.report_at(None)
+        self.report_at(None)
     }
 }
 
@@ -742,8 +873,9 @@ fn holds_leases(map: &Mapping, me: ProcId) -> bool {
     // (validated by read_config), which stays mapped during this call.
     let ledger = unsafe { SharedLedger::attach(map.object_ptr().add(l.ledger_off), l.ledger_len) };
     match ledger {
-        // No `set_region`: this runs while the mapping is being dropped.
-        Ok(mut ledger) => ledger.owner_holds(me.owner).unwrap_or(true),
+        // Read without the lock: a process stopped holding it does not
+        // hold up this drop.
+        Ok(ledger) => ledger.owner_holds(me.owner).unwrap_or(true),
         Err(_) => true,
     }
 }
@@ -763,5 +895,107 @@ impl FairLedger for SharedFairShare {
     }
     fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
         SharedFairShare::fairness_report(self, now_ms)
+    }
+}
+
+/// A fair-share region as an inspector sees it
+/// ([`RegionView::fair_share`](crate::region::RegionView::fair_share)):
+/// its configuration and its stats at a `now`, read without writing a byte.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FairInspection {
+    /// The configuration the region holds.
+    pub config: FairConfig,
+    /// The ledger's statistics at `stats.now_ms`: `CLOCK_MONOTONIC` ms, or
+    /// the ledger's last accepted `now` if that is later. Computed on a
+    /// copy: the ledger's time does not move.
+    pub stats: Stats,
+    /// The latest `now` the ledger accepted.
+    pub ledger_now_ms: u64,
+    /// Committed updates since creation.
+    pub commits: u64,
+    /// Processes reaped since creation.
+    pub reaped_processes: u64,
+    /// Leases those processes held.
+    pub reaped_leases: u64,
+    /// False when the ledger changed during every read attempt: the
+    /// tenants' figures are still one committed state, but the overrun
+    /// leases were read one at a time.
+    pub leases_consistent: bool,
+}
+
+impl crate::region::RegionView {
+    /// A fair-share region's configuration and stats, read without the
+    /// ledger's lock, a process-table entry or a single write (see
+    /// [`shared`](super::shared), "Reading without the lock"): a consistent
+    /// copy of the last committed state, even beside an application stopped
+    /// inside a ledger call. The stats are computed on the copy at the
+    /// region's clock (`CLOCK_MONOTONIC` ms) or at the ledger's last
+    /// accepted `now`, whichever is later.
+    pub fn fair_share(&self) -> Result<FairInspection> {
+        let h = self.header();
+        if h.kind != ObjectKind::FairShare {
+            return Err(Error::WrongKind {
+                found: h.kind,
+                expected: ObjectKind::FairShare,
+            });
+        }
+        let (base, len) = (self.object_ptr(), self.object_len());
+        let (config, l) = read_config_at(&h.params, base, len)?;
+        let bad = |e: FairError| Error::BadRegion(format!("fair-share ledger: {e}"));
+        // SAFETY: [ledger_off, ledger_off + ledger_len) lies inside the
+        // object area (validated by read_config_at), which the view keeps
+        // mapped while `self` lives; the snapshot only loads.
+        let snap = unsafe {
+            super::shared::read_snapshot(
+                base.add(l.ledger_off),
+                l.ledger_len,
+                super::shared::SNAPSHOT_BUDGET,
+            )
+        }
+        .map_err(bad)?;
+        let (want, _, _) = initial_state(&config, h.params[3] as usize).map_err(bad)?;
+        let mut have = snap.params;
+        have.flags = want.flags;
+        if have != want {
+            return Err(Error::BadRegion(format!(
+                "the ledger's parameters {have:?} do not match the stored configuration's {want:?}"
+            )));
+        }
+        let ledger_now_ms = snap.meta.last_now_ms;
+        let now = monotonic_ms().max(ledger_now_ms).max(config.started_at_ms);
+        let mut tenants = Vec::with_capacity(snap.tenants.len());
+        for t in &snap.tenants {
+            tenants
+                .push(super::admission::tenant_stats(t, config.idle_after_ms, now).map_err(bad)?);
+        }
+        let mut over: Vec<_> = snap.leases.iter().filter(|l| now > l.deadline_ms).collect();
+        over.sort_by_key(|l| l.seq);
+        let mut overrun_leases = Vec::with_capacity(over.len());
+        for l in over {
+            let t = snap
+                .tenants
+                .get(l.tenant as usize)
+                .ok_or_else(|| bad(FairError::Corrupt(format!("lease of tenant {}", l.tenant))))?;
+            overrun_leases.push(
+                super::LeaseId::new(t.id_str(), l.no)
+                    .ok_or_else(|| bad(FairError::Corrupt("a tenant id is too long".into())))?,
+            );
+        }
+        // SAFETY: as in read_config_at: the validated object header, made of
+        // atomics, only loaded.
+        let oh = unsafe { &*(base as *const RegionObjHeader) };
+        Ok(FairInspection {
+            config,
+            stats: Stats {
+                now_ms: now,
+                tenants,
+                overrun_leases,
+            },
+            ledger_now_ms,
+            commits: snap.commits,
+            reaped_processes: oh.reaped_processes.load(Ordering::Relaxed),
+            reaped_leases: oh.reaped_leases.load(Ordering::Relaxed),
+            leases_consistent: snap.leases_consistent,
+        })
     }
 }

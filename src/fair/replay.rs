@@ -145,6 +145,38 @@ pub fn replay_line_checked(ledger: &mut Option<FairShare>, line: &str) -> Result
     })
 }
 
+/// Merges the call logs recorded by several handles (or processes) of one
+/// region ([`SharedFairShare::record_calls`](super::SharedFairShare::record_calls))
+/// into one log in the order the ledger ran the calls: the first `config`
+/// line, then every call line sorted by its `"seq"` (ties, which only calls
+/// that changed nothing can have, keep their order). Lines that are not
+/// JSON objects with a `"seq"` (other `config` lines) are dropped.
+pub fn merge_call_logs(logs: &[&[String]]) -> Vec<String> {
+    let mut config = None;
+    let mut calls: Vec<(u64, &String)> = Vec::new();
+    for log in logs {
+        for line in log.iter() {
+            let v: Value = match serde_json::from_str(line) {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            match v.get("seq").and_then(Value::as_u64) {
+                Some(seq) => calls.push((seq, line)),
+                None if v.get("op").and_then(Value::as_str) == Some("config") => {
+                    config.get_or_insert(line);
+                }
+                None => {}
+            }
+        }
+    }
+    calls.sort_by_key(|c| c.0);
+    config
+        .into_iter()
+        .chain(calls.into_iter().map(|c| c.1))
+        .cloned()
+        .collect()
+}
+
 /// Replays a call log from `reader`, writing one JSON line per call to
 /// `writer`. Blank lines are skipped. Only I/O failures stop the replay.
 ///

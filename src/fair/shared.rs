@@ -1,49 +1,76 @@
 //! The shared-memory home of the ledger: the same records and the same
 //! algorithms as [`FairShare`](super::FairShare), kept crash-consistent in
-//! memory mapped by many processes.
+//! memory mapped by many processes, and readable without its lock.
 //!
 //! # Layout
 //!
 //! ```text
-//! [ SharedHeader | copy 0: MetaRec, TenantRec × n, LeaseRec × cap | copy 1: same ]
+//! [ SharedHeader | undo journal | MetaRec | TenantRec × n | LeaseRec × cap | buckets | live list ]
 //! ```
 //!
 //! The header holds a magic number, the layout version, the robust mutex's
 //! layout tag ([`MUTEX_LAYOUT_TAG`]), the total size, the immutable
-//! parameters (`Params`), the `committed` index (0 or 1) and the mutex. Everything is
-//! `#[repr(C)]` plain integers and floats at fixed offsets; no pointers.
+//! parameters (`Params`), the sequence word `seq`, the journal's entry count
+//! `used`, counters and the mutex. The state after the journal is one copy
+//! of the five parts described in `store.rs`. Everything is `#[repr(C)]`
+//! plain integers and floats at fixed offsets; no pointers.
 //!
 //! # Commit protocol (crash consistency, rule 8)
 //!
-//! Every call, including `stats`, runs:
+//! The ledger is updated in place under a process-shared robust mutex, with
+//! an undo journal: before a call writes a record (or one link word) it
+//! saves the bytes it overwrites in the next journal entry and counts the
+//! entry (`used`, release ordering); only then does it write. Committing is
+//! one store: `used = 0`. So a call touches the few records it changes (an
+//! acquire or a release writes about six), whatever the number of leases,
+//! instead of copying the ledger:
 //!
 //! 1. lock the robust mutex, waiting at most [`LEDGER_LOCK_WAIT`] for a
-//!    live holder (see [`RobustMutex::lock_bounded`]). On `OwnerDied` the
-//!    previous holder died somewhere below; whatever it did, it only wrote
-//!    the *scratch* copy (or had already flipped the index, making its
-//!    finished update the committed one), so the committed copy is intact:
-//!    count a recovery and mark the mutex consistent. A *corrupt* mutex (a
-//!    lock word no live thread can release, a scribbled type word, a
-//!    not-recoverable state) is re-initialised, in a region, under the
-//!    region's repair lock ([`REPAIR_LOCK`]); by the same argument the
-//!    committed copy is intact, so nothing else needs repair. Without a
-//!    region (raw memory) it is an error;
-//! 2. read `committed` (validated: 0 or 1) and copy the committed copy's
-//!    used bytes (meta, tenants, leases below the high-water mark) onto the
-//!    other copy, the scratch;
-//! 3. run the ledger operation on a validated view of the scratch;
-//! 4. on success, publish with a single atomic store of the scratch's index
-//!    into `committed` (release ordering); on a misuse error or a corrupt
-//!    record, skip the store, so the call changes nothing;
+//!    live holder (see [`RobustMutex::lock_bounded`]). `OwnerDied` (the
+//!    previous holder died somewhere below) is counted as a recovery and the
+//!    mutex marked consistent; a *corrupt* mutex (a lock word no live
+//!    thread can release, a scribbled type word, a not-recoverable state) is
+//!    re-initialised, in a region, under the region's repair lock
+//!    ([`REPAIR_LOCK`]); without a region (raw memory) it is an error;
+//! 2. if `used` is not 0, an update was cut short (its process died, or a
+//!    scribble): undo it, entry by entry from the last, restoring the saved
+//!    bytes (the last committed state), then set `used = 0` and make `seq`
+//!    even. Undoing twice restores the same bytes, so a death during the
+//!    undo is undone by the next locker;
+//! 3. run the ledger operation on a validated view of the state; the first
+//!    write makes `seq` odd (readers, below, then know an update is under
+//!    way), every write is journaled first;
+//! 4. on success, commit: `used = 0` (the commit point), then `seq` even;
+//!    on a misuse error or a corrupt record, undo what was written (as in
+//!    2), so the call changes nothing. A call that wrote nothing (a misuse
+//!    error found before any write) leaves `seq` alone;
 //! 5. write back the mutex's type word and list pointers as they were at
 //!    lock time (glibc writes through the list pointers on unlock, and the
 //!    region is writable by others), and unlock.
 //!
-//! A process killed at any point before step 4 leaves the committed copy as
-//! it was; killed after it, its update is complete. Slots above the
-//! high-water mark in the scratch may hold an aborted update's bytes; they
-//! are never read (a slot is read only below the high-water mark, and a new
-//! slot is written whole before the mark covers it).
+//! A process killed at any point before the commit store leaves every byte
+//! it wrote covered by a counted entry (an entry is complete before it
+//! counts, and counts before the write), so step 2 restores the last
+//! committed state; killed after it, its update is complete. Reaping a dead
+//! process's leases commits after each lease, so the journal needs room for
+//! one lease's release at most (32 entries).
+//!
+//! # Reading without the lock
+//!
+//! `seq` is also a seqlock: a reader (`read_snapshot`, behind
+//! [`RegionView::fair_share`](crate::region::RegionView::fair_share))
+//! copies the state it needs
+//! (meta, tenants, live list, the live leases' headers) between two reads of
+//! `seq`; equal and even, the copy is a committed state. When `seq` is odd
+//! an update is under way, perhaps by a process that is stopped (SIGSTOP, a
+//! debugger) holding the lock: the reader then also copies the counted
+//! journal entries and applies them to its copy, which gives the last
+//! committed state, provided `seq` and `used` did not move while it copied
+//! (every byte the writer changed is covered by a counted entry). So an
+//! inspector takes no lock, writes nothing, and is not held up by a stopped
+//! application. Under heavy churn it retries; if the state keeps changing
+//! for its whole time budget it reads the tenants consistently and the
+//! overrun leases lease by lease.
 //!
 //! The region layer (process table, liveness, reaping) is bound on top of
 //! this type by [`SharedFairShare`](super::SharedFairShare): each lease
@@ -52,21 +79,29 @@
 //! `reaped_leases`. This raw type works on any caller-provided memory
 //! (tests use an anonymous `MAP_SHARED` mapping).
 //!
+//! # Time
+//!
+//! The view is built with `clamp_time` (see `admission.rs`): a `now`
+//! earlier than the last accepted one is taken as the last accepted one,
+//! so processes racing for the lock never fail with `TimeWentBackwards`.
 //! Calls with `now` = `None` inside the crate (the `*_now` calls of
 //! [`SharedFairShare`](super::SharedFairShare)) read `CLOCK_MONOTONIC` after
-//! taking the lock (ruling Q22).
+//! taking the lock.
 
 use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::admission;
-use super::store::{LeaseRec, MetaRec, Params, TenantRec, View, FLAG_REFUSAL_NOT_ACTIVITY};
+use super::store::{
+    bucket_count, check_meta, Journal, JournalEntry, LeaseRec, MetaRec, Params, Parts, TenantRec,
+    View, WriteFault, FLAG_REFUSAL_NOT_ACTIVITY, JOURNAL_ENTRIES, MAX_RECORD_BYTES,
+};
 use super::{
     initial_state, AcquireResult, FairConfig, FairError, FairLedger, FairnessReport, Lease, Plan,
-    Refusal, Stats,
+    Stats,
 };
 use crate::region::Mapping;
 use crate::sys::clock::monotonic_ms;
@@ -88,8 +123,9 @@ const MAX_REPAIRS_PER_CALL: u32 = 3;
 /// Magic number at offset 0 of a shared ledger: `"SHMFAIR1"`.
 pub const SHARED_MAGIC: u64 = u64::from_le_bytes(*b"SHMFAIR1");
 
-/// Layout version of [`SharedLedger`] memory.
-pub const SHARED_LAYOUT_VERSION: u32 = 1;
+/// Layout version of [`SharedLedger`] memory (2: one copy, updated in place
+/// under an undo journal, with hash buckets and a live list).
+pub const SHARED_LAYOUT_VERSION: u32 = 2;
 
 /// Most tenants a shared ledger accepts (bounds the size arithmetic).
 pub const MAX_SHARED_TENANTS: usize = 4096;
@@ -98,12 +134,15 @@ pub const MAX_SHARED_TENANTS: usize = 4096;
 /// [`MAX_LEASE_CAPACITY`](super::MAX_LEASE_CAPACITY)).
 pub const MAX_SHARED_LEASES: usize = super::MAX_LEASE_CAPACITY;
 
+/// How long a lock-free read of the ledger (see the module docs) keeps
+/// trying for a consistent copy.
+pub const SNAPSHOT_BUDGET: Duration = Duration::from_millis(200);
+
 /// The fixed header at the start of a shared ledger.
 ///
 /// `magic`…`params` are written once by the creator before any other
-/// process can see the memory and are read-only afterwards. `committed` is
-/// written only under the mutex, by one atomic store per commit; counters
-/// likewise.
+/// process can see the memory and are read-only afterwards. `seq`, `used`
+/// and the counters are written only by the lock holder.
 #[repr(C)]
 struct SharedHeader {
     magic: u64,
@@ -112,18 +151,21 @@ struct SharedHeader {
     mutex_layout_tag: u64,
     total_size: u64,
     params: Params,
-    committed: AtomicU32,
-    _pad2: u32,
-    commits: AtomicU64,
+    /// Even: the state is committed. Odd: an update is under way (or was
+    /// cut short). Advanced by two per committed update.
+    seq: AtomicU64,
+    /// Undo-journal entries in use (0: nothing to undo).
+    used: AtomicU64,
+    /// Times a holder died mid-call and the next caller recovered.
     recoveries: AtomicU64,
     mutex: RobustMutex,
-    /// Times a corrupt mutex was re-initialised (in what was padding before;
-    /// zero in a new ledger).
+    /// Times a corrupt mutex was re-initialised.
     repairs: AtomicU64,
 }
 
 // The offsets region tests scribble at; the header's rounded size.
-const _: () = assert!(std::mem::offset_of!(SharedHeader, committed) == 88);
+const _: () = assert!(std::mem::offset_of!(SharedHeader, seq) == 88);
+const _: () = assert!(std::mem::offset_of!(SharedHeader, used) == 96);
 const _: () = assert!(std::mem::offset_of!(SharedHeader, mutex) == 112);
 const _: () = assert!(size_of::<SharedHeader>() <= 192);
 
@@ -131,26 +173,58 @@ fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-fn header_size() -> usize {
-    round_up(size_of::<SharedHeader>(), 64)
+/// Byte offsets of the parts of a ledger of `n` tenants and `cap` slots.
+#[derive(Debug, Clone, Copy)]
+struct Offsets {
+    journal: usize,
+    meta: usize,
+    tenants: usize,
+    leases: usize,
+    buckets: usize,
+    live: usize,
+    total: usize,
 }
 
-fn copy_size(n: usize, cap: usize) -> usize {
-    size_of::<MetaRec>() + n * size_of::<TenantRec>() + cap * size_of::<LeaseRec>()
+fn offsets(n: usize, cap: usize) -> Offsets {
+    let journal = round_up(size_of::<SharedHeader>(), 64);
+    let meta = journal + JOURNAL_ENTRIES * size_of::<JournalEntry>();
+    let tenants = meta + size_of::<MetaRec>();
+    let leases = tenants + n * size_of::<TenantRec>();
+    let buckets = leases + cap * size_of::<LeaseRec>();
+    let live = buckets + bucket_count(cap) * 4;
+    let total = round_up(live + cap * 4, 8);
+    Offsets {
+        journal,
+        meta,
+        tenants,
+        leases,
+        buckets,
+        live,
+        total,
+    }
 }
 
-/// Where an update may be made to die, for crash tests.
+const _: () = assert!(size_of::<JournalEntry>() % 8 == 0);
+
+/// Where an update may be made to die (or a test hook run), for crash and
+/// stop tests.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CrashPoint {
-    /// Right after taking the lock.
+    /// Right after taking the lock, before any repair.
     AfterLock,
-    /// Half-way through copying committed → scratch.
-    MidCopy,
-    /// After the operation mutated the scratch, before the flip.
-    BeforeFlip,
-    /// After the flip, before unlocking.
-    AfterFlip,
+    /// In the middle of the update's first write: the entry is journaled
+    /// and half of the record written (a torn record).
+    MidWrite,
+    /// After the update wrote everything, before the commit store.
+    BeforeCommit,
+    /// After the commit store, before `seq` is even again.
+    AfterCommit,
+    /// After the commit, before unlocking.
+    BeforeUnlock,
+    /// Undoing a cut-short update (the next locker's repair): after the
+    /// last entry was restored, before the others.
+    MidUndo,
 }
 
 /// A fair-share ledger stored in shared memory (see the module docs).
@@ -163,10 +237,17 @@ pub struct SharedLedger {
     n: usize,
     cap: usize,
     params: Params,
+    at: Offsets,
     owner: u32,
     flags_override: Option<u32>,
     crash: Option<(u64, CrashPoint)>,
+    hook: Option<(CrashPoint, fn())>,
     ops: u64,
+    /// Sorts the overrun leases of `stats` (kept: no allocation).
+    scratch: Vec<(u64, u32)>,
+    /// The last call's `now` as taken, and its place in the ledger's order
+    /// (see [`SharedLedger::last_taken`]).
+    taken: (u64, u64),
     /// The region the ledger lives in, if any: for the maps check of a lock
     /// holder and the repair lock.
     region: Option<Arc<Mapping>>,
@@ -177,6 +258,64 @@ pub struct SharedLedger {
 // SAFETY: the handle only refers to shared memory whose mutable parts are
 // accessed under the process-shared mutex or through atomics.
 unsafe impl Send for SharedLedger {}
+
+/// Validated header fields of a ledger in memory.
+struct HeaderFields {
+    params: Params,
+    n: usize,
+    cap: usize,
+}
+
+/// Reads and validates the header at `mem` (reads only).
+///
+/// # Safety
+///
+/// `mem` must be valid for reads of `len` bytes and aligned for the header.
+unsafe fn read_header(mem: *const u8, len: usize) -> Result<HeaderFields, FairError> {
+    if len < round_up(size_of::<SharedHeader>(), 64) {
+        return Err(FairError::InvalidConfig(format!(
+            "memory of {len} bytes is smaller than the ledger's header"
+        )));
+    }
+    let h = mem as *const SharedHeader;
+    let bad = |m: String| Err(FairError::Corrupt(m));
+    // SAFETY: the header lies within `len` bytes (checked); its fields are
+    // plain integers for which every bit pattern is valid; the magic is read
+    // atomically (it is published last by the creator).
+    let (magic, version, tag, total, params) = unsafe {
+        (
+            (*(ptr::addr_of!((*h).magic) as *const AtomicU64)).load(Ordering::Acquire),
+            ptr::addr_of!((*h).version).read(),
+            ptr::addr_of!((*h).mutex_layout_tag).read(),
+            ptr::addr_of!((*h).total_size).read(),
+            ptr::addr_of!((*h).params).read(),
+        )
+    };
+    if magic != SHARED_MAGIC {
+        return bad(format!(
+            "magic {magic:#x} is not a fair-share ledger ({SHARED_MAGIC:#x})"
+        ));
+    }
+    if version != SHARED_LAYOUT_VERSION {
+        return bad(format!(
+            "layout version {version}, this build reads {SHARED_LAYOUT_VERSION}"
+        ));
+    }
+    if tag != MUTEX_LAYOUT_TAG {
+        return bad(format!(
+            "mutex layout tag {tag:#x} differs from this build's {MUTEX_LAYOUT_TAG:#x} (another libc or architecture)"
+        ));
+    }
+    params.check()?;
+    let (n, cap) = (params.tenant_count as usize, params.lease_capacity as usize);
+    let need = SharedLedger::size_for(n, cap).map_err(|e| FairError::Corrupt(e.to_string()))?;
+    if total != need as u64 || len < need {
+        return bad(format!(
+            "size {total} recorded, {need} computed, {len} mapped"
+        ));
+    }
+    Ok(HeaderFields { params, n, cap })
+}
 
 impl SharedLedger {
     /// Bytes of memory needed for `cfg` with `lease_capacity` slots.
@@ -197,7 +336,7 @@ impl SharedLedger {
                  1..={MAX_SHARED_LEASES})"
             )));
         }
-        Ok(header_size() + 2 * copy_size(n, cap))
+        Ok(offsets(n, cap).total)
     }
 
     fn check_mem(mem: *mut u8, len: usize, need: usize) -> Result<NonNull<u8>, FairError> {
@@ -217,6 +356,25 @@ impl SharedLedger {
         Ok(base)
     }
 
+    fn handle(base: NonNull<u8>, params: Params, n: usize, cap: usize) -> SharedLedger {
+        SharedLedger {
+            base,
+            n,
+            cap,
+            params,
+            at: offsets(n, cap),
+            owner: 0,
+            flags_override: None,
+            crash: None,
+            hook: None,
+            ops: 0,
+            scratch: Vec::new(),
+            taken: (0, 0),
+            region: None,
+            while_locked: None,
+        }
+    }
+
     /// Initialises a shared ledger in `mem`.
     ///
     /// # Safety
@@ -233,18 +391,20 @@ impl SharedLedger {
         let (params, meta, tenants) = initial_state(cfg, lease_capacity)?;
         let need = Self::size_for(tenants.len(), lease_capacity)?;
         let base = Self::check_mem(mem, len, need)?;
+        let at = offsets(tenants.len(), lease_capacity);
         let h = mem as *mut SharedHeader;
         // SAFETY: `mem` is valid, aligned and exclusively ours (caller
-        // contract); zeroing gives every record its free/empty state.
-        unsafe { ptr::write_bytes(mem, 0, need) };
-        for copy in 0..2 {
-            let (m, t, _) = Self::copy_ptrs(mem, tenants.len(), lease_capacity, copy);
-            // SAFETY: pointers are inside the zeroed area and aligned to 8
-            // (all record sizes are multiples of 8, the header is padded).
-            unsafe {
-                ptr::write(m, meta);
-                ptr::copy_nonoverlapping(tenants.as_ptr(), t, tenants.len());
-            }
+        // contract); zeroing gives every record, bucket and link its empty
+        // state; the meta and tenant offsets are 8-aligned (record sizes
+        // are multiples of 8, the header is padded to 64).
+        unsafe {
+            ptr::write_bytes(mem, 0, need);
+            ptr::write(mem.add(at.meta) as *mut MetaRec, meta);
+            ptr::copy_nonoverlapping(
+                tenants.as_ptr(),
+                mem.add(at.tenants) as *mut TenantRec,
+                tenants.len(),
+            );
         }
         // SAFETY: `h` points at the zeroed header; the fields are plain data
         // and atomics (zero is a valid atomic), written before publication.
@@ -259,18 +419,7 @@ impl SharedLedger {
             (*(ptr::addr_of!((*h).magic) as *const AtomicU64))
                 .store(SHARED_MAGIC, Ordering::Release);
         }
-        Ok(SharedLedger {
-            base,
-            n: tenants.len(),
-            cap: lease_capacity,
-            params,
-            owner: 0,
-            flags_override: None,
-            crash: None,
-            ops: 0,
-            region: None,
-            while_locked: None,
-        })
+        Ok(Self::handle(base, params, tenants.len(), lease_capacity))
     }
 
     /// Attaches to a shared ledger created by [`SharedLedger::create`],
@@ -282,55 +431,11 @@ impl SharedLedger {
     /// `mem` must be valid for reads and writes of `len` bytes for as long
     /// as the handle is used.
     pub unsafe fn attach(mem: *mut u8, len: usize) -> Result<SharedLedger, FairError> {
-        let base = Self::check_mem(mem, len, header_size())?;
-        let h = mem as *const SharedHeader;
-        let bad = |m: String| Err(FairError::Corrupt(m));
-        // SAFETY: the header lies within `len` bytes (checked); its fields
-        // are plain integers for which every bit pattern is valid.
-        let (magic, version, tag, total, params) = unsafe {
-            (
-                (*(ptr::addr_of!((*h).magic) as *const AtomicU64)).load(Ordering::Acquire),
-                ptr::addr_of!((*h).version).read(),
-                ptr::addr_of!((*h).mutex_layout_tag).read(),
-                ptr::addr_of!((*h).total_size).read(),
-                ptr::addr_of!((*h).params).read(),
-            )
-        };
-        if magic != SHARED_MAGIC {
-            return bad(format!(
-                "magic {magic:#x} is not a fair-share ledger ({SHARED_MAGIC:#x})"
-            ));
-        }
-        if version != SHARED_LAYOUT_VERSION {
-            return bad(format!(
-                "layout version {version}, this build reads {SHARED_LAYOUT_VERSION}"
-            ));
-        }
-        if tag != MUTEX_LAYOUT_TAG {
-            return bad(format!(
-                "mutex layout tag {tag:#x} differs from this build's {MUTEX_LAYOUT_TAG:#x} (another libc or architecture)"
-            ));
-        }
-        params.check()?;
-        let (n, cap) = (params.tenant_count as usize, params.lease_capacity as usize);
-        let need = Self::size_for(n, cap).map_err(|e| FairError::Corrupt(e.to_string()))?;
-        if total != need as u64 || len < need {
-            return bad(format!(
-                "size {total} recorded, {need} computed, {len} mapped"
-            ));
-        }
-        Ok(SharedLedger {
-            base,
-            n,
-            cap,
-            params,
-            owner: 0,
-            flags_override: None,
-            crash: None,
-            ops: 0,
-            region: None,
-            while_locked: None,
-        })
+        let base = Self::check_mem(mem, len, round_up(size_of::<SharedHeader>(), 64))?;
+        // SAFETY: valid for reads of `len` bytes (caller contract), aligned
+        // (checked).
+        let f = unsafe { read_header(mem, len) }?;
+        Ok(Self::handle(base, f.params, f.n, f.cap))
     }
 
     /// Binds the handle to the region mapping the ledger lives in: a lock
@@ -348,15 +453,37 @@ impl SharedLedger {
         self.while_locked = f;
     }
 
+    /// Test seam: `f` runs at `point` of every call through this handle
+    /// (at [`CrashPoint::MidWrite`], with a torn record in place; the write
+    /// is finished when `f` returns). Never use it outside tests.
+    #[doc(hidden)]
+    pub fn test_hook_at(&mut self, point: CrashPoint, f: Option<fn()>) {
+        self.hook = f.map(|f| (point, f));
+    }
+
     /// Times a corrupt ledger mutex was re-initialised.
     pub fn repairs(&self) -> u64 {
         self.header().repairs.load(Ordering::Relaxed)
+    }
+
+    /// Committed updates since creation (half the sequence word).
+    pub fn commits(&self) -> u64 {
+        self.header().seq.load(Ordering::Relaxed) / 2
     }
 
     /// Sets the owner id (from the region's process table) recorded in
     /// leases this handle takes.
     pub fn set_owner(&mut self, owner: u32) {
         self.owner = owner;
+    }
+
+    /// The last call's `now` as the ledger took it (a `now` earlier than
+    /// the last accepted one is taken as that one), and its place in the
+    /// ledger's order: `2c` for the call that made commit `c`, `2c + 1` for
+    /// a call that changed nothing after commit `c`. Sorting calls of
+    /// several handles by it orders them as the ledger ran them.
+    pub fn last_taken(&self) -> (u64, u64) {
+        self.taken
     }
 
     /// Times a holder died mid-call and the next caller recovered.
@@ -390,23 +517,40 @@ impl SharedLedger {
         unsafe { &*(self.base.as_ptr() as *const SharedHeader) }
     }
 
-    fn copy_ptrs(
-        base: *mut u8,
-        n: usize,
-        cap: usize,
-        copy: usize,
-    ) -> (*mut MetaRec, *mut TenantRec, *mut LeaseRec) {
-        let start = header_size() + copy * copy_size(n, cap);
-        // SAFETY (for callers): offsets stay within `size_for(n, cap)`.
-        let m = base.wrapping_add(start);
-        let t = m.wrapping_add(size_of::<MetaRec>());
-        let l = t.wrapping_add(n * size_of::<TenantRec>());
-        (m as *mut MetaRec, t as *mut TenantRec, l as *mut LeaseRec)
+    /// Runs the test seams of `point` for call `nth` (none are armed
+    /// outside tests: one test of two `None`s).
+    #[inline(always)]
+    fn point(&self, nth: u64, at: CrashPoint) {
+        if self.crash.is_none() && self.hook.is_none() {
+            return;
+        }
+        self.point_armed(nth, at);
     }
 
-    fn maybe_crash(&self, nth: u64, at: CrashPoint) {
+    #[cold]
+    fn point_armed(&self, nth: u64, at: CrashPoint) {
         if self.crash == Some((nth, at)) {
             std::process::abort();
+        }
+        if let Some((p, f)) = self.hook {
+            if p == at {
+                f();
+            }
+        }
+    }
+
+    /// The first write's fault for call `nth`, if a test asked for one.
+    #[inline(always)]
+    fn write_fault(&self, nth: u64) -> Option<WriteFault> {
+        if self.crash.is_none() && self.hook.is_none() {
+            return None;
+        }
+        if self.crash == Some((nth, CrashPoint::MidWrite)) {
+            return Some(WriteFault::Abort);
+        }
+        match self.hook {
+            Some((CrashPoint::MidWrite, f)) => Some(WriteFault::Call(f)),
+            _ => None,
         }
     }
 
@@ -414,6 +558,10 @@ impl SharedLedger {
     /// ledger lives in a region (see the module docs).
     fn lock(&self) -> Result<(LockState, Held), FairError> {
         let h = self.header();
+        // Uncontended: one attempt, nothing built.
+        if let Some(r) = h.mutex.try_lock() {
+            return r.map_err(|e| FairError::Lock(e.to_string()));
+        }
         let file = self.region.as_ref().map(|m| m.file_identity());
         // In a region, only a process that holds a process-table entry (as
         // its live owner, or as the reaper at work on it) ever holds the
@@ -471,18 +619,114 @@ impl SharedLedger {
         }
     }
 
-    /// Runs `f` on a scratch copy under the lock and commits it on success.
-    fn with_view<R>(
-        &mut self,
-        f: impl FnOnce(&mut View<'_>) -> Result<R, FairError>,
-    ) -> Result<R, FairError> {
-        self.with_view_at(Some(0), |v, _| f(v).map(|r| (r, true)))
+    /// A view of the state that journals every write (see the module docs).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the ledger's lock (no other well-behaved process
+    /// writes the state meanwhile) and uses the view before unlocking.
+    #[inline(always)]
+    unsafe fn view(&self, nth: u64) -> Result<View<'_>, FairError> {
+        let base = self.base.as_ptr();
+        let at = self.at;
+        let h = self.header();
+        // SAFETY: every part lies inside the validated size (`offsets`), is
+        // aligned for its type (8-byte records after a 64-byte header, u32
+        // arrays after them), and the parts do not overlap; records are
+        // plain data (any bit pattern valid, checked on read by the view);
+        // under the lock no well-behaved process writes them concurrently
+        // (lock-free readers only read).
+        let (parts, entries) = unsafe {
+            (
+                Parts {
+                    meta: &mut *(base.add(at.meta) as *mut MetaRec),
+                    tenants: std::slice::from_raw_parts_mut(
+                        base.add(at.tenants) as *mut TenantRec,
+                        self.n,
+                    ),
+                    leases: std::slice::from_raw_parts_mut(
+                        base.add(at.leases) as *mut LeaseRec,
+                        self.cap,
+                    ),
+                    buckets: std::slice::from_raw_parts_mut(
+                        base.add(at.buckets) as *mut u32,
+                        bucket_count(self.cap),
+                    ),
+                    live: std::slice::from_raw_parts_mut(base.add(at.live) as *mut u32, self.cap),
+                },
+                std::slice::from_raw_parts_mut(
+                    base.add(at.journal) as *mut JournalEntry,
+                    JOURNAL_ENTRIES,
+                ),
+            )
+        };
+        let mut params = self.params;
+        if let Some(f) = self.flags_override {
+            params.flags = f;
+        }
+        let mut v = View::new(params, parts)?.with_journal(Journal {
+            base,
+            entries,
+            used: &h.used,
+            seq: &h.seq,
+            opened: false,
+            count: 0,
+            fault: self.write_fault(nth),
+        });
+        v.clamp_time = true;
+        Ok(v)
     }
 
-    /// The general form of [`with_view`](Self::with_view): `at` is the
-    /// caller's `now`, or `None` to read `CLOCK_MONOTONIC` *after* taking the
-    /// lock (ruling Q22: concurrent processes then never go backwards); `f`
-    /// gets the resolved `now` and returns whether to commit.
+    /// Undoes the counted journal entries, last first, empties the journal
+    /// and makes `seq` even: the state is the last committed one again.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the ledger's lock.
+    unsafe fn undo(&self, nth: u64) -> Result<(), FairError> {
+        let h = self.header();
+        let used = h.used.load(Ordering::Acquire);
+        if used > JOURNAL_ENTRIES as u64 {
+            return Err(FairError::Corrupt(format!(
+                "the undo journal counts {used} entries, more than its {JOURNAL_ENTRIES}"
+            )));
+        }
+        let base = self.base.as_ptr();
+        for k in (0..used as usize).rev() {
+            // SAFETY: entry `k` lies inside the journal area (k < JOURNAL_ENTRIES);
+            // entries are plain data; we hold the lock.
+            let e = unsafe {
+                ptr::read(base.add(self.at.journal + k * size_of::<JournalEntry>())
+                    as *const JournalEntry)
+            };
+            let (off, len) = (e.off as usize, e.len as usize);
+            if len > MAX_RECORD_BYTES || off < self.at.meta || off + len > self.at.total {
+                return Err(FairError::Corrupt(format!(
+                    "undo journal entry {k}: {len} bytes at ledger offset {off} lie outside the \
+                     state ({}..{})",
+                    self.at.meta, self.at.total
+                )));
+            }
+            // SAFETY: [off, off + len) lies inside the state (checked), the
+            // entry's bytes are a separate copy; we hold the lock.
+            unsafe { ptr::copy_nonoverlapping(e.bytes.as_ptr(), base.add(off), len) };
+            if k + 1 == used as usize {
+                self.point(nth, CrashPoint::MidUndo);
+            }
+        }
+        fence(Ordering::Release);
+        h.used.store(0, Ordering::Release);
+        let s = h.seq.load(Ordering::Relaxed);
+        if s & 1 == 1 {
+            h.seq.store(s.wrapping_add(1), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the state under the lock and commits it if `f` says so
+    /// (see the module docs). `at` is the caller's `now`, or `None` to read
+    /// `CLOCK_MONOTONIC` *after* taking the lock; `f` gets the `now` and
+    /// returns its answer and whether to commit.
     fn with_view_at<R>(
         &mut self,
         at: Option<u64>,
@@ -491,91 +735,104 @@ impl SharedLedger {
         let nth = self.ops;
         self.ops += 1;
         let (state, held) = self.lock()?;
-        let h = self.header();
-        let guard = Unlock(&h.mutex, held);
+        // SAFETY: as in `header`; a reference of its own (not a borrow of
+        // `self`), valid while the caller keeps the memory mapped, which
+        // outlasts this call.
+        let h = unsafe { &*(self.base.as_ptr() as *const SharedHeader) };
+        let _guard = Unlock(&h.mutex, held);
         if let Some(f) = self.while_locked {
             f();
         }
         if state == LockState::OwnerDied {
-            // The committed copy is intact whatever the dead holder did;
-            // the scratch is rebuilt below from the committed copy.
+            // The journal holds whatever the dead holder had not committed;
+            // it is undone below.
             h.recoveries.fetch_add(1, Ordering::Relaxed);
             h.mutex
                 .consistent()
                 .map_err(|e| FairError::Lock(e.to_string()))?;
         }
-        let now = match at {
-            Some(t) => t,
-            None => monotonic_ms(),
+        self.point(nth, CrashPoint::AfterLock);
+        // SAFETY: we hold the lock.
+        unsafe { self.undo(nth) }?;
+        let now = at.unwrap_or_else(monotonic_ms);
+        let (r, opened) = {
+            // SAFETY: we hold the lock until `_guard` drops, after the view.
+            let mut view = unsafe { self.view(nth) }?;
+            let r = f(&mut view, now);
+            (r, view.journal().is_some_and(|j| j.opened))
         };
-        self.maybe_crash(nth, CrashPoint::AfterLock);
-        let committed = h.committed.load(Ordering::Acquire);
-        if committed > 1 {
-            return Err(FairError::Corrupt(format!(
-                "committed index {committed} is not 0 or 1"
-            )));
+        // The instant the call was taken at: the view clamps `now` to the
+        // last accepted one, which an accepted call then leaves at the
+        // instant it took (and a refused one, undone, leaves as it was).
+        // SAFETY: the meta record lies inside the validated size; we hold
+        // the lock; a `u64` read of plain data.
+        let last = unsafe { ptr::read(self.base.as_ptr().add(self.at.meta) as *const MetaRec) }
+            .last_now_ms;
+        let now = now.max(last).max(self.params.started_at_ms);
+        let done = h.seq.load(Ordering::Relaxed) / 2;
+        let wrote = matches!(r, Ok((_, true))) && opened;
+        // (The sequence word is region contents: wrapping arithmetic, so a
+        // scribbled word gives a wrong order, never a panic.)
+        self.taken = (
+            now,
+            if wrote {
+                done.wrapping_add(1).wrapping_mul(2)
+            } else {
+                done.wrapping_mul(2) | 1
+            },
+        );
+        match r {
+            Ok((r, true)) => {
+                if opened {
+                    self.point(nth, CrashPoint::BeforeCommit);
+                    // The commit point: nothing is left to undo.
+                    fence(Ordering::Release);
+                    h.used.store(0, Ordering::Release);
+                    self.point(nth, CrashPoint::AfterCommit);
+                    let s = h.seq.load(Ordering::Relaxed);
+                    h.seq.store((s | 1).wrapping_add(1), Ordering::Release);
+                }
+                self.point(nth, CrashPoint::BeforeUnlock);
+                Ok(r)
+            }
+            Ok((r, false)) => {
+                // SAFETY: we hold the lock.
+                unsafe { self.undo(nth) }?;
+                Ok(r)
+            }
+            Err(e) => {
+                // SAFETY: we hold the lock. An undo that fails leaves the
+                // journal for the next locker; the caller sees its own error.
+                let _ = unsafe { self.undo(nth) };
+                Err(e)
+            }
         }
-        let scratch = 1 - committed as usize;
-        let base = self.base.as_ptr();
-        let (cm, ct, cl) = Self::copy_ptrs(base, self.n, self.cap, committed as usize);
-        let (sm, st, sl) = Self::copy_ptrs(base, self.n, self.cap, scratch);
-        // SAFETY: both copies lie within the validated size; every bit
-        // pattern is a valid MetaRec; we hold the mutex, so no well-behaved
-        // process writes either copy concurrently.
-        let hwm = unsafe { ptr::read(cm) }.lease_hwm as usize;
-        if hwm > self.cap {
-            return Err(FairError::Corrupt(format!(
-                "lease high-water mark {hwm} > capacity {}",
-                self.cap
-            )));
-        }
-        let half = hwm / 2;
-        // SAFETY: as above; the copies do not overlap (distinct ranges).
-        unsafe {
-            ptr::copy_nonoverlapping(cm, sm, 1);
-            ptr::copy_nonoverlapping(ct, st, self.n);
-            ptr::copy_nonoverlapping(cl, sl, half);
-        }
-        self.maybe_crash(nth, CrashPoint::MidCopy);
-        // SAFETY: as above.
-        unsafe { ptr::copy_nonoverlapping(cl.add(half), sl.add(half), hwm - half) };
-        let mut params = self.params;
-        if let Some(f) = self.flags_override {
-            params.flags = f;
-        }
-        // SAFETY: the scratch copy is ours under the lock; the records are
-        // plain data (any bit pattern valid, checked on read by the view);
-        // the slices cover exactly the scratch copy's arrays.
-        let (meta, tenants, leases) = unsafe {
-            (
-                &mut *sm,
-                std::slice::from_raw_parts_mut(st, self.n),
-                std::slice::from_raw_parts_mut(sl, self.cap),
-            )
-        };
-        let mut view = View::new(params, meta, tenants, leases)?;
-        let (r, commit) = f(&mut view, now)?;
-        if !commit {
-            return Ok(r);
-        }
-        self.maybe_crash(nth, CrashPoint::BeforeFlip);
-        h.committed.store(scratch as u32, Ordering::Release);
-        h.commits.fetch_add(1, Ordering::Relaxed);
-        self.maybe_crash(nth, CrashPoint::AfterFlip);
-        drop(guard);
-        Ok(r)
     }
 
     /// See [`FairLedger::acquire`].
     pub fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
         let owner = self.owner;
-        self.with_view(|v| admission::acquire(v, owner, tenant, cost, hold_ms, now_ms))
+        let mut out = std::mem::MaybeUninit::uninit();
+        self.acquire_as(
+            owner,
+            tenant,
+            cost,
+            hold_ms,
+            Some(now_ms),
+            &mut || false,
+            &mut out,
+        )?
+        .into_result(&out)
     }
 
     /// Acquire on behalf of `owner` at `at` (`None`: the clock, read under
-    /// the lock). With `commit_refusal` false a refusal is answered
-    /// `Ok(None)` and not committed (nothing changes), so the caller can
-    /// reap dead processes and ask again without recording a refusal twice.
+    /// the lock); a grant is written to `out`. When the answer would be a
+    /// refusal or a full table and `defer()` (asked under the lock) says
+    /// so, nothing is written and the answer is `Deferred`, so the caller
+    /// can reap dead processes and ask again without recording a refusal
+    /// twice.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn acquire_as(
         &mut self,
         owner: u32,
@@ -583,58 +840,71 @@ impl SharedLedger {
         cost: f64,
         hold_ms: u64,
         at: Option<u64>,
-        commit_refusal: bool,
-    ) -> Result<Option<Result<Lease, Refusal>>, FairError> {
+        defer: &mut dyn FnMut() -> bool,
+        out: &mut std::mem::MaybeUninit<Lease>,
+    ) -> Result<admission::Answer, FairError> {
         self.with_view_at(at, |v, now| {
-            let r = admission::acquire(v, owner, tenant, cost, hold_ms, now)?;
-            Ok(match r {
-                Ok(l) => (Some(Ok(l)), true),
-                Err(refusal) if commit_refusal => (Some(Err(refusal)), true),
-                Err(_) => (None, false),
-            })
+            admission::acquire(v, owner, tenant, cost, hold_ms, now, defer, out).map(|r| (r, true))
         })
     }
 
     /// See [`FairLedger::release`].
     pub fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
-        self.with_view(|v| admission::release(v, lease_id, now_ms))
-    }
-
-    /// Whether any live lease is recorded under `owner` (read-only: nothing
-    /// is committed).
-    pub(crate) fn owner_holds(&mut self, owner: u32) -> Result<bool, FairError> {
-        self.with_view_at(Some(0), |v, _| {
-            let any = v.live_leases()?.iter().any(|(_, l)| l.owner == owner);
-            Ok((any, false))
-        })
-    }
-
-    /// Releases every lease taken under `owner` (a process found dead);
-    /// returns how many. Counted per tenant in `reaped_leases`; not activity.
-    pub fn reap_owner(&mut self, owner: u32, now_ms: u64) -> Result<u64, FairError> {
-        self.with_view(|v| admission::reap_owner(v, owner, now_ms))
-    }
-
-    /// Like [`reap_owner`](Self::reap_owner), at `max(at, last accepted
-    /// now)`: reaping never moves the ledger's time backwards or fails
-    /// because another process's call got in first.
-    pub(crate) fn reap_owner_latest(&mut self, owner: u32, at: u64) -> Result<u64, FairError> {
-        self.with_view_at(Some(at), |v, at| {
-            let now = at.max(v.meta()?.last_now_ms).max(v.p.started_at_ms);
-            admission::reap_owner(v, owner, now).map(|n| (n, true))
-        })
+        self.release_at(lease_id, Some(now_ms))
     }
 
     /// Releases `lease_id` at `at` (`None`: the clock, read under the lock).
+    #[inline]
     pub(crate) fn release_at(&mut self, lease_id: &str, at: Option<u64>) -> Result<(), FairError> {
         self.with_view_at(at, |v, now| {
             admission::release(v, lease_id, now).map(|r| (r, true))
         })
     }
 
+    /// Releases every lease taken under `owner` (a process found dead) at
+    /// `now_ms` (or the last accepted `now`, if later: reaping never moves
+    /// the ledger's time backwards); returns how many. Each release is
+    /// committed on its own. Counted per tenant in `reaped_leases`; not
+    /// activity.
+    pub fn reap_owner(&mut self, owner: u32, now_ms: u64) -> Result<u64, FairError> {
+        self.with_view_at(Some(now_ms), |v, now| {
+            let mut commit = |v: &mut View<'_>| {
+                if let Some(j) = v.journal() {
+                    j.commit();
+                }
+                Ok(())
+            };
+            admission::reap_owner(v, owner, now, &mut commit).map(|n| (n, true))
+        })
+    }
+
+    /// Whether any live lease is recorded under `owner`, read without the
+    /// lock (a consistent snapshot).
+    pub(crate) fn owner_holds(&self, owner: u32) -> Result<bool, FairError> {
+        // SAFETY: the handle's memory is valid for its validated size.
+        let snap = unsafe { read_snapshot(self.base.as_ptr(), self.at.total, SNAPSHOT_BUDGET) }?;
+        Ok(snap.leases.iter().any(|l| l.owner == owner))
+    }
+
+    /// Stats at `at` (`None`: the clock, read under the lock) into `out`.
+    pub(crate) fn stats_into_at(
+        &mut self,
+        at: Option<u64>,
+        out: &mut Stats,
+    ) -> Result<(), FairError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let r = self.with_view_at(at, |v, now| {
+            admission::stats_into(v, now, out, &mut scratch).map(|r| (r, true))
+        });
+        self.scratch = scratch;
+        r
+    }
+
     /// Stats at `at` (`None`: the clock, read under the lock).
     pub(crate) fn stats_at(&mut self, at: Option<u64>) -> Result<Stats, FairError> {
-        self.with_view_at(at, |v, now| admission::stats(v, now).map(|r| (r, true)))
+        let mut out = Stats::default();
+        self.stats_into_at(at, &mut out)?;
+        Ok(out)
     }
 
     /// Plan at `at` (`None`: the clock, read under the lock).
@@ -659,21 +929,27 @@ impl SharedLedger {
 
     /// See [`FairLedger::stats`].
     pub fn stats(&mut self, now_ms: u64) -> Result<Stats, FairError> {
-        self.with_view(|v| admission::stats(v, now_ms))
+        self.stats_at(Some(now_ms))
+    }
+
+    /// [`stats`](Self::stats) into `out`, reusing its vectors (see
+    /// [`FairShare::stats_into`](super::FairShare::stats_into)).
+    pub fn stats_into(&mut self, now_ms: u64, out: &mut Stats) -> Result<(), FairError> {
+        self.stats_into_at(Some(now_ms), out)
     }
 
     /// See [`FairLedger::plan`].
     pub fn plan(&mut self, now_ms: u64) -> Result<Plan, FairError> {
-        self.with_view(|v| admission::plan(v, now_ms))
+        self.plan_at(Some(now_ms))
     }
 
     /// See [`FairLedger::fairness_report`].
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
-        self.with_view(|v| admission::report(v, now_ms))
+        self.report_at(Some(now_ms))
     }
 }
 
-/// Unlocks on every exit path of `with_view` (errors included), writing
+/// Unlocks on every exit path of `with_view_at` (errors included), writing
 /// back what glibc will read on unlock first.
 struct Unlock<'a>(&'a RobustMutex, Held);
 
@@ -702,4 +978,326 @@ impl FairLedger for SharedLedger {
     fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
         SharedLedger::fairness_report(self, now_ms)
     }
+}
+
+/// Bytes of a lease record a snapshot copies: every field up to and
+/// including `deadline_ms` (not the slices).
+const HEAD_BYTES: usize = std::mem::offset_of!(LeaseRec, deadline_ms) + 8;
+
+/// A live lease as a snapshot holds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LeaseHead {
+    /// Its slot.
+    pub slot: u32,
+    /// Holder tenant index.
+    pub tenant: u32,
+    /// Owner id of the process that took it.
+    pub owner: u32,
+    /// Per-tenant lease number.
+    pub no: u64,
+    /// Creation order.
+    pub seq: u64,
+    /// Declared deadline.
+    pub deadline_ms: u64,
+}
+
+/// A committed state of a shared ledger, copied without its lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// The immutable parameters.
+    pub params: Params,
+    /// The meta record.
+    pub meta: MetaRec,
+    /// The tenant records (validated).
+    pub tenants: Vec<TenantRec>,
+    /// The live leases.
+    pub leases: Vec<LeaseHead>,
+    /// False when the ledger kept changing for the whole budget: then meta
+    /// and tenants are one committed state and the leases were read one at
+    /// a time (each was live at the instant it was read).
+    pub leases_consistent: bool,
+    /// Committed updates since creation.
+    pub commits: u64,
+}
+
+/// Copies `dst.len()` bytes (a multiple of 4) from `src` (4-aligned) with
+/// atomic loads: the memory may be written by other processes meanwhile.
+///
+/// # Safety
+///
+/// `src` must be valid for reads of `dst.len()` bytes.
+unsafe fn load_bytes(src: *const u8, dst: &mut [u8]) {
+    let mut i = 0;
+    while i + 8 <= dst.len() && (src as usize + i) % 8 == 0 {
+        // SAFETY: in bounds (caller contract), 8-aligned (checked); an
+        // atomic load only reads, which a read-only mapping allows.
+        let w = unsafe { (*(src.add(i) as *const AtomicU64)).load(Ordering::Relaxed) };
+        dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+        i += 8;
+    }
+    while i + 4 <= dst.len() {
+        // SAFETY: as above, 4-aligned (the start is, and i is a multiple of 4).
+        let w = unsafe { (*(src.add(i) as *const AtomicU32)).load(Ordering::Relaxed) };
+        dst[i..i + 4].copy_from_slice(&w.to_ne_bytes());
+        i += 4;
+    }
+}
+
+/// One lock-free copy attempt's bookkeeping: the sequence and journal
+/// count seen at the start, and the counted journal entries.
+struct Copier<'a> {
+    base: *const u8,
+    at: Offsets,
+    seq: &'a AtomicU64,
+    used: &'a AtomicU64,
+    entries: Vec<(u32, u32, [u8; MAX_RECORD_BYTES])>,
+    s1: u64,
+    c1: u64,
+}
+
+impl Copier<'_> {
+    /// Starts an attempt.
+    fn begin(&mut self) -> Result<(), FairError> {
+        self.s1 = self.seq.load(Ordering::Acquire);
+        self.c1 = if self.s1 & 1 == 1 {
+            self.used.load(Ordering::Acquire)
+        } else {
+            0
+        };
+        self.entries.clear();
+        if self.c1 > JOURNAL_ENTRIES as u64 {
+            return Err(FairError::Corrupt(format!(
+                "the undo journal counts {} entries, more than its {JOURNAL_ENTRIES}",
+                self.c1
+            )));
+        }
+        let mut e = vec![0u8; size_of::<JournalEntry>()];
+        for k in 0..self.c1 as usize {
+            // SAFETY: entry k lies inside the journal area of the validated
+            // ledger memory.
+            unsafe {
+                load_bytes(
+                    self.base
+                        .add(self.at.journal + k * size_of::<JournalEntry>()),
+                    &mut e,
+                )
+            };
+            let off = u32::from_ne_bytes([e[0], e[1], e[2], e[3]]);
+            let len = u32::from_ne_bytes([e[4], e[5], e[6], e[7]]);
+            let mut bytes = [0u8; MAX_RECORD_BYTES];
+            bytes.copy_from_slice(&e[8..8 + MAX_RECORD_BYTES]);
+            self.entries.push((off, len, bytes));
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes at ledger offset `off` into `dst`, then
+    /// applies the counted journal entries to the copy (last first, so the
+    /// oldest saved bytes win): the committed bytes, if the attempt ends
+    /// consistent.
+    fn copy(&self, off: usize, dst: &mut [u8]) {
+        if off + dst.len() > self.at.total {
+            return;
+        }
+        // SAFETY: in bounds of the validated ledger memory (checked).
+        unsafe { load_bytes(self.base.add(off), dst) };
+        for (eoff, elen, bytes) in self.entries.iter().rev() {
+            let (eoff, elen) = (*eoff as usize, (*elen as usize).min(MAX_RECORD_BYTES));
+            let lo = eoff.max(off);
+            let hi = (eoff + elen).min(off + dst.len());
+            if lo < hi {
+                dst[lo - off..hi - off].copy_from_slice(&bytes[lo - eoff..hi - eoff]);
+            }
+        }
+    }
+
+    /// Whether nothing moved since [`begin`](Self::begin).
+    fn consistent(&self) -> bool {
+        fence(Ordering::Acquire);
+        let s2 = self.seq.load(Ordering::Relaxed);
+        let c2 = if self.s1 & 1 == 1 {
+            self.used.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        s2 == self.s1 && c2 == self.c1
+    }
+}
+
+/// A plain-data record from its bytes.
+fn record<T: Copy + Default>(b: &[u8]) -> T {
+    let mut x = T::default();
+    let n = b.len().min(size_of::<T>());
+    // SAFETY: `x` is a valid `T` of plain data (every bit pattern of its
+    // integer and float fields is valid); we overwrite at most its size.
+    unsafe { ptr::copy_nonoverlapping(b.as_ptr(), &mut x as *mut T as *mut u8, n) };
+    x
+}
+
+fn head_of(slot: u32, b: &[u8]) -> LeaseRec {
+    let _ = slot;
+    record::<LeaseRec>(&b[..HEAD_BYTES])
+}
+
+/// Reads a committed state of the ledger at `mem` without its lock and
+/// without writing a byte (see the module docs), trying for at most
+/// `budget`.
+///
+/// # Safety
+///
+/// `mem` must be valid for reads of `len` bytes and 8-aligned.
+pub(crate) unsafe fn read_snapshot(
+    mem: *const u8,
+    len: usize,
+    budget: Duration,
+) -> Result<Snapshot, FairError> {
+    // SAFETY: the caller's contract.
+    let f = unsafe { read_header(mem, len) }?;
+    let at = offsets(f.n, f.cap);
+    // SAFETY: the header was validated; its atomics are only loaded.
+    let h = unsafe { &*(mem as *const SharedHeader) };
+    let mut c = Copier {
+        base: mem,
+        at,
+        seq: &h.seq,
+        used: &h.used,
+        entries: Vec::with_capacity(JOURNAL_ENTRIES),
+        s1: 0,
+        c1: 0,
+    };
+    let deadline = Instant::now() + budget;
+    let mut meta_b = [0u8; size_of::<MetaRec>()];
+    let mut tenants_b = vec![0u8; f.n * size_of::<TenantRec>()];
+    let mut live_b = Vec::new();
+    let mut heads_b = Vec::new();
+    let tenants = |b: &[u8]| -> Result<Vec<TenantRec>, FairError> {
+        b.chunks_exact(size_of::<TenantRec>())
+            .enumerate()
+            .map(|(i, x)| {
+                let t: TenantRec = record(x);
+                t.check(i).map(|_| t)
+            })
+            .collect()
+    };
+    let mut tries = 0u32;
+    // Whole copies first.
+    while Instant::now() < deadline || tries < 2 {
+        tries += 1;
+        if tries > 8 {
+            std::thread::yield_now();
+        }
+        c.begin()?;
+        c.copy(at.meta, &mut meta_b);
+        c.copy(at.tenants, &mut tenants_b);
+        let meta: MetaRec = record(&meta_b);
+        let lc = (meta.live_count as usize).min(f.cap);
+        live_b.resize(lc * 4, 0);
+        c.copy(at.live, &mut live_b);
+        heads_b.resize(lc * HEAD_BYTES, 0);
+        let mut bad_slot = None;
+        for (k, s) in live_b.chunks_exact(4).enumerate() {
+            let slot = u32::from_ne_bytes([s[0], s[1], s[2], s[3]]) as usize;
+            if slot >= f.cap {
+                bad_slot = Some(slot);
+                break;
+            }
+            c.copy(
+                at.leases + slot * size_of::<LeaseRec>(),
+                &mut heads_b[k * HEAD_BYTES..(k + 1) * HEAD_BYTES],
+            );
+        }
+        if !c.consistent() {
+            continue;
+        }
+        check_meta(&meta, f.cap)?;
+        if let Some(slot) = bad_slot {
+            return Err(FairError::Corrupt(format!(
+                "the live list names slot {slot}, beyond the capacity {}",
+                f.cap
+            )));
+        }
+        let mut leases = Vec::with_capacity(lc);
+        for (k, s) in live_b.chunks_exact(4).enumerate() {
+            let slot = u32::from_ne_bytes([s[0], s[1], s[2], s[3]]);
+            let l = head_of(slot, &heads_b[k * HEAD_BYTES..(k + 1) * HEAD_BYTES]);
+            leases.push(live_head(slot, &l, k, f.n)?);
+        }
+        return Ok(Snapshot {
+            params: f.params,
+            meta,
+            tenants: tenants(&tenants_b)?,
+            leases,
+            leases_consistent: true,
+            commits: c.s1 / 2,
+        });
+    }
+    // The ledger kept changing: the (small) meta and tenants alone, then the
+    // leases one at a time.
+    let stop = deadline + budget;
+    let meta = loop {
+        c.begin()?;
+        c.copy(at.meta, &mut meta_b);
+        c.copy(at.tenants, &mut tenants_b);
+        if c.consistent() {
+            let m: MetaRec = record(&meta_b);
+            check_meta(&m, f.cap)?;
+            break m;
+        }
+        if Instant::now() > stop {
+            return Err(FairError::Lock(format!(
+                "the ledger changed during every read for {:?}",
+                budget * 2
+            )));
+        }
+        std::thread::yield_now();
+    };
+    let commits = c.s1 / 2;
+    let mut leases = Vec::new();
+    let mut head = [0u8; HEAD_BYTES];
+    for slot in 0..meta.fresh {
+        for _ in 0..64 {
+            c.begin()?;
+            c.copy(at.leases + slot as usize * size_of::<LeaseRec>(), &mut head);
+            if c.consistent() {
+                let l = head_of(slot, &head);
+                if l.state == 1 {
+                    leases.push(live_head(slot, &l, l.live_pos as usize, f.n)?);
+                }
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    Ok(Snapshot {
+        params: f.params,
+        meta,
+        tenants: tenants(&tenants_b)?,
+        leases,
+        leases_consistent: false,
+        commits,
+    })
+}
+
+/// Validates the head of the live lease at live position `pos`.
+fn live_head(slot: u32, l: &LeaseRec, pos: usize, n: usize) -> Result<LeaseHead, FairError> {
+    if l.state != 1
+        || l.live_pos as usize != pos
+        || l.tenant as usize >= n
+        || l.no == 0
+        || l.deadline_ms < l.granted_ms
+    {
+        return Err(FairError::Corrupt(format!(
+            "live lease slot {slot}: state {}, position {} (expected {pos}), tenant {}, number {}, \
+             deadline {} before grant {}",
+            l.state, l.live_pos, l.tenant, l.no, l.deadline_ms, l.granted_ms
+        )));
+    }
+    Ok(LeaseHead {
+        slot,
+        tenant: l.tenant,
+        owner: l.owner,
+        no: l.no,
+        seq: l.seq,
+        deadline_ms: l.deadline_ms,
+    })
 }

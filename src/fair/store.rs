@@ -3,13 +3,29 @@
 //!
 //! # Layout
 //!
-//! The state is three flat parts: one [`MetaRec`], one [`TenantRec`] per
-//! tenant (constructor order) and [`LeaseRec`] slots (a fixed capacity chosen
-//! at creation). Every record is `#[repr(C)]`, `Copy`, and holds only `u32`,
-//! `u64`, `f64` and fixed byte arrays: no pointers and no heap, so the same
-//! bytes can live in a `Box<[_]>` (the in-process home) or in a mapped region
-//! (the shared home, see `shared.rs`). The immutable configuration is a
-//! separate [`Params`] record.
+//! The state is five flat parts: one [`MetaRec`]; one [`TenantRec`] per
+//! tenant (constructor order); [`LeaseRec`] slots (a capacity fixed at
+//! creation); hash buckets that find a live lease by (tenant, number); and
+//! the live list, the slots of the live leases in no particular order.
+//! Every record is `#[repr(C)]`, `Copy`, and holds only `u32`, `u64`, `f64`
+//! and fixed byte arrays: no pointers and no heap, so the same bytes can
+//! live in boxed slices (the in-process home) or in a mapped region (the
+//! shared home, see `shared.rs`). Links between records are slot numbers
+//! plus one (0 for none), so zeroed memory is an empty ledger. The
+//! immutable configuration is a separate [`Params`] record.
+//!
+//! # Costs
+//!
+//! No operation scans the lease slots. A grant takes the last freed slot
+//! (the free list threads through free records) or a never-used one, pushes
+//! the slot on its hash chain (buckets are a power of two, at least twice
+//! the capacity, indexed by a multiplicative hash of (tenant, number)) and
+//! appends it to the live list; a release finds the lease through its hash
+//! chain (about one record), unlinks it, moves the last live-list entry into
+//! its place and frees the slot. Each writes a handful of records whatever
+//! the number of leases held or ever held. Only `stats` (overrun leases),
+//! reaping and a `guarantee_on_loan` refusal read the live list, and only
+//! the live part of it.
 //!
 //! # Validation
 //!
@@ -17,11 +33,18 @@
 //! view never hands out a reference into the arrays: [`View::tenant`] and
 //! [`View::lease`] copy a record out, check every field (indices in range,
 //! numbers finite and not negative, flags known) and return
-//! [`FairError::Corrupt`] otherwise. Writes copy a whole record back.
-//! Nothing here panics on bad data.
+//! [`FairError::Corrupt`] otherwise; chain walks are bounded by the
+//! capacity, and a slot found on the wrong list is corrupt. Writes copy a
+//! whole record (or one link word) back, through [`put`], which in a region
+//! first saves the old bytes in the undo journal ([`Journal`]). Nothing
+//! here panics on bad data.
+
+use std::ptr;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use super::config::MAX_TENANT_ID_BYTES;
 use super::error::FairError;
+use super::types::LeaseId;
 
 /// Most lenders one lease can borrow from. Lenders are taken largest first,
 /// so a loan rarely spans more than one or two; a loan that would need more
@@ -35,6 +58,14 @@ pub(crate) const COUNTER_LIMIT: u64 = 1 << 62;
 /// Flag in [`Params::flags`]: a refused acquire does not count as activity.
 /// Test seam for trace T10 only; never set in production.
 pub(crate) const FLAG_REFUSAL_NOT_ACTIVITY: u32 = 1;
+
+/// Whether `v` is finite and not negative (`-0.0` included), on its bits:
+/// below the exponent of infinity with the sign clear, or negative zero.
+#[inline(always)]
+fn finite_non_negative(v: f64) -> bool {
+    let b = v.to_bits();
+    (b < 0x7ff0_0000_0000_0000) | (b == 0x8000_0000_0000_0000)
+}
 
 /// Immutable parameters of one ledger.
 #[repr(C)]
@@ -103,18 +134,25 @@ pub struct MetaRec {
     pub last_now_ms: u64,
     /// Creation sequence number for the next lease.
     pub next_seq: u64,
-    /// Lease slots `[0, lease_hwm)` have ever been used; scans stop there.
-    pub lease_hwm: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
     /// Leases released by the reaper, all tenants.
     pub reaped_total: u64,
+    /// Lease slots `[0, fresh)` have been used at some time; slots from
+    /// `fresh` on were never used (and are on no list).
+    pub fresh: u32,
+    /// First slot of the free list, plus one (0: empty). Freed slots are
+    /// reused last-freed first.
+    pub free_head: u32,
+    /// Live leases: `live[0..live_count]` are their slots.
+    pub live_count: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
 }
 
 /// One tenant. `id`/`weight`/`guarantee` are fixed; the rest is the
 /// tenant's ledger, including its want and deficit integration state.
+/// (`Default` is all zeroes, not a valid tenant: a buffer to copy into.)
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TenantRec {
     /// Bytes of `id` in use.
     pub id_len: u32,
@@ -208,16 +246,47 @@ impl TenantRec {
         self.own_held + self.borrowed
     }
 
-    fn check(&self, i: usize) -> Result<(), FairError> {
+    /// Checks every field (the id's bytes are checked where they are read
+    /// as text: [`id_str`](Self::id_str) answers `"?"` for invalid UTF-8).
+    /// The common case is one branch-light test; only a bad record builds
+    /// the message naming the field.
+    #[inline]
+    pub(crate) fn check(&self, i: usize) -> Result<(), FairError> {
+        let sane = self.id_len != 0
+            && self.id_len as usize <= MAX_TENANT_ID_BYTES
+            && self.want_open <= 1
+            && finite_non_negative(self.weight)
+                & finite_non_negative(self.guarantee)
+                & finite_non_negative(self.own_held)
+                & finite_non_negative(self.lent)
+                & finite_non_negative(self.borrowed)
+                & finite_non_negative(self.want)
+                & finite_non_negative(self.deficit_unit_ms)
+                & finite_non_negative(self.granted_cost)
+            && self.weight != 0.0
+            && self.next_lease_no != 0
+            && (self.next_lease_no
+                | self.live_leases
+                | self.granted_requests
+                | self.reaped_leases
+                | self.worst_reclaim_plus1)
+                <= COUNTER_LIMIT;
+        if sane {
+            Ok(())
+        } else {
+            self.explain(i)
+        }
+    }
+
+    /// The error naming what [`check`](Self::check) found wrong.
+    #[cold]
+    fn explain(&self, i: usize) -> Result<(), FairError> {
         let c = |m: String| Err(FairError::Corrupt(format!("tenant record {i}: {m}")));
         if self.id_len == 0 || self.id_len as usize > MAX_TENANT_ID_BYTES {
             return c(format!(
                 "id length {} out of 1..={MAX_TENANT_ID_BYTES}",
                 self.id_len
             ));
-        }
-        if std::str::from_utf8(&self.id[..self.id_len as usize]).is_err() {
-            return c("id is not UTF-8".into());
         }
         if self.want_open > 1 {
             return c(format!("want flag {} is not 0 or 1", self.want_open));
@@ -253,7 +322,7 @@ impl TenantRec {
                 return c(format!("{name} {v} exceeds {COUNTER_LIMIT}"));
             }
         }
-        Ok(())
+        c("a counter exceeds the limit".into())
     }
 }
 
@@ -281,6 +350,11 @@ pub struct LeaseRec {
     pub owner: u32,
     /// Slices in use.
     pub n_slices: u32,
+    /// Live: the position of this slot in the live list.
+    pub live_pos: u32,
+    /// Live: the next slot (plus one, 0: none) of its hash chain. Free: the
+    /// next slot (plus one, 0: none) of the free list.
+    pub link: u32,
     /// Per-tenant lease number (the id is tenant id + this).
     pub no: u64,
     /// Global creation order (ties of equal deadlines, ruling Q22).
@@ -300,13 +374,53 @@ pub struct LeaseRec {
 }
 
 impl LeaseRec {
-    fn check(&self, slot: usize, n_tenants: usize) -> Result<(), FairError> {
+    /// Checks every field in use; as for tenants, the common case is one
+    /// branch-light test and only a bad record builds the message.
+    #[inline]
+    fn check(&self, slot: usize, n_tenants: usize, cap: usize) -> Result<(), FairError> {
+        let sane = match self.state {
+            0 => self.link as usize <= cap,
+            1 => {
+                let n = self.n_slices as usize;
+                self.link as usize <= cap
+                    && (self.live_pos as usize) < cap
+                    && (self.tenant as usize) < n_tenants
+                    && n <= MAX_SLICES
+                    && finite_non_negative(self.cost)
+                        & finite_non_negative(self.charge)
+                        & finite_non_negative(self.own)
+                    && self.deadline_ms >= self.granted_ms
+                    && self.no != 0
+                    && self.slices[..n.min(MAX_SLICES)].iter().all(|s| {
+                        (s.lender as usize) < n_tenants
+                            && s.lender != self.tenant
+                            && finite_non_negative(s.units)
+                    })
+            }
+            _ => false,
+        };
+        if sane {
+            Ok(())
+        } else {
+            self.explain(slot, n_tenants, cap)
+        }
+    }
+
+    /// The error naming what [`check`](Self::check) found wrong.
+    #[cold]
+    fn explain(&self, slot: usize, n_tenants: usize, cap: usize) -> Result<(), FairError> {
         let c = |m: String| Err(FairError::Corrupt(format!("lease slot {slot}: {m}")));
         if self.state > 1 {
             return c(format!("state {} is not 0 or 1", self.state));
         }
+        if self.link as usize > cap {
+            return c(format!("link {} > capacity {cap}", self.link));
+        }
         if self.state == 0 {
             return Ok(());
+        }
+        if self.live_pos as usize >= cap {
+            return c(format!("live position {} >= capacity {cap}", self.live_pos));
         }
         if self.tenant as usize >= n_tenants {
             return c(format!(
@@ -343,7 +457,7 @@ impl LeaseRec {
                 self.deadline_ms, self.granted_ms, self.no
             ));
         }
-        Ok(())
+        c("a field is out of range".into())
     }
 
     /// Units borrowed from `lender` by this lease.
@@ -363,40 +477,296 @@ impl LeaseRec {
     }
 }
 
-/// A validated, mutable view over one copy of the ledger state. All ledger
-/// logic (`admission.rs`) is written against this type only.
+/// Hash buckets for `cap` lease slots: a power of two, at least twice the
+/// capacity (chains stay about one record long).
+pub(crate) fn bucket_count(cap: usize) -> usize {
+    (cap.saturating_mul(2)).next_power_of_two().max(2)
+}
+
+/// The largest record, in bytes: the most one undo-journal entry holds.
+pub(crate) const MAX_RECORD_BYTES: usize = {
+    let (m, t, l) = (
+        std::mem::size_of::<MetaRec>(),
+        std::mem::size_of::<TenantRec>(),
+        std::mem::size_of::<LeaseRec>(),
+    );
+    let x = if m > t { m } else { t };
+    if x > l {
+        x
+    } else {
+        l
+    }
+};
+
+/// Undo-journal entries one update may use. The largest update (an acquire
+/// borrowing from [`MAX_SLICES`] lenders, or a release repaying them)
+/// writes the meta record, the holder's and every lender's tenant record,
+/// the lease record, a hash bucket or chain link, a live-list entry and a
+/// moved lease's live position: `MAX_SLICES + 7` entries at most.
+pub(crate) const JOURNAL_ENTRIES: usize = 2 * MAX_SLICES + 16;
+
+/// One undo-journal entry: `len` bytes at ledger offset `off` as they were
+/// before the update wrote them.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct JournalEntry {
+    /// Byte offset from the start of the ledger memory.
+    pub off: u32,
+    /// Bytes saved (at most [`MAX_RECORD_BYTES`]).
+    pub len: u32,
+    /// The old bytes.
+    pub bytes: [u8; MAX_RECORD_BYTES],
+}
+
+/// What the first data write of an update does, for crash and stop tests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum WriteFault {
+    /// Write half the record, then abort the process.
+    Abort,
+    /// Write half the record, call this (a test stops the process there),
+    /// then finish the write and go on.
+    Call(fn()),
+}
+
+/// The undo journal of a ledger in shared memory (see `shared.rs`): every
+/// write of the view first saves the bytes it overwrites, so an update cut
+/// short is rolled back to the last committed state.
+pub(crate) struct Journal<'a> {
+    /// Start of the ledger memory (journal offsets are relative to it).
+    pub base: *const u8,
+    /// The journal's entries (in the ledger memory).
+    pub entries: &'a mut [JournalEntry],
+    /// Entries in use; stored with release ordering after each entry.
+    pub used: &'a AtomicU64,
+    /// The ledger's sequence word: odd while an update is in progress.
+    pub seq: &'a AtomicU64,
+    /// Whether this update has made `seq` odd yet.
+    pub opened: bool,
+    /// Entries this update has counted (the value of `used` it stored last:
+    /// `used` is 0 when an update starts).
+    pub count: usize,
+    /// Test seam for the first write.
+    pub fault: Option<WriteFault>,
+}
+
+impl Journal<'_> {
+    /// Marks the update under way (`seq` odd) before its first write.
+    #[inline]
+    fn open(&mut self) {
+        if !self.opened {
+            // Readers that saw an even sequence retry from here on.
+            let s = self.seq.load(Ordering::Relaxed);
+            self.seq.store(s | 1, Ordering::Relaxed);
+            fence(Ordering::Release);
+            self.opened = true;
+        }
+    }
+
+    /// Saves `len` bytes at `at` before they are overwritten (`len` 0:
+    /// nothing to save, the update is only marked under way).
+    fn save(&mut self, at: *const u8, len: usize) -> Result<(), FairError> {
+        self.open();
+        if len == 0 {
+            return Ok(());
+        }
+        let n = self.count;
+        let off = (at as usize).wrapping_sub(self.base as usize);
+        let (Some(e), Ok(off32), true) = (
+            self.entries.get_mut(n),
+            u32::try_from(off),
+            len <= MAX_RECORD_BYTES,
+        ) else {
+            return Err(journal_error(n, off, len));
+        };
+        e.off = off32;
+        e.len = len as u32;
+        // SAFETY: `at` points at `len` readable bytes of a record of this
+        // view (the caller's `&mut T`), `len <= MAX_RECORD_BYTES`, and the
+        // entry's buffer does not overlap a record.
+        unsafe { ptr::copy_nonoverlapping(at, e.bytes.as_mut_ptr(), len) };
+        // The entry is complete before it counts, and counts before the
+        // record is written: a process killed anywhere leaves every written
+        // byte covered by a counted entry; a reader that sees `used`
+        // unchanged across its copy saw no write beyond these entries.
+        self.count = n + 1;
+        self.used.store(n as u64 + 1, Ordering::Release);
+        fence(Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Journal<'_> {
+    /// Commits what was written so far: nothing is left to undo (the
+    /// commit point is the store of `used = 0`), and `seq` is even again.
+    pub fn commit(&mut self) {
+        if self.opened {
+            fence(Ordering::Release);
+            self.used.store(0, Ordering::Release);
+            let s = self.seq.load(Ordering::Relaxed);
+            self.seq.store((s | 1).wrapping_add(1), Ordering::Release);
+            self.opened = false;
+            self.count = 0;
+        }
+    }
+}
+
+/// The error of a write the journal cannot take.
+#[cold]
+fn journal_error(n: usize, off: usize, len: usize) -> FairError {
+    if n >= JOURNAL_ENTRIES {
+        FairError::Corrupt(format!(
+            "an update needed more than {JOURNAL_ENTRIES} undo-journal entries"
+        ))
+    } else {
+        FairError::Corrupt(format!(
+            "a write of {len} bytes at ledger offset {off} cannot be journaled"
+        ))
+    }
+}
+
+/// Writes `val` to `dst`, first saving the old bytes in `journal` (if any).
+#[inline]
+fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: T) -> Result<(), FairError> {
+    put_saving(journal, dst, val, std::mem::size_of::<T>())
+}
+
+/// Bytes of a lease record that matter while it is free: `state` … `link`
+/// (a free slot is read only for its state and its free-list link).
+const FREE_LEASE_BYTES: usize = std::mem::offset_of!(LeaseRec, link) + 4;
+
+/// Like [`put`], saving only the first `saved` bytes of the old value (the
+/// rest of it does not matter: a free lease record beyond its link).
+#[inline]
+fn put_saving<T: Copy>(
+    journal: &mut Option<Journal<'_>>,
+    dst: &mut T,
+    val: T,
+    saved: usize,
+) -> Result<(), FairError> {
+    if let Some(j) = journal {
+        j.save(
+            dst as *const T as *const u8,
+            saved.min(std::mem::size_of::<T>()),
+        )?;
+        if let Some(fault) = j.fault.take() {
+            let half = std::mem::size_of::<T>() / 2;
+            // SAFETY: `dst` is a valid `&mut T`; writing its first `half`
+            // bytes from `val` leaves a torn record, which is the point (the
+            // journal entry saved above restores it). T is plain data.
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    &val as *const T as *const u8,
+                    dst as *mut T as *mut u8,
+                    half,
+                )
+            };
+            match fault {
+                WriteFault::Abort => std::process::abort(),
+                WriteFault::Call(f) => f(),
+            }
+        }
+    }
+    *dst = val;
+    Ok(())
+}
+
+/// Lease slot `slot`, for writing.
+fn slot_mut(leases: &mut [LeaseRec], slot: usize) -> Result<&mut LeaseRec, FairError> {
+    let cap = leases.len();
+    leases
+        .get_mut(slot)
+        .ok_or_else(|| FairError::Corrupt(format!("lease slot {slot} >= capacity {cap}")))
+}
+
+/// The five parts of the ledger state a [`View`] reads and writes.
+pub struct Parts<'a> {
+    /// The meta record.
+    pub meta: &'a mut MetaRec,
+    /// One record per tenant.
+    pub tenants: &'a mut [TenantRec],
+    /// The lease slots.
+    pub leases: &'a mut [LeaseRec],
+    /// Hash buckets of live leases by (tenant, number): a slot plus one,
+    /// or 0.
+    pub buckets: &'a mut [u32],
+    /// Slots of the live leases, `[0, meta.live_count)`.
+    pub live: &'a mut [u32],
+}
+
+/// A live lease found by its (tenant, number).
+#[derive(Debug, Clone, Copy)]
+pub struct Found {
+    /// Its slot.
+    pub slot: usize,
+    /// Its record.
+    pub rec: LeaseRec,
+    /// Its hash bucket.
+    pub bucket: usize,
+    /// The slot before it in that bucket's chain, if any.
+    pub prev: Option<usize>,
+}
+
+/// A validated, mutable view over the ledger state. All ledger logic
+/// (`admission.rs`) is written against this type only.
 pub struct View<'a> {
     /// Immutable parameters, checked at construction.
     pub p: Params,
+    /// In a region a `now` earlier than the last accepted one is taken as
+    /// the last accepted one; in-process it is misuse.
+    pub clamp_time: bool,
     meta: &'a mut MetaRec,
     tenants: &'a mut [TenantRec],
     leases: &'a mut [LeaseRec],
+    buckets: &'a mut [u32],
+    live: &'a mut [u32],
+    bits: u32,
+    journal: Option<Journal<'a>>,
 }
 
 impl<'a> View<'a> {
-    /// Wraps the three parts, checking that they agree with `p`.
-    pub fn new(
-        p: Params,
-        meta: &'a mut MetaRec,
-        tenants: &'a mut [TenantRec],
-        leases: &'a mut [LeaseRec],
-    ) -> Result<View<'a>, FairError> {
-        p.check()?;
-        if tenants.len() != p.tenant_count as usize || leases.len() != p.lease_capacity as usize {
+    /// Wraps the parts, checking that they agree with `p`. `p` must have
+    /// passed [`Params::check`] (both homes check their private copy once,
+    /// at construction or attach; it is not re-read from shared memory).
+    #[inline]
+    pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
+        let cap = p.lease_capacity as usize;
+        if parts.tenants.len() != p.tenant_count as usize
+            || parts.leases.len() != cap
+            || parts.buckets.len() != bucket_count(cap)
+            || parts.live.len() != cap
+        {
             return Err(FairError::Corrupt(format!(
-                "{} tenant records / {} lease slots do not match parameters {} / {}",
-                tenants.len(),
-                leases.len(),
+                "{} tenant records / {} lease slots / {} buckets / {} live entries do not match \
+                 parameters {} / {cap}",
+                parts.tenants.len(),
+                parts.leases.len(),
+                parts.buckets.len(),
+                parts.live.len(),
                 p.tenant_count,
-                p.lease_capacity
             )));
         }
         Ok(View {
             p,
-            meta,
-            tenants,
-            leases,
+            clamp_time: false,
+            bits: parts.buckets.len().trailing_zeros(),
+            meta: parts.meta,
+            tenants: parts.tenants,
+            leases: parts.leases,
+            buckets: parts.buckets,
+            live: parts.live,
+            journal: None,
         })
+    }
+
+    /// Journals every write of this view (the shared home).
+    pub(crate) fn with_journal(mut self, j: Journal<'a>) -> View<'a> {
+        self.journal = Some(j);
+        self
+    }
+
+    /// The journal, once the update is over (to commit or roll back).
+    pub(crate) fn journal(&mut self) -> Option<&mut Journal<'a>> {
+        self.journal.as_mut()
     }
 
     /// Number of tenants.
@@ -404,31 +774,27 @@ impl<'a> View<'a> {
         self.tenants.len()
     }
 
+    /// Lease capacity.
+    pub fn capacity(&self) -> usize {
+        self.leases.len()
+    }
+
     /// A validated copy of the meta record.
+    #[inline(always)]
     pub fn meta(&self) -> Result<MetaRec, FairError> {
         let m = *self.meta;
-        if m.next_seq > COUNTER_LIMIT || m.reaped_total > COUNTER_LIMIT {
-            return Err(FairError::Corrupt(format!(
-                "lease sequence {} / reaped total {} exceed {COUNTER_LIMIT}",
-                m.next_seq, m.reaped_total
-            )));
-        }
-        if m.lease_hwm as usize > self.leases.len() {
-            return Err(FairError::Corrupt(format!(
-                "lease high-water mark {} > capacity {}",
-                m.lease_hwm,
-                self.leases.len()
-            )));
-        }
+        check_meta(&m, self.leases.len())?;
         Ok(m)
     }
 
     /// Writes the meta record.
-    pub fn set_meta(&mut self, m: MetaRec) {
-        *self.meta = m;
+    #[inline]
+    pub fn set_meta(&mut self, m: MetaRec) -> Result<(), FairError> {
+        put(&mut self.journal, self.meta, m)
     }
 
     /// A validated copy of tenant `i`.
+    #[inline(always)]
     pub fn tenant(&self, i: usize) -> Result<TenantRec, FairError> {
         let t = *self.tenants.get(i).ok_or_else(|| {
             FairError::Corrupt(format!(
@@ -441,28 +807,29 @@ impl<'a> View<'a> {
     }
 
     /// Writes tenant `i` (index checked by the caller's earlier read).
-    pub fn set_tenant(&mut self, i: usize, t: TenantRec) {
-        if let Some(slot) = self.tenants.get_mut(i) {
-            *slot = t;
+    #[inline]
+    pub fn set_tenant(&mut self, i: usize, t: TenantRec) -> Result<(), FairError> {
+        match self.tenants.get_mut(i) {
+            Some(slot) => put(&mut self.journal, slot, t),
+            None => Err(FairError::Corrupt(format!("tenant index {i} out of range"))),
         }
     }
 
-    /// All tenants, validated.
-    pub fn all_tenants(&self) -> Result<Vec<TenantRec>, FairError> {
-        (0..self.n()).map(|i| self.tenant(i)).collect()
-    }
-
-    /// Index of the tenant with this id.
-    pub fn find_tenant(&self, id: &str) -> Result<Option<usize>, FairError> {
-        for i in 0..self.n() {
-            if self.tenant(i)?.id_str() == id {
-                return Ok(Some(i));
+    /// The tenant with this id: its index and a validated copy. Compares
+    /// the stored bytes first and validates only the record that matches.
+    #[inline]
+    pub fn find_tenant(&self, id: &str) -> Result<Option<(usize, TenantRec)>, FairError> {
+        let b = id.as_bytes();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.id_len as usize == b.len() && t.id.get(..b.len()) == Some(b) {
+                return self.tenant(i).map(|t| Some((i, t)));
             }
         }
         Ok(None)
     }
 
     /// A validated copy of lease slot `slot`.
+    #[inline(always)]
     pub fn lease(&self, slot: usize) -> Result<LeaseRec, FairError> {
         let l = *self.leases.get(slot).ok_or_else(|| {
             FairError::Corrupt(format!(
@@ -470,57 +837,326 @@ impl<'a> View<'a> {
                 self.leases.len()
             ))
         })?;
-        l.check(slot, self.n())?;
+        l.check(slot, self.n(), self.leases.len())?;
         Ok(l)
     }
 
-    /// Writes lease slot `slot`.
-    pub fn set_lease(&mut self, slot: usize, l: LeaseRec) {
-        if let Some(s) = self.leases.get_mut(slot) {
-            *s = l;
+    /// The display id of a lease (`${tenant}${no}`).
+    pub fn lease_id(&self, l: &LeaseRec) -> Result<LeaseId, FairError> {
+        let t = self.tenant(l.tenant as usize)?;
+        LeaseId::new(t.id_str(), l.no)
+            .ok_or_else(|| FairError::Corrupt(format!("tenant record {}: id too long", l.tenant)))
+    }
+
+    /// The (tenant, number) a lease id names, parsed strictly (issue 20,
+    /// point 9): a tenant id followed by the number in plain decimal, no
+    /// sign, no leading zero, no space, at most `u64::MAX`. Lease ids are
+    /// unambiguous because no tenant id is another one followed by a
+    /// digit (checked at construction).
+    #[inline]
+    pub fn parse_lease_id(&self, id: &str) -> Option<(usize, u64)> {
+        let b = id.as_bytes();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let n = t.id_len as usize;
+            let Some(name) = t.id.get(..n) else { continue };
+            let (Some(head), Some(digits)) = (b.get(..n), b.get(n..)) else {
+                continue;
+            };
+            if n == 0 || head != name || digits.is_empty() || digits[0] == b'0' {
+                continue;
+            }
+            let mut no: u64 = 0;
+            let mut ok = true;
+            for &d in digits {
+                let v = match d {
+                    b'0'..=b'9' => u64::from(d - b'0'),
+                    _ => {
+                        ok = false;
+                        break;
+                    }
+                };
+                match no.checked_mul(10).and_then(|x| x.checked_add(v)) {
+                    Some(x) => no = x,
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                return Some((i, no));
+            }
+        }
+        None
+    }
+
+    fn bucket_of(&self, tenant: u32, no: u64) -> usize {
+        let k = (no ^ (u64::from(tenant) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (k >> (64 - self.bits)) as usize
+    }
+
+    /// A link word (slot plus one, or 0), validated.
+    fn link_slot(&self, link: u32, what: &str) -> Result<Option<usize>, FairError> {
+        match link as usize {
+            0 => Ok(None),
+            n if n <= self.leases.len() => Ok(Some(n - 1)),
+            n => Err(FairError::Corrupt(format!(
+                "{what} {n} > lease capacity {}",
+                self.leases.len()
+            ))),
         }
     }
 
-    /// Live leases as `(slot, record)`, in slot order.
-    pub fn live_leases(&self) -> Result<Vec<(usize, LeaseRec)>, FairError> {
-        let hwm = self.meta()?.lease_hwm as usize;
-        let mut v = Vec::new();
-        for s in 0..hwm {
-            let l = self.lease(s)?;
-            if l.state == 1 {
-                v.push((s, l));
+    /// The live lease `(tenant, no)`, by its hash chain.
+    #[inline]
+    pub fn find_lease(&self, tenant: usize, no: u64) -> Result<Option<Found>, FairError> {
+        let b = self.bucket_of(tenant as u32, no);
+        let mut cur = self.link_slot(self.buckets[b], "hash bucket")?;
+        let mut prev = None;
+        let mut steps = 0usize;
+        while let Some(slot) = cur {
+            // Only the match is copied out and validated whole; the others
+            // are read for their key, state and link.
+            let r = &self.leases[slot];
+            let (state, t, n, link) = (r.state, r.tenant, r.no, r.link);
+            if state != 1 {
+                return Err(FairError::Corrupt(format!(
+                    "lease slot {slot} (state {state}) is on hash chain {b}"
+                )));
             }
+            if t as usize == tenant && n == no {
+                let rec = self.lease(slot)?;
+                return Ok(Some(Found {
+                    slot,
+                    rec,
+                    bucket: b,
+                    prev,
+                }));
+            }
+            steps += 1;
+            if steps > self.leases.len() {
+                return Err(FairError::Corrupt(format!("hash chain {b} loops")));
+            }
+            prev = Some(slot);
+            cur = self.link_slot(link, "hash link")?;
         }
-        Ok(v)
+        Ok(None)
     }
 
-    /// A free slot, if any (lowest first).
-    pub fn free_slot(&self) -> Result<Option<usize>, FairError> {
-        let hwm = self.meta()?.lease_hwm as usize;
-        for s in 0..hwm {
-            if self.lease(s)?.state == 0 {
-                return Ok(Some(s));
+    /// The slot the next lease will take, and the meta record after taking
+    /// it (nothing is written): the last freed slot, else a never-used one.
+    #[inline]
+    pub fn take_slot(&self, mut m: MetaRec) -> Result<Option<(usize, MetaRec)>, FairError> {
+        if let Some(slot) = self.link_slot(m.free_head, "free list head")? {
+            // A free slot is read for its state and link only.
+            let r = &self.leases[slot];
+            let (state, link) = (r.state, r.link);
+            if state != 0 || link as usize > self.leases.len() {
+                return Err(FairError::Corrupt(format!(
+                    "lease slot {slot} (state {state}, link {link}) is on the free list"
+                )));
             }
+            m.free_head = link;
+            return Ok(Some((slot, m)));
         }
-        Ok(if hwm < self.leases.len() {
-            Some(hwm)
-        } else {
-            None
+        if (m.fresh as usize) < self.leases.len() {
+            let slot = m.fresh as usize;
+            m.fresh += 1;
+            return Ok(Some((slot, m)));
+        }
+        Ok(None)
+    }
+
+    /// Writes the new live lease `rec` into `slot` (taken by
+    /// [`take_slot`](Self::take_slot)), links it into its hash chain and
+    /// the live list. `m` is updated; the caller writes it.
+    #[inline]
+    pub fn insert_lease(
+        &mut self,
+        m: &mut MetaRec,
+        slot: usize,
+        mut rec: LeaseRec,
+    ) -> Result<(), FairError> {
+        let b = self.bucket_of(rec.tenant, rec.no);
+        let pos = m.live_count as usize;
+        if pos >= self.live.len() {
+            return Err(FairError::Corrupt(format!(
+                "live count {pos} >= capacity {}",
+                self.live.len()
+            )));
+        }
+        rec.state = 1;
+        rec.live_pos = pos as u32;
+        rec.link = self.buckets[b];
+        // The slot is free (take_slot checked): only its state and link
+        // need saving.
+        put_saving(
+            &mut self.journal,
+            slot_mut(self.leases, slot)?,
+            rec,
+            FREE_LEASE_BYTES,
+        )?;
+        put(&mut self.journal, &mut self.buckets[b], slot as u32 + 1)?;
+        // Beyond the committed live count: not read after an undo (which
+        // restores the count), so not saved.
+        put_saving(&mut self.journal, &mut self.live[pos], slot as u32, 0)?;
+        m.live_count += 1;
+        Ok(())
+    }
+
+    /// Unlinks the live lease `f` from its hash chain and the live list and
+    /// puts its slot on the free list. `m` is updated; the caller writes it.
+    #[inline]
+    pub fn remove_lease(&mut self, m: &mut MetaRec, f: &Found) -> Result<(), FairError> {
+        match f.prev {
+            Some(p) => {
+                let link = f.rec.link;
+                put(&mut self.journal, &mut slot_mut(self.leases, p)?.link, link)?;
+            }
+            None => put(&mut self.journal, &mut self.buckets[f.bucket], f.rec.link)?,
+        }
+        let pos = f.rec.live_pos as usize;
+        let last = (m.live_count as usize).checked_sub(1);
+        if last.is_none_or(|l| pos > l) || self.live.get(pos) != Some(&(f.slot as u32)) {
+            return Err(FairError::Corrupt(format!(
+                "lease slot {} is not at live position {pos} (live count {})",
+                f.slot, m.live_count
+            )));
+        }
+        let last = last.unwrap_or(0);
+        if pos != last {
+            let moved = *self.live.get(last).ok_or_else(|| {
+                FairError::Corrupt(format!("live count {} out of range", m.live_count))
+            })?;
+            if self.leases.get(moved as usize).map(|r| r.state) != Some(1) {
+                return Err(FairError::Corrupt(format!(
+                    "live list position {last} names slot {moved}, which is not live"
+                )));
+            }
+            put(&mut self.journal, &mut self.live[pos], moved)?;
+            put(
+                &mut self.journal,
+                &mut slot_mut(self.leases, moved as usize)?.live_pos,
+                pos as u32,
+            )?;
+        }
+        m.live_count -= 1;
+        // Freed: its state and its free-list link are all that is read of
+        // it from now on (the other fields keep the old lease's values), so
+        // only they are saved.
+        let free = LeaseRec {
+            state: 0,
+            link: m.free_head,
+            ..f.rec
+        };
+        put_saving(
+            &mut self.journal,
+            slot_mut(self.leases, f.slot)?,
+            free,
+            FREE_LEASE_BYTES,
+        )?;
+        m.free_head = f.slot as u32 + 1;
+        Ok(())
+    }
+
+    /// The live lease at position `pos` of the live list (validated: live,
+    /// and recorded at that position).
+    #[inline]
+    pub fn live_lease(&self, pos: usize) -> Result<(usize, LeaseRec), FairError> {
+        let slot = *self
+            .live
+            .get(pos)
+            .ok_or_else(|| FairError::Corrupt(format!("live position {pos} out of range")))?
+            as usize;
+        let l = self.lease(slot)?;
+        if l.state != 1 || l.live_pos as usize != pos {
+            return Err(FairError::Corrupt(format!(
+                "live position {pos} names slot {slot} (state {}, position {})",
+                l.state, l.live_pos
+            )));
+        }
+        Ok((slot, l))
+    }
+}
+
+/// Checks a meta record against the lease capacity.
+pub(crate) fn check_meta(m: &MetaRec, cap: usize) -> Result<(), FairError> {
+    if m.next_seq > COUNTER_LIMIT || m.reaped_total > COUNTER_LIMIT {
+        return Err(FairError::Corrupt(format!(
+            "lease sequence {} / reaped total {} exceed {COUNTER_LIMIT}",
+            m.next_seq, m.reaped_total
+        )));
+    }
+    if m.fresh as usize > cap || m.free_head as usize > cap || m.live_count > m.fresh {
+        return Err(FairError::Corrupt(format!(
+            "lease slots used {} / free head {} / live {} out of range for capacity {cap}",
+            m.fresh, m.free_head, m.live_count
+        )));
+    }
+    Ok(())
+}
+
+/// Owned ledger state (the in-process home, and inspection snapshots).
+#[derive(Debug, Clone)]
+pub struct OwnedState {
+    /// The meta record.
+    pub meta: MetaRec,
+    /// Tenant records.
+    pub tenants: Box<[TenantRec]>,
+    /// Lease slots.
+    pub leases: Box<[LeaseRec]>,
+    /// Hash buckets.
+    pub buckets: Box<[u32]>,
+    /// The live list.
+    pub live: Box<[u32]>,
+}
+
+fn boxed<T: Clone>(n: usize, v: T, what: &str, size: usize) -> Result<Box<[T]>, FairError> {
+    let mut x = Vec::new();
+    x.try_reserve_exact(n).map_err(|e| {
+        FairError::InvalidConfig(format!(
+            "cannot allocate {n} {what} ({} bytes): {e}",
+            n.saturating_mul(size)
+        ))
+    })?;
+    x.resize(n, v);
+    Ok(x.into_boxed_slice())
+}
+
+impl OwnedState {
+    /// A fresh state: `meta`, `tenants`, and `cap` free lease slots. Memory
+    /// the system cannot give is an error, never an abort.
+    pub fn new(
+        meta: MetaRec,
+        tenants: Vec<TenantRec>,
+        cap: usize,
+    ) -> Result<OwnedState, FairError> {
+        Ok(OwnedState {
+            meta,
+            tenants: tenants.into_boxed_slice(),
+            leases: boxed(
+                cap,
+                LeaseRec::default(),
+                "lease slots",
+                std::mem::size_of::<LeaseRec>(),
+            )?,
+            buckets: boxed(bucket_count(cap), 0, "hash buckets", 4)?,
+            live: boxed(cap, 0, "live-list entries", 4)?,
         })
     }
 
-    /// Lease capacity.
-    pub fn capacity(&self) -> usize {
-        self.leases.len()
-    }
-
-    /// The display id of a lease (`${tenant}${no}`).
-    pub fn lease_id(&self, l: &LeaseRec) -> Result<String, FairError> {
-        Ok(format!(
-            "{}{}",
-            self.tenant(l.tenant as usize)?.id_str(),
-            l.no
-        ))
+    /// A view over this state (no journal: in-process writes are final).
+    pub fn view(&mut self, p: Params) -> Result<View<'_>, FairError> {
+        View::new(
+            p,
+            Parts {
+                meta: &mut self.meta,
+                tenants: &mut self.tenants,
+                leases: &mut self.leases,
+                buckets: &mut self.buckets,
+                live: &mut self.live,
+            },
+        )
     }
 }
 
@@ -542,46 +1178,50 @@ mod tests {
         }
     }
 
-    fn state() -> (MetaRec, Vec<TenantRec>, Vec<LeaseRec>) {
+    fn state() -> OwnedState {
         let t = vec![
             TenantRec::new("a", 1.0, 50.0, 0).unwrap(),
             TenantRec::new("b", 1.0, 50.0, 0).unwrap(),
         ];
-        (MetaRec::default(), t, vec![LeaseRec::default(); 4])
+        OwnedState::new(MetaRec::default(), t, 4).unwrap()
     }
 
     #[test]
     fn records_are_plain_fixed_size() {
-        assert_eq!(std::mem::size_of::<MetaRec>() % 8, 0);
+        assert_eq!(std::mem::size_of::<MetaRec>(), 40);
         assert_eq!(std::mem::size_of::<TenantRec>() % 8, 0);
-        assert_eq!(std::mem::size_of::<LeaseRec>() % 8, 0);
+        assert_eq!(std::mem::size_of::<LeaseRec>(), 208);
         assert_eq!(std::mem::size_of::<SliceRec>(), 16);
+        assert_eq!(MAX_RECORD_BYTES, 208);
+        assert_eq!(bucket_count(1), 2);
+        assert_eq!(bucket_count(4096), 8192);
+        assert_eq!(bucket_count(4097), 16384);
     }
 
     #[test]
     fn corrupt_fields_are_errors() {
-        let (mut m, mut t, mut l) = state();
-        t[1].own_held = f64::NAN;
-        t[0].id_len = 99;
-        l[0] = LeaseRec {
+        let mut s = state();
+        s.tenants[1].own_held = f64::NAN;
+        s.tenants[0].id_len = 99;
+        s.leases[0] = LeaseRec {
             state: 1,
             tenant: 7,
             no: 1,
             ..LeaseRec::default()
         };
-        l[1] = LeaseRec {
+        s.leases[1] = LeaseRec {
             state: 1,
             tenant: 0,
             n_slices: 1,
             no: 1,
             ..LeaseRec::default()
         };
-        l[1].slices[0].lender = 0; // lends to itself
-        l[2] = LeaseRec {
+        s.leases[1].slices[0].lender = 0; // lends to itself
+        s.leases[2] = LeaseRec {
             state: 9,
             ..LeaseRec::default()
         };
-        l[3] = LeaseRec {
+        s.leases[3] = LeaseRec {
             state: 1,
             tenant: 1,
             no: 1,
@@ -589,8 +1229,9 @@ mod tests {
             deadline_ms: 4,
             ..LeaseRec::default()
         };
-        m.lease_hwm = 4;
-        let v = View::new(params(2, 4), &mut m, &mut t, &mut l).unwrap();
+        s.meta.fresh = 4;
+        s.meta.live_count = 4;
+        let v = s.view(params(2, 4)).unwrap();
         for e in [
             v.tenant(0).unwrap_err(),
             v.tenant(1).unwrap_err(),
@@ -598,29 +1239,85 @@ mod tests {
         ] {
             assert!(matches!(e, FairError::Corrupt(_)), "{e}");
         }
-        for s in 0..4 {
-            assert!(matches!(v.lease(s), Err(FairError::Corrupt(_))), "slot {s}");
+        for slot in 0..4 {
+            assert!(
+                matches!(v.lease(slot), Err(FairError::Corrupt(_))),
+                "slot {slot}"
+            );
         }
-        assert!(v.live_leases().is_err());
+        assert!(v.live_lease(0).is_err());
         assert!(v.lease(4).is_err());
     }
 
     #[test]
     fn meta_and_params_are_checked() {
-        let (mut m, mut t, mut l) = state();
-        assert!(
-            View::new(params(3, 4), &mut m, &mut t, &mut l).is_err(),
-            "tenant count mismatch"
-        );
+        let mut s = state();
+        assert!(s.view(params(3, 4)).is_err(), "tenant count mismatch");
         let mut p = params(2, 4);
         p.idle_after_ms = 100;
-        assert!(View::new(p, &mut m, &mut t, &mut l).is_err());
+        assert!(p.check().is_err());
         p = params(2, 4);
         p.unit = 5;
-        assert!(View::new(p, &mut m, &mut t, &mut l).is_err());
-        m.lease_hwm = 5;
-        let v = View::new(params(2, 4), &mut m, &mut t, &mut l).unwrap();
+        assert!(p.check().is_err());
+        s.meta.fresh = 5;
+        let v = s.view(params(2, 4)).unwrap();
         assert!(v.meta().is_err());
-        assert!(v.free_slot().is_err());
+    }
+
+    #[test]
+    fn lease_ids_parse_strictly() {
+        let mut s = state();
+        let v = s.view(params(2, 4)).unwrap();
+        assert_eq!(v.parse_lease_id("a1"), Some((0, 1)));
+        assert_eq!(
+            v.parse_lease_id("b18446744073709551615"),
+            Some((1, u64::MAX))
+        );
+        for bad in [
+            "a+1",
+            "a01",
+            "a0",
+            "a",
+            "",
+            "a1 ",
+            "b18446744073709551616",
+            "c1",
+            "a-1",
+        ] {
+            assert_eq!(v.parse_lease_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn insert_find_remove_and_reuse() {
+        let mut s = state();
+        let mut v = s.view(params(2, 4)).unwrap();
+        let mut m = v.meta().unwrap();
+        let mut slots = Vec::new();
+        for no in 1..=4u64 {
+            let (slot, m2) = v.take_slot(m).unwrap().unwrap();
+            m = m2;
+            let rec = LeaseRec {
+                tenant: (no % 2) as u32,
+                no,
+                ..LeaseRec::default()
+            };
+            v.insert_lease(&mut m, slot, rec).unwrap();
+            slots.push(slot);
+        }
+        assert_eq!(v.take_slot(m).unwrap(), None, "full");
+        let f = v.find_lease(1, 1).unwrap().unwrap();
+        assert_eq!(f.slot, slots[0]);
+        v.remove_lease(&mut m, &f).unwrap();
+        assert!(v.find_lease(1, 1).unwrap().is_none());
+        assert_eq!(m.live_count, 3);
+        for pos in 0..3 {
+            v.live_lease(pos).unwrap();
+        }
+        for (t, no) in [(0, 2), (1, 3), (0, 4)] {
+            assert!(v.find_lease(t, no).unwrap().is_some(), "{t} {no}");
+        }
+        let (slot, _) = v.take_slot(m).unwrap().unwrap();
+        assert_eq!(slot, slots[0], "the last freed slot is reused first");
     }
 }

@@ -3,30 +3,319 @@
 //! All of them are plain owned data with `Serialize`; numbers that are whole
 //! serialize as JSON integers (`50`, not `50.0`) so call-log replays read
 //! like the examples in `docs/fair-share.md`.
+//!
+//! What a successful call returns holds no heap memory: tenant and lease
+//! ids are short strings stored inline ([`TenantId`], [`LeaseId`], which
+//! dereference to `str`), and a lease's borrowed slices are a fixed array
+//! ([`Slices`], which dereferences to `[Slice]`). So an acquire, a release
+//! and a [`stats_into`](super::FairShare::stats_into) of a fixed shape
+//! allocate nothing. Refusals carry an explanation sentence (a `String`):
+//! a refusal is not the success path.
 
-use serde::ser::SerializeMap;
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::mem::MaybeUninit;
+use std::ops::Deref;
+
+use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
+use super::config::MAX_TENANT_ID_BYTES;
 use super::ser_num;
+use super::store::MAX_SLICES;
+
+/// Defines a string type of at most `$cap` bytes stored inline.
+macro_rules! inline_str {
+    ($(#[$doc:meta])* $name:ident, $cap:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub struct $name {
+            len: u8,
+            buf: [u8; $cap],
+        }
+
+        impl $name {
+            /// The most bytes it holds.
+            pub const CAPACITY: usize = $cap;
+
+            /// The text.
+            #[inline]
+            pub fn as_str(&self) -> &str {
+                let b = &self.buf[..(self.len as usize).min($cap)];
+                // SAFETY: `buf[..len]` is only ever written by `push`, which
+                // appends a whole `&str` (valid UTF-8) and moves `len` to its
+                // end; the fields are private to this module, and a fresh
+                // value is empty. A concatenation of valid UTF-8 strings is
+                // valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(b) }
+            }
+
+            /// Appends `s` if it fits whole, else leaves `self` unchanged
+            /// and returns false.
+            pub(crate) fn push(&mut self, s: &str) -> bool {
+                let at = self.len as usize;
+                let Some(end) = at.checked_add(s.len()).filter(|&e| e <= $cap) else {
+                    return false;
+                };
+                self.buf[at..end].copy_from_slice(s.as_bytes());
+                self.len = end as u8;
+                true
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name { len: 0, buf: [0; $cap] }
+            }
+        }
+
+        impl Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(self.as_str(), f)
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, o: &$name) -> bool {
+                self.as_str() == o.as_str()
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, o: &$name) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(o))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, o: &$name) -> std::cmp::Ordering {
+                self.as_str().cmp(o.as_str())
+            }
+        }
+
+        impl Hash for $name {
+            fn hash<H: Hasher>(&self, h: &mut H) {
+                self.as_str().hash(h)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, o: &str) -> bool {
+                self.as_str() == o
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, o: &&str) -> bool {
+                self.as_str() == *o
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, o: &String) -> bool {
+                self.as_str() == o.as_str()
+            }
+        }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, o: &$name) -> bool {
+                self == o.as_str()
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, o: &$name) -> bool {
+                *self == o.as_str()
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, o: &$name) -> bool {
+                self.as_str() == o.as_str()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(s: $name) -> String {
+                s.as_str().to_string()
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+inline_str!(
+    /// A tenant id (1 to [`MAX_TENANT_ID_BYTES`] bytes), stored inline: no
+    /// heap. Dereferences to `str`; compares equal to `&str` and `String`.
+    TenantId,
+    MAX_TENANT_ID_BYTES
+);
+
+inline_str!(
+    /// A lease id, `${tenant}${n}` (ruling Q12), stored inline: no heap.
+    /// Dereferences to `str` (pass `&lease.id` where a `&str` is wanted);
+    /// compares equal to `&str` and `String`.
+    LeaseId,
+    MAX_TENANT_ID_BYTES + 20
+);
+
+impl TenantId {
+    /// `id` as a tenant id, or `None` when it is longer than
+    /// [`MAX_TENANT_ID_BYTES`].
+    pub fn new(id: &str) -> Option<TenantId> {
+        let mut t = TenantId::default();
+        t.push(id).then_some(t)
+    }
+}
+
+impl LeaseId {
+    /// The id of lease number `no` of `tenant`: the tenant id followed by
+    /// `no` in decimal. `None` when `tenant` is longer than
+    /// [`MAX_TENANT_ID_BYTES`].
+    pub fn new(tenant: &str, no: u64) -> Option<LeaseId> {
+        let mut id = LeaseId::default();
+        if !id.push(tenant) {
+            return None;
+        }
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut n = no;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        // ASCII digits are a valid str; 32 + 20 bytes always fit.
+        id.push(std::str::from_utf8(&digits[i..]).unwrap_or("0"))
+            .then_some(id)
+    }
+}
 
 /// A slice of a lease borrowed from one lender's idle guarantee.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Slice {
     /// The lender's tenant id.
-    pub lender: String,
+    pub lender: TenantId,
     /// Units of the lender's guarantee committed to this lease.
     #[serde(serialize_with = "ser_num")]
     pub units: f64,
 }
 
+/// A lease's borrowed slices, largest lender first (at most
+/// [`MAX_SLICES`]), stored inline. Dereferences to `[Slice]`.
+#[derive(Clone, Copy)]
+pub struct Slices {
+    n: u8,
+    /// `items[..n]` are initialised (the rest are never read, so a lease
+    /// without slices costs no initialisation of them).
+    items: [MaybeUninit<Slice>; MAX_SLICES],
+}
+
+impl Slices {
+    /// No slices.
+    pub fn new() -> Slices {
+        Slices {
+            n: 0,
+            items: [MaybeUninit::uninit(); MAX_SLICES],
+        }
+    }
+
+    /// Appends a slice; false (and unchanged) when already full.
+    pub(crate) fn push(&mut self, s: Slice) -> bool {
+        match self.items.get_mut(self.n as usize) {
+            Some(x) => {
+                x.write(s);
+                self.n += 1;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Default for Slices {
+    fn default() -> Slices {
+        Slices::new()
+    }
+}
+
+impl Deref for Slices {
+    type Target = [Slice];
+    fn deref(&self) -> &[Slice] {
+        let n = (self.n as usize).min(MAX_SLICES);
+        // SAFETY: `items[..n]` were initialised by `push` (the only writer,
+        // which moves `n` past each item it writes; fields are private), and
+        // `MaybeUninit<Slice>` has the layout of `Slice`.
+        unsafe { std::slice::from_raw_parts(self.items.as_ptr() as *const Slice, n) }
+    }
+}
+
+impl fmt::Debug for Slices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Slices {
+    fn eq(&self, o: &Slices) -> bool {
+        **self == **o
+    }
+}
+
+impl Serialize for Slices {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for x in self.iter() {
+            seq.serialize_element(x)?;
+        }
+        seq.end()
+    }
+}
+
 /// A granted lease. Release it with [`FairShare::release`](super::FairShare::release)
-/// by its `id`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// by its `id` (`fair.release(&lease.id, now)`). Plain data, no heap.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Lease {
     /// `${tenant}${n}` with a per-tenant counter from 1 (ruling Q12).
-    pub id: String,
+    pub id: LeaseId,
     /// The tenant holding the lease.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// The cost declared by the caller (always recorded).
     #[serde(serialize_with = "ser_num")]
     pub cost: f64,
@@ -37,8 +326,9 @@ pub struct Lease {
     #[serde(serialize_with = "ser_num")]
     pub own: f64,
     /// Borrowed slices, largest lender first. Empty when wholly own.
-    pub slices: Vec<Slice>,
-    /// When the lease was granted.
+    pub slices: Slices,
+    /// When the lease was granted (in a region, the `now` the ledger took:
+    /// never earlier than the last accepted one).
     pub granted_at_ms: u64,
     /// `granted_at_ms + hold_ms`: the declared release deadline.
     pub deadline_ms: u64,
@@ -101,7 +391,7 @@ pub struct Refusal {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TenantStats {
     /// Tenant id.
-    pub id: String,
+    pub id: TenantId,
     /// `ceiling * weight / totalWeight`.
     #[serde(serialize_with = "ser_num")]
     pub guarantee: f64,
@@ -129,17 +419,19 @@ pub struct TenantStats {
     pub reaped_leases: u64,
 }
 
-/// Snapshot returned by `stats(now)`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// Snapshot returned by `stats(now)`. `Stats::default()` is an empty one
+/// to fill with [`FairShare::stats_into`](super::FairShare::stats_into).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Stats {
-    /// The `now` of the snapshot.
+    /// The `now` of the snapshot (in a region, the `now` the ledger took:
+    /// never earlier than the last accepted one).
     pub now_ms: u64,
     /// Per tenant, in constructor order (serialized as an object keyed by id).
     #[serde(serialize_with = "ser_keyed_stats")]
     pub tenants: Vec<TenantStats>,
     /// Live leases past their declared deadline, in creation order. They stay
     /// counted against the ceiling and are never freed by the ledger.
-    pub overrun_leases: Vec<String>,
+    pub overrun_leases: Vec<LeaseId>,
 }
 
 impl Stats {
@@ -153,7 +445,7 @@ impl Stats {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TenantShare {
     /// Tenant id.
-    pub id: String,
+    pub id: TenantId,
     /// Share of the total cost of granted leases since start.
     #[serde(serialize_with = "ser_num")]
     pub cost_share: f64,
@@ -187,7 +479,7 @@ impl FairnessReport {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanEntry {
     /// Tenant id.
-    pub id: String,
+    pub id: TenantId,
     /// Current demand: held plus the outstanding want.
     #[serde(serialize_with = "ser_num")]
     pub demand: f64,
@@ -218,7 +510,7 @@ impl Serialize for Plan {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(self.tenants.len()))?;
         for t in &self.tenants {
-            m.serialize_entry(&t.id, t)?;
+            m.serialize_entry(t.id.as_str(), t)?;
         }
         m.end()
     }
@@ -227,7 +519,7 @@ impl Serialize for Plan {
 fn ser_keyed_stats<S: Serializer>(v: &[TenantStats], s: S) -> Result<S::Ok, S::Error> {
     let mut m = s.serialize_map(Some(v.len()))?;
     for t in v {
-        m.serialize_entry(&t.id, t)?;
+        m.serialize_entry(t.id.as_str(), t)?;
     }
     m.end()
 }
@@ -235,7 +527,7 @@ fn ser_keyed_stats<S: Serializer>(v: &[TenantStats], s: S) -> Result<S::Ok, S::E
 fn ser_keyed_shares<S: Serializer>(v: &[TenantShare], s: S) -> Result<S::Ok, S::Error> {
     let mut m = s.serialize_map(Some(v.len()))?;
     for t in v {
-        m.serialize_entry(&t.id, t)?;
+        m.serialize_entry(t.id.as_str(), t)?;
     }
     m.end()
 }

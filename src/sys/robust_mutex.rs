@@ -445,6 +445,9 @@ impl RobustMutex {
     /// the mutex is corrupt: nothing is locked, and the caller may repair it
     /// with [`reinit_if_still`](Self::reinit_if_still).
     pub fn lock_bounded(&self, wait: &LockWait) -> Result<Bounded, Error> {
+        if let Some(r) = self.try_lock() {
+            return r.map(|(state, held)| Bounded::Locked(state, held));
+        }
         let glibc = glibc_layout();
         // The clock starts at the first attempt that finds the lock taken:
         // the uncontended path reads no clock (one trylock).
@@ -506,6 +509,34 @@ impl RobustMutex {
                     holder
                 )));
             }
+        }
+    }
+
+    /// The uncontended path of [`lock_bounded`](Self::lock_bounded): one
+    /// attempt, no waiting, no clock, nothing to build. `Some` when it took
+    /// the lock (or failed for a reason no wait can change); `None` when
+    /// the mutex is held, not recoverable or has a scribbled type word,
+    /// which `lock_bounded` sorts out.
+    #[inline]
+    pub fn try_lock(&self) -> Option<Result<(LockState, Held), Error>> {
+        let glibc = glibc_layout();
+        if glibc.is_some_and(|g| self.kind_word(g) != g.expected_kind) {
+            return None;
+        }
+        // Read before the attempt: the lock itself changes the head.
+        let links = glibc
+            .filter(|g| g.links_known)
+            .and_then(|_| expected_links());
+        match self.timed_lock(Duration::ZERO) {
+            Ok(Some(state)) => {
+                let held = self.held(glibc, links);
+                // A scribble between the lock and now is undone at once.
+                self.write_back(&held);
+                Some(Ok((state, held)))
+            }
+            Ok(None) => None,
+            Err(e) if is_not_recoverable(&e) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 

@@ -71,7 +71,7 @@ pub fn no(r: AcquireResult) -> Refusal {
 pub fn slices(l: &Lease) -> Vec<(String, f64)> {
     l.slices
         .iter()
-        .map(|s| (s.lender.clone(), s.units))
+        .map(|s| (s.lender.to_string(), s.units))
         .collect()
 }
 
@@ -473,6 +473,25 @@ pub fn misuse<L: FairLedger>(mk: Make<L>) {
     f.release("b2", at(5)).unwrap();
     let e = f.release("b2", at(6)).unwrap_err();
     assert_eq!(e, FairError::AlreadyReleased("b2".into()));
+    // Nothing changed for a: still idle (lendable), no want, no deficit.
+    let s = f.stats(at(6)).unwrap();
+    let a = s.tenant("a").unwrap();
+    assert_eq!((a.held, a.want, a.deficit_unit_ms), (0.0, 0.0, 0.0));
+    assert_eq!(before.tenant("a").unwrap().held, 0.0);
+    // a was never active: b can still borrow all of a's 50.
+    let l = ok(f.acquire("b", 50.0, 100, at(6)));
+    assert_eq!(slices(&l), sl(&[("a", 50.0)]));
+    assert_eq!(l.id, "b3");
+}
+
+/// Ruling Q22 in-process: `now` earlier than the last accepted `now` (or
+/// than `started_at_ms`) is misuse, names the value and changes nothing.
+pub fn time_backwards_is_misuse<L: FairLedger>(mk: Make<L>) {
+    let mut f = mk(cfg2(), true).unwrap();
+    ok(f.acquire("b", 50.0, 100, at(0)));
+    f.release("b1", at(5)).unwrap();
+    let e = f.release("b1", at(6)).unwrap_err();
+    assert_eq!(e, FairError::AlreadyReleased("b1".into()));
     let e = f.acquire("a", 1.0, 10, at(4)).unwrap_err();
     // The refused double release at 6 was not accepted: the last accepted now is 5.
     assert_eq!(
@@ -483,15 +502,85 @@ pub fn misuse<L: FairLedger>(mk: Make<L>) {
         }
     );
     assert!(e.to_string().contains(&at(4).to_string()));
-    // Nothing changed for a: still idle (lendable), no want, no deficit.
-    let s = f.stats(at(6)).unwrap();
-    let a = s.tenant("a").unwrap();
-    assert_eq!((a.held, a.want, a.deficit_unit_ms), (0.0, 0.0, 0.0));
-    assert_eq!(before.tenant("a").unwrap().held, 0.0);
+    let mut c = cfg2();
+    c.started_at_ms = 100;
+    let mut g = mk(c, true).unwrap();
+    let e = g.acquire("a", 1.0, 10, 99).unwrap_err();
+    assert_eq!(
+        e,
+        FairError::BeforeStart {
+            now_ms: 99,
+            started_at_ms: 100
+        }
+    );
     // a was never active: b can still borrow all of a's 50.
-    let l = ok(f.acquire("b", 50.0, 100, at(6)));
+    let l = ok(f.acquire("b", 50.0, 100, at(5)));
+    assert_eq!(l.own, 50.0);
+    let l = ok(f.acquire("b", 50.0, 100, at(5)));
     assert_eq!(slices(&l), sl(&[("a", 50.0)]));
-    assert_eq!(l.id, "b3");
+}
+
+/// Issue 20, point 1, in a region: a `now` earlier than the last accepted
+/// one (or than `started_at_ms`) is taken as the last accepted one, so two
+/// processes that read the clock and race to the lock never fail, and a
+/// release never fails for time. The lease, the stats and the deadline say
+/// which instant was used.
+pub fn time_backwards_is_clamped<L: FairLedger>(mk: Make<L>) {
+    let mut f = mk(cfg2(), true).unwrap();
+    let b1 = ok(f.acquire("b", 50.0, 100, at(50)));
+    assert_eq!(b1.granted_at_ms, at(50));
+    let late = ok(f.acquire("b", 10.0, 100, at(10)));
+    assert_eq!((late.granted_at_ms, late.deadline_ms), (at(50), at(150)));
+    f.release(&late.id, at(0)).unwrap();
+    f.release("b1", 0).unwrap();
+    let e = f.release("b1", 0).unwrap_err();
+    assert_eq!(e, FairError::AlreadyReleased("b1".into()));
+    let s = f.stats(at(20)).unwrap();
+    assert_eq!(s.now_ms, at(50));
+    // b's last activity is at 50, not at 0: b is lendable only from 1050.
+    let r = no(f.acquire("a", 60.0, 100, at(1049)));
+    assert_eq!(r.reason, RefusalReason::NoLendableCapacity);
+    let l = ok(f.acquire("a", 60.0, 100, at(1050)));
+    assert_eq!(slices(&l), sl(&[("b", 10.0)]));
+}
+
+/// Issue 20, point 9: a lease id is the tenant id followed by the lease
+/// number in plain decimal (no sign, no leading zero, no space); anything
+/// else is an unknown lease, whatever number it would parse to.
+pub fn strict_lease_ids<L: FairLedger>(mk: Make<L>) {
+    let mut f = mk(cfg2(), true).unwrap();
+    let a1 = ok(f.acquire("a", 10.0, 100, at(0)));
+    assert_eq!(a1.id, "a1");
+    for bogus in [
+        "a+1",
+        "a01",
+        "a1 ",
+        " a1",
+        "a-1",
+        "a",
+        "",
+        "a0",
+        "a2",
+        "1",
+        "b1",
+        "a18446744073709551616",
+        "a99999999999999999999999",
+        "a１",
+        "A1",
+    ] {
+        assert_eq!(
+            f.release(bogus, at(1)).unwrap_err(),
+            FairError::UnknownLease(bogus.into()),
+            "{bogus:?}"
+        );
+    }
+    f.release("a1", at(2)).unwrap();
+    for (bogus, e) in [
+        ("a1", FairError::AlreadyReleased("a1".into())),
+        ("a+1", FairError::UnknownLease("a+1".into())),
+    ] {
+        assert_eq!(f.release(bogus, at(3)).unwrap_err(), e);
+    }
 }
 
 #[macro_export]

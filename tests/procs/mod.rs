@@ -173,3 +173,69 @@ pub fn unique_name(tag: &str) -> String {
         Instant::now().elapsed().as_nanos()
     )
 }
+
+/// Removes the named region when dropped.
+pub struct Gone(pub String);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let _ = shmsched::region::Region::remove(&self.0);
+    }
+}
+
+/// A `shmsched serve` process and its metrics URL, killed on drop.
+pub struct Served(pub Child, pub String);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `shmsched serve --listen 127.0.0.1:0 ARGS…` (regions and flags)
+/// and reads the address it listens on; its stderr is drained meanwhile.
+pub fn serve(args: &[&str]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shmsched"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    assert!(err.read_line(&mut line).unwrap() > 0, "serve said nothing");
+    let url = line
+        .trim()
+        .strip_prefix("shmsched serve: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_string();
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in err.lines() {});
+    Served(child, url)
+}
+
+/// Runs `shmsched ARGS…` (stdin closed), killing it and failing the test
+/// after `limit`; returns its output, how long it took and its pid.
+pub fn cli_within(args: &[&str], limit: Duration) -> (std::process::Output, Duration, u32) {
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shmsched"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmsched");
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("shmsched {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (took, pid) = (start.elapsed(), child.id());
+    (child.wait_with_output().expect("output"), took, pid)
+}

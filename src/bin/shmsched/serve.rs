@@ -5,10 +5,18 @@
 //! go) read-only and answers in the text exposition format. The HTTP side is
 //! `tiny_http`; requests are served one at a time, and SIGINT or SIGTERM
 //! stops the server (exit 0: that is how a service is stopped).
+//!
+//! Each region is read on a thread of its own, and a scrape waits for each
+//! at most `--region-timeout` (1 s by default): a region that cannot be read
+//! in time (its file locked by a stopped initialiser, say) is reported with
+//! `shmsched_region_up 0` and a line on stderr, and the other regions are
+//! answered all the same. (Reading takes no lock of the ledger's, so an
+//! application stopped inside a FairShare call does not hold a scrape up.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use shmsched::region::{Probe, RegionView};
@@ -31,34 +39,117 @@ pub struct ServeArgs {
     /// Where to look for regions when none is named (default /dev/shm).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Longest a scrape waits for one region, in milliseconds; a region
+    /// not read in time is reported down (`shmsched_region_up 0`).
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    region_timeout: u64,
 }
 
-/// Reads every region to serve now.
-fn scrape(a: &ServeArgs) -> Result<Vec<Scraped>, CliError> {
-    let failed = |name: String, e: CliError| {
-        eprintln!("shmsched serve: {}", e.msg);
-        Scraped::Failed(name)
-    };
-    let read = |name: String, v: &RegionView| match build(&name, v) {
-        Ok(sv) => Scraped::Ok(name, Box::new(sv)),
-        Err(e) => failed(name, e),
-    };
-    if !a.regions.is_empty() {
-        return Ok(a
-            .regions
-            .iter()
-            .map(|name| match open_view(name) {
-                Ok(v) => read(name.clone(), &v),
-                Err(e) => failed(name.clone(), e),
-            })
-            .collect());
+/// What one region's reader thread reports: `None` for a file that is not
+/// a region (not served when scanning).
+type Read = Option<Scraped>;
+
+/// Reads `name` (named on the command line).
+fn read_named(name: String) -> Read {
+    Some(match open_view(&name) {
+        Ok(v) => read_view(name, &v),
+        Err(e) => failed(name, &e),
+    })
+}
+
+/// Reads the file `path` found by scanning; not a region: not served.
+fn read_scanned(path: PathBuf) -> Read {
+    match RegionView::probe(&path) {
+        Ok(Probe::Region(v)) => Some(read_view(display_name(&path), &v)),
+        // Not a region (foreign, uninitialised, unreadable): not served.
+        _ => None,
     }
-    Ok(scan(a.dir.as_deref(), false)?
+}
+
+fn read_view(name: String, v: &RegionView) -> Scraped {
+    match build(&name, v) {
+        Ok(sv) => Scraped::Ok(name, Box::new(sv)),
+        Err(e) => failed(name, &e),
+    }
+}
+
+fn failed(name: String, e: &CliError) -> Scraped {
+    eprintln!("shmsched serve: {}", e.msg);
+    Scraped::Failed(name)
+}
+
+/// Reads every region to serve now, each on its own thread, waiting for
+/// each at most the region timeout (all of them at once).
+fn scrape(a: &ServeArgs) -> Result<Vec<Scraped>, CliError> {
+    let jobs: Vec<(String, Box<dyn FnOnce() -> Read + Send>)> = if a.regions.is_empty() {
+        scan(a.dir.as_deref(), false)?
+            .into_iter()
+            .map(|p| {
+                let label = display_name(&p);
+                (
+                    label,
+                    Box::new(move || read_scanned(p)) as Box<dyn FnOnce() -> Read + Send>,
+                )
+            })
+            .collect()
+    } else {
+        a.regions
+            .iter()
+            .map(|n| {
+                let name = n.clone();
+                (
+                    n.clone(),
+                    Box::new(move || read_named(name)) as Box<dyn FnOnce() -> Read + Send>,
+                )
+            })
+            .collect()
+    };
+    let (tx, rx) = mpsc::channel::<(usize, Read)>();
+    let mut out: Vec<Option<Read>> = Vec::with_capacity(jobs.len());
+    let mut labels = Vec::with_capacity(jobs.len());
+    for (i, (label, job)) in jobs.into_iter().enumerate() {
+        let tx = tx.clone();
+        labels.push(label);
+        out.push(None);
+        // A reader that outlives the scrape finishes on its own (every wait
+        // of a region read is bounded) and its answer is dropped.
+        let spawned = std::thread::Builder::new()
+            .name("serve-read".into())
+            .spawn(move || {
+                let _ = tx.send((i, job()));
+            });
+        if let Err(e) = spawned {
+            return Err(CliError::from(format!("starting a reader thread: {e}")));
+        }
+    }
+    drop(tx);
+    let timeout = Duration::from_millis(a.region_timeout);
+    let deadline = Instant::now() + timeout;
+    let mut pending = out.len();
+    while pending > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, r)) => {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = Some(r);
+                    pending -= 1;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    Ok(out
         .into_iter()
-        .filter_map(|p| match RegionView::probe(&p) {
-            Ok(Probe::Region(v)) => Some(read(display_name(&p), &v)),
-            // Not a region (foreign, uninitialised, unreadable): not served.
-            _ => None,
+        .zip(labels)
+        .filter_map(|(r, label)| match r {
+            Some(r) => r,
+            None => {
+                eprintln!(
+                    "shmsched serve: region {label:?} was not read within {} ms; reported down",
+                    timeout.as_millis()
+                );
+                Some(Scraped::Failed(label))
+            }
         })
         .collect())
 }

@@ -3,13 +3,13 @@
 //! `stat` and `watch` read a region through a [`RegionView`]: the file is
 //! opened read-only and mapped `PROT_READ`, the process table and the
 //! object's words are read with atomic loads, liveness comes from
-//! `F_OFD_GETLK`. The inspector takes no process entry and writes nothing,
-//! so it works with read permission alone and on a full process table.
-//!
-//! The one exception is a fair-share region's ledger, which is read under
-//! its lock by attaching (a process entry, freed again at once): without
-//! write access, or on a full process table, `stat` shows its header and
-//! says why the ledger is missing.
+//! `F_OFD_GETLK`. The inspector takes no process entry, no lock and writes
+//! nothing, so it works with read permission alone and on a full process
+//! table, for every kind of region. A fair-share ledger is copied without
+//! its lock (a seqlock read of its last committed state,
+//! [`RegionView::fair_share`]) and its stats computed on the copy, so
+//! inspecting never moves the ledger's time, and an application stopped
+//! inside a ledger call does not hold `stat` up.
 //!
 //! `reap` frees dead processes' holdings and needs write access.
 
@@ -148,12 +148,17 @@ pub struct StatView {
 pub struct FairView {
     /// The configuration the region holds.
     pub config: FairConfig,
-    /// The ledger's statistics now.
+    /// The ledger's statistics now (computed on a copy: the ledger's time
+    /// does not move).
     pub stats: Stats,
+    /// The latest `now` the ledger accepted.
+    pub ledger_now_ms: u64,
     /// Processes reaped since creation.
     pub reaped_processes: u64,
     /// Leases those processes held.
     pub reaped_leases: u64,
+    /// Processes registered in the region (alive or not yet reaped).
+    processes: Vec<Proc>,
 }
 
 /// `n` and the noun, singular or plural.
@@ -222,60 +227,33 @@ fn sched_view(name: &str, v: &RegionView) -> Result<SchedView, CliError> {
     })
 }
 
+/// The process rows of a region whose processes hold no slots.
+fn slotless_procs(v: &RegionView) -> Result<Vec<Proc>, shmsched::Error> {
+    Ok(proc_rows(
+        v.processes()?.into_iter().map(|p| (p, 0)).collect(),
+    ))
+}
+
 fn limiter_view(name: &str, v: &RegionView) -> Result<LimView, CliError> {
     let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
     let stats = v.limiter_stats().map_err(bad)?;
-    let processes = proc_rows(
-        v.processes()
-            .map_err(bad)?
-            .into_iter()
-            .map(|p| (p, 0))
-            .collect(),
-    );
+    let processes = slotless_procs(v).map_err(bad)?;
     Ok(LimView { stats, processes })
 }
 
-/// Reads a fair-share region's ledger, attaching for the time of one
-/// `stats` call. `Ok(Err(note))` when it cannot (no write access, full
-/// process table): the header is still shown.
-fn fair_view(name: &str, v: &RegionView) -> Result<Result<FairView, String>, CliError> {
-    let path = v.path().display().to_string();
-    let region = match Region::open(&path) {
-        Ok(r) => r,
-        Err(shmsched::Error::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::PermissionDenied =>
-        {
-            return Ok(Err(
-                "the fair-share ledger is read under its lock, which needs write access to the region; \
-                 only the header is shown"
-                    .into(),
-            ))
-        }
-        Err(e) => return Err(CliError::lib(&format!("region {name:?}"), &e)),
-    };
-    let bad = |e: &dyn std::fmt::Display| CliError::from(format!("region {name:?}: {e}"));
-    let mut fair = match FairShare::attach(&region) {
-        Ok(f) => f,
-        Err(shmsched::Error::ProcessTableFull { slots }) => {
-            return Ok(Err(format!(
-                "the fair-share ledger is read under its lock by attaching, and the process table is full ({slots} entries); only the header is shown"
-            )))
-        }
-        Err(e) => return Err(bad(&e)),
-    };
-    let stats = fair.stats_now().map_err(|e| bad(&e));
-    let (reaped_processes, reaped_leases) = fair.reaped();
-    let config = fair.config().clone();
-    // The inspector holds no lease: leave no entry behind.
-    fair.mapping()
-        .deregister()
-        .map_err(|e| CliError::from(format!("leaving region {name:?}: {e}")))?;
-    Ok(Ok(FairView {
-        config,
-        stats: stats?,
-        reaped_processes,
-        reaped_leases,
-    }))
+/// Reads a fair-share region's ledger without writing (see the module docs).
+fn fair_view(name: &str, v: &RegionView) -> Result<FairView, CliError> {
+    let bad = |e: shmsched::Error| CliError::lib(&format!("region {name:?}"), &e);
+    let f = v.fair_share().map_err(bad)?;
+    let processes = slotless_procs(v).map_err(bad)?;
+    Ok(FairView {
+        config: f.config,
+        stats: f.stats,
+        ledger_now_ms: f.ledger_now_ms,
+        reaped_processes: f.reaped_processes,
+        reaped_leases: f.reaped_leases,
+        processes,
+    })
 }
 
 fn header(v: &RegionView, h: &HeaderInfo) -> Header {
@@ -315,10 +293,7 @@ pub fn build(name: &str, v: &RegionView) -> Result<StatView, CliError> {
     match info.kind {
         ObjectKind::Scheduler => sv.scheduler = Some(sched_view(name, v)?),
         ObjectKind::Limiter => sv.limiter = Some(limiter_view(name, v)?),
-        ObjectKind::FairShare => match fair_view(name, v)? {
-            Ok(f) => sv.fair = Some(f),
-            Err(note) => sv.note = Some(note),
-        },
+        ObjectKind::FairShare => sv.fair = Some(fair_view(name, v)?),
     }
     Ok(sv)
 }
@@ -516,6 +491,7 @@ fn human(v: &StatView) -> String {
     }
     if let Some(f) = &v.fair {
         print_fair(&mut o, f);
+        print_procs(&mut o, &f.processes, false);
     }
     if let Some(l) = &v.limiter {
         print_limiter(&mut o, &l.stats);
