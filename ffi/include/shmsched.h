@@ -233,8 +233,9 @@ enum shmsched_status
    */
   SHMSCHED_STATUS_UNKNOWN_LEASE = 21,
   /**
-   * A fair-share call's `now` is earlier than the last accepted `now`
-   * (or than the configured start).
+   * Retired: no call returns it any more (a shared ledger takes a `now`
+   * earlier than its last accepted one as that one, so time never goes
+   * back in a region). The code stays, so that no other status moves.
    */
   SHMSCHED_STATUS_TIME_WENT_BACKWARDS = 22,
   /**
@@ -961,7 +962,7 @@ shmsched_status shmsched_fair_attach(const struct shmsched_region *region,
  * `explanation_len - 1` bytes and NUL-terminated.
  *
  * Errors (misuse changes nothing): `NULL_ARGUMENT`, `UNKNOWN_TENANT`,
- * `INVALID_ARGUMENT` (bad cost, `hold_ms` 0), `TIME_WENT_BACKWARDS`,
+ * `INVALID_ARGUMENT` (bad cost, `hold_ms` 0),
  * `CAPACITY_EXHAUSTED`, `BAD_REGION`. Threads: any. Fork: works in a
  * child (the lease is the child's).
  *
@@ -1004,7 +1005,7 @@ shmsched_status shmsched_fair_acquire_now(const struct shmsched_fair *fair,
  * Releases the lease `lease_id` at `now_ms`.
  *
  * Errors: `NULL_ARGUMENT`, `UNKNOWN_LEASE`, `ALREADY_RELEASED`,
- * `TIME_WENT_BACKWARDS`, `BAD_REGION`. Threads: any. Fork: any process
+ * `BAD_REGION`. Threads: any. Fork: any process
  * may release any lease by id (leases are the ledger's, not a process's).
  *
  * # Safety
@@ -1038,8 +1039,7 @@ shmsched_status shmsched_fair_release_now(const struct shmsched_fair *fair, cons
  * (A call that only sized or did not fit still counted as a stats call at
  * `now_ms`.)
  *
- * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `TIME_WENT_BACKWARDS`,
- * `BAD_REGION`. Threads: any. Fork: works in a child.
+ * Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `BAD_REGION`. Threads: any. Fork: works in a child.
  *
  * # Safety
  *

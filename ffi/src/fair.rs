@@ -238,7 +238,7 @@ unsafe fn acquire_at(
 /// `explanation_len - 1` bytes and NUL-terminated.
 ///
 /// Errors (misuse changes nothing): `NULL_ARGUMENT`, `UNKNOWN_TENANT`,
-/// `INVALID_ARGUMENT` (bad cost, `hold_ms` 0), `TIME_WENT_BACKWARDS`,
+/// `INVALID_ARGUMENT` (bad cost, `hold_ms` 0),
 /// `CAPACITY_EXHAUSTED`, `BAD_REGION`. Threads: any. Fork: works in a
 /// child (the lease is the child's).
 ///
@@ -297,7 +297,7 @@ pub unsafe extern "C" fn shmsched_fair_acquire_now(
 /// Releases the lease `lease_id` at `now_ms`.
 ///
 /// Errors: `NULL_ARGUMENT`, `UNKNOWN_LEASE`, `ALREADY_RELEASED`,
-/// `TIME_WENT_BACKWARDS`, `BAD_REGION`. Threads: any. Fork: any process
+/// `BAD_REGION`. Threads: any. Fork: any process
 /// may release any lease by id (leases are the ledger's, not a process's).
 ///
 /// # Safety
@@ -344,8 +344,7 @@ pub unsafe extern "C" fn shmsched_fair_release_now(
 /// (A call that only sized or did not fit still counted as a stats call at
 /// `now_ms`.)
 ///
-/// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `TIME_WENT_BACKWARDS`,
-/// `BAD_REGION`. Threads: any. Fork: works in a child.
+/// Errors: `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `BAD_REGION`. Threads: any. Fork: works in a child.
 ///
 /// # Safety
 ///

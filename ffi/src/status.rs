@@ -95,8 +95,9 @@ pub enum shmsched_status {
     UnknownTenant = 20,
     /// A fair-share release named a lease id that was never issued.
     UnknownLease = 21,
-    /// A fair-share call's `now` is earlier than the last accepted `now`
-    /// (or than the configured start).
+    /// Retired: no call returns it any more (a shared ledger takes a `now`
+    /// earlier than its last accepted one as that one, so time never goes
+    /// back in a region). The code stays, so that no other status moves.
     TimeWentBackwards = 22,
     /// A fixed-capacity table is full (the fair-share lease table, or the
     /// permits this process holds through the C ABI).
