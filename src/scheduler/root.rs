@@ -54,7 +54,11 @@
 //! dead process may hold a waiter back without filling it (a designation
 //! it was taking for, a running count it left one too high for a capped
 //! waiter). Reaping it clears its publication and its designation, so
-//! nobody waits on a dead waiter for more than one reap interval.
+//! nobody waits on a dead waiter for more than one reap interval. A failed
+//! `try_acquire` is a slow path of the same kind: it reaps (rate-limited
+//! region-wide, [`REAP_INTERVAL_MS`]), so a process that only polls gets
+//! back what dead holders left within one reap interval of its first
+//! failed try.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -210,10 +214,15 @@ impl SharedRoot {
         }
     }
 
-    /// Gives slots back and, if anyone waits, moves the queue on.
+    /// Gives slots back and, if anyone waits, moves the queue on. While
+    /// the region is above a lowered ceiling the cells go to the ceiling.
     #[inline]
     pub fn release(&self, slots: &Slots) {
-        self.slots.give(slots);
+        if self.reg().gate() & GATE_SHRINKING != 0 {
+            self.slots.give_to_ceiling(slots);
+        } else {
+            self.slots.give(slots);
+        }
         #[cfg(shuttle)]
         self.slots
             .mapping()
@@ -228,8 +237,9 @@ impl SharedRoot {
     fn release_slow(&self) {
         let reg = self.reg();
         if reg.gate() & GATE_SHRINKING != 0 {
-            // The ceiling is coming down: the freed cell goes to it.
-            self.slots.rebalance();
+            // The ceiling came down after this release read the gate: the
+            // freed cell goes to it (if nobody took it meanwhile).
+            self.slots.rebalance(false);
         }
         if let Some(d) = reg.designee() {
             // Someone is already at it, or a remote designee has been woken
@@ -658,6 +668,8 @@ impl SharedRoot {
 
     /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
     /// above waits anywhere (after reaping dead ones) and capacity is free.
+    /// A take that finds no room reaps dead holders (if a scan is due,
+    /// region-wide) and takes again if that freed anything.
     pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
         // A strict hand-off holds back the tiers at or below a non-lottery
         // designee's (a lottery pick holds back every tier).
@@ -675,7 +687,12 @@ impl SharedRoot {
                 return None;
             }
         }
-        let got = self.take(need, cap);
+        let mut got = self.take(need, cap);
+        if got.is_none() && self.slots.maybe_reap() > 0 {
+            // A failed try is a slow path: a poller gets back what dead
+            // holders left within one reap interval of its first failure.
+            got = self.take(need, cap);
+        }
         if got.is_none() && self.slots.counting() && self.reg().gate() & GATE_TIERS != 0 {
             self.pass_on_after_backoff();
         }
