@@ -42,7 +42,7 @@ fn child_entry() {
         "setter" => setter(&args[0]),
         "sampler" => sampler(&args[0]),
         "anon" => anon(&args[0]),
-        "two" => two(&args[0], &args[1], &args[2]),
+        "two" => two(&args[0], args[1].parse().unwrap(), args[2].parse().unwrap()),
         other => panic!("unknown role {other}"),
     }
 }
@@ -194,27 +194,15 @@ fn anon(path: &str) {
     std::process::exit(0);
 }
 
-/// `"4"`, `"4,normal=1"`: a max and per-priority caps.
-fn concurrency(spec: &str) -> Concurrency {
-    let mut it = spec.split(',');
-    let mut c = Concurrency::max(it.next().unwrap().parse().unwrap());
-    for kv in it {
-        let (k, v) = kv.split_once('=').expect("prio=cap");
-        c = c.cap(k.parse().unwrap(), v.parse().unwrap());
-    }
-    c
-}
-
-/// Two handles of one process on the region's scheduler, `a` and `b`, with
-/// the caps of `spec_a` and `spec_b`:
+/// Two handles of one process on the region's scheduler of `max`: `a`
+/// with a cap of `cap_a` at Normal (and below), `b` without caps:
 /// - `acq TAG H PRIO MS`: `acquire_timeout` through handle H on a thread of
-///   its own; prints `queued TAG` once it has had time to queue (see
-///   below), then `got TAG` or `err TAG ERROR`;
+///   its own; prints `got TAG` or `err TAG ERROR`;
 /// - `rel TAG`: drops that permit; prints `rel TAG`.
-fn two(path: &str, spec_a: &str, spec_b: &str) {
+fn two(path: &str, max: u32, cap_a: u32) {
     let region = Region::open(path).expect("open region");
-    let a = Scheduler::shared(&region, concurrency(spec_a)).expect("handle a");
-    let b = Scheduler::shared(&region, concurrency(spec_b)).expect("handle b");
+    let a = Scheduler::shared(&region, Concurrency::max(max).normal(cap_a)).expect("handle a");
+    let b = Scheduler::shared(&region, max).expect("handle b");
     let held: Arc<Mutex<HashMap<String, OwnedPermit>>> = Arc::default();
     let rx = commands();
     say("ready");
@@ -425,7 +413,10 @@ fn a_lowered_ceiling_is_exact_under_concurrent_releases() {
             let mut admitted = Vec::new();
             while let Some(p) = me.try_acquire(Priority::Normal) {
                 admitted.push(p);
-                assert!(admitted.len() <= 16, "the ceiling of 4 admitted more than 16");
+                assert!(
+                    admitted.len() <= 16,
+                    "the ceiling of 4 admitted more than 16"
+                );
             }
             let n = admitted.len() as u32;
             if n != 4 {
@@ -555,7 +546,7 @@ fn a_waiter_behind_a_capped_one_of_its_process_is_not_hidden() {
             k.send("take 2");
             k.expect("taken", 10 * SEC);
         }
-        let mut p = kid(&tmp, "two", "two", &["4,normal=1", "4"]);
+        let mut p = kid(&tmp, "two", "two", &["4", "1"]);
         p.expect("ready", 10 * SEC);
         // The capped waiter (Normal, cap 1) queues first, in `p`.
         p.send("acq capped a normal 5000");
