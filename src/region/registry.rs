@@ -27,7 +27,7 @@
 //! Each process publishes, in its own process-table entry, per tier: how
 //! many waiters it has there and the ticket of its oldest (one word,
 //! `obj[t]`), that oldest waiter's cap and need (`obj[14 + t]`), and an
-//! *alternate* (one word, [`ALT_WORDS`]): the policy's choice of a later
+//! *alternate* (one word, `obj[8..14]` and `obj[21]`): the policy's choice of a later
 //! waiter that may be admitted when the oldest is not (the scheduler's: the
 //! oldest of those whose cap, net of their need, is the largest, if larger
 //! than the oldest's), with its ticket and that net cap. Only the process
