@@ -576,8 +576,9 @@ impl SharedSlots {
     #[inline(always)]
     fn claim(&self, cell: &AtomicU32, owner: u32) -> bool {
         let v = cell.load(Ordering::Relaxed);
-        let free = v == 0 || (v == FREE_COUNTED && owner & COUNTED != 0);
-        let ok = free
+        // 0, or FREE_COUNTED for a counted owner: `v` within the owner's tag.
+        let tag = owner & COUNTED;
+        let ok = v | tag == tag
             && cell
                 .compare_exchange(v, owner, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok();
