@@ -27,7 +27,7 @@
 //! Each process publishes, in its own process-table entry, per tier: how
 //! many waiters it has there and the ticket of its oldest (one word,
 //! `obj[t]`), that oldest waiter's cap and need (`obj[14 + t]`), and an
-//! *alternate* (one word, `obj[8..14]` and `obj[21]`): the policy's choice of a later
+//! *alternate* (one word, `obj[8..12]` and `obj[22..25]`): the policy's choice of a later
 //! waiter that may be admitted when the oldest is not (the scheduler's: the
 //! oldest of those whose cap, net of their need, is the largest, if larger
 //! than the oldest's), with its ticket and that net cap. Only the process
@@ -91,16 +91,17 @@ use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, BITSET_ALL};
 pub const SLEEPERS: usize = 7;
 /// First process-entry word of the per-tier `cap << 32 | need` words.
 const FRONT_WORDS: usize = 14;
+/// The process-entry word free for the object's own use (the scheduler's
+/// count of cells held); `obj[25..28]` are the object's too.
+pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS;
 /// The process-entry word of each tier's alternate (see the module docs):
-/// the six words left in the entry's first line, and one after the front
-/// words. `valid << 63 | net cap << 32 | ticket`.
-const ALT_WORDS: [usize; LEVELS] = [8, 9, 10, 11, 12, 13, FRONT_WORDS + LEVELS];
-/// First process-entry word free for the object's own use.
-pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS + 1;
+/// four words of the entry's first line (`obj[12..14]` are left free there)
+/// and three after [`OBJ_FREE`]. `valid << 63 | net cap << 32 | ticket`.
+const ALT_WORDS: [usize; LEVELS] = [8, 9, 10, 11, 22, 23, 24];
 
 const _: () = assert!(SLEEPERS >= LEVELS && SLEEPERS < ALT_WORDS[0]);
-const _: () = assert!(ALT_WORDS[LEVELS - 2] < FRONT_WORDS);
-const _: () = assert!(OBJ_FREE <= crate::region::OBJ_WORDS);
+const _: () = assert!(ALT_WORDS[3] < 12 && ALT_WORDS[4] > OBJ_FREE);
+const _: () = assert!(ALT_WORDS[LEVELS - 1] < crate::region::OBJ_WORDS);
 
 /// An alternate's valid bit.
 const ALT_VALID: u64 = 1 << 63;
