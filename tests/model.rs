@@ -526,6 +526,171 @@ fn capped_admissions_counting_on_demand() {
 /// The gate's counting bit.
 const GATE_COUNTING: u64 = 0x100;
 
+// ---- 3b. exact counts: a take's provisional count, counting's start ---------------
+
+/// As many cells free as two processes want at once, and nothing else
+/// happening: both takes succeed. Max 4, 1 or 2 held by a third process
+/// (counting on or off from the start, the checker's choice); then either
+/// two `try_acquire`s, or a `try_acquire_many(2)` and a `try_acquire`.
+/// A take counts its `n` in `held` before it looks; the look that the
+/// running count cuts short (after one cell under the checker) must not
+/// read "full" from that provisional `n`, nor from the other taker's
+/// (one of the two takes used to fail with its cells free). Timeouts off.
+#[test]
+fn takes_with_exactly_n_free() {
+    explore("takes_with_exactly_n_free", 15000, || {
+        model::set_timeouts(false);
+        // Low capped at 0: a Low try starts counting; Normal is uncapped.
+        let ps = Arc::new(sched_procs(3, Concurrency::max(4).low(0)));
+        let mut rng = shuttle::rand::thread_rng();
+        let many = rng.gen_range(0..2) == 0;
+        let held: Vec<_> = (0..if many { 1 } else { 2 })
+            .map(|_| ps[2].sched.try_acquire_owned(Priority::Normal).unwrap())
+            .collect();
+        if rng.gen_range(0..2) == 0 {
+            // A capped look starts counting (and is refused: its cap is 0).
+            assert!(ps[2].sched.try_acquire(Priority::Low).is_none());
+            assert_ne!(ps[2].state().gate & GATE_COUNTING, 0);
+            cover("counting on before the takes");
+        }
+        let t0 = {
+            let ps = ps.clone();
+            spawn("p0t0", move || {
+                let n = if many { 2 } else { 1 };
+                let p = ps[0].sched.try_acquire_many(Priority::Normal, n);
+                assert!(p.is_some(), "{n} of the free cells not found by p0");
+            })
+        };
+        let t1 = {
+            let ps = ps.clone();
+            spawn("p1t0", move || {
+                let p = ps[1].sched.try_acquire(Priority::Normal);
+                assert!(p.is_some(), "a free cell not found by p1");
+            })
+        };
+        t0.join().unwrap();
+        t1.join().unwrap();
+        drop(held);
+        for p in ps.iter() {
+            assert_quiescent(p, 4);
+        }
+    });
+}
+
+/// Counting starts while a take that read "not counting" is under way in
+/// another process: `max(2).low(1)`, lottery off; one process takes a slot
+/// at Normal (uncounted, it may be preempted anywhere in its take), the
+/// other acquires at Low twice (the first capped admission starts
+/// counting; the second reads the count, maybe while the first process's
+/// cell is taken and not yet counted). Checked inside the shipped code
+/// (`take_capped`, under the checker): every running count a capped
+/// admission reads includes every cell held throughout its read (a count
+/// that missed one admitted a Low task beside a running one: over its cap
+/// by one). Timeouts off.
+#[test]
+fn counting_starts_under_a_late_take() {
+    explore("counting_starts_under_a_late_take", 20000, || {
+        model::set_timeouts(false);
+        pick_fairness();
+        let ps = Arc::new(sched_procs(2, Concurrency::max(2).low(1)));
+        ps[0].sched.set_lottery(Some(7), false);
+        let late = {
+            let ps = ps.clone();
+            spawn("p0t0", move || {
+                if let Some(p) = ps[0].sched.try_acquire(Priority::Normal) {
+                    shuttle::thread::yield_now();
+                    drop(p);
+                }
+            })
+        };
+        let capped = {
+            let ps = ps.clone();
+            spawn("p1t0", move || {
+                for _ in 0..2 {
+                    let p = ps[1].sched.acquire(Priority::Low).unwrap();
+                    shuttle::thread::yield_now();
+                    drop(p);
+                }
+            })
+        };
+        late.join().unwrap();
+        capped.join().unwrap();
+        for p in ps.iter() {
+            assert_quiescent(p, 2);
+        }
+    });
+}
+
+// ---- 3c. the ceiling: two rebalances at once ---------------------------------------
+
+/// Max 4, two processes holding 2 cells each, the ceiling lowered to 1 by
+/// a third (before their releases or racing them, the checker's choice);
+/// both processes release their cells, one at a time, at once. Afterwards
+/// exactly 1 slot is admissible: 3 cells blocked, the header's count of
+/// them exact, nothing held (two releases used to block cells against one
+/// stale count and overshoot). Then the ceiling goes back up and every cell
+/// is in service again. Timeouts off.
+#[test]
+fn concurrent_rebalances_are_exact() {
+    explore("concurrent_rebalances_are_exact", 15000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(3, Concurrency::max(4)));
+        let early = shuttle::rand::thread_rng().gen_range(0..2) == 0;
+        let held: Vec<Vec<_>> = (0..2)
+            .map(|pi| {
+                (0..2)
+                    .map(|_| ps[pi].sched.try_acquire_owned(Priority::Normal).unwrap())
+                    .collect()
+            })
+            .collect();
+        if early {
+            assert!(!ps[2].sched.set_ceiling(1).unwrap(), "4 held: short of 1");
+            cover("ceiling lowered before the releases");
+        }
+        let mut hs = Vec::new();
+        for (pi, permits) in held.into_iter().enumerate() {
+            hs.push(spawn(&format!("p{pi}t0"), move || {
+                for p in permits {
+                    drop(p);
+                    shuttle::thread::yield_now();
+                }
+            }));
+        }
+        if !early {
+            let ps = ps.clone();
+            hs.push(spawn("p2t0", move || {
+                let _ = ps[2].sched.set_ceiling(1).unwrap();
+            }));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+        let st = ps[2].state();
+        assert_eq!(
+            (st.occupied, st.blocked, st.blocked_count, st.ceiling),
+            (0, 3, 3, 1),
+            "after the releases under a ceiling of 1: {st:?}"
+        );
+        let one = ps[2].sched.try_acquire(Priority::Normal);
+        assert!(
+            one.is_some(),
+            "nothing admissible under a ceiling of 1: {st:?}"
+        );
+        assert!(
+            ps[2].sched.try_acquire(Priority::Normal).is_none(),
+            "two admissible under a ceiling of 1: {:?}",
+            ps[2].state()
+        );
+        drop(one);
+        assert!(ps[2].sched.set_ceiling(4).unwrap());
+        let st = ps[2].state();
+        assert_eq!((st.blocked, st.blocked_count), (0, 0), "{st:?}");
+        for p in ps.iter() {
+            assert_quiescent(p, 4);
+        }
+    });
+}
+
 // ---- 4. death ------------------------------------------------------------------
 
 /// A process dies at a point the checker picks: while its one thread sleeps

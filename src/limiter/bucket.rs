@@ -13,8 +13,23 @@
 //! ```
 //!
 //! `(base_ns, base_v)` is where the current rate took effect: a bucket
-//! starts at `(epoch, 0)`, and a rate change at time `t` re-bases it at
-//! `(t, v_old(t))`, so the virtual clock never jumps (see `params.rs`).
+//! starts at `(epoch, V_BIAS)`, and a rate change at time `t` re-bases it
+//! at `(t, v_old(t))`, so the virtual clock never jumps (see `params.rs`).
+//!
+//! **A capacity change keeps the balance, up to the new capacity**
+//! ([`Gcra::recapped`]): `tokens' = min(tokens, cap')`, never more (no
+//! tokens appear: 100 → 100,000 on a full bucket leaves 100) and never less
+//! (no debt appears: 1,000 → 100 with 200 left leaves 100). With `tat` at
+//! least `v` (a full bucket's word is raised to `v` first, which changes no
+//! balance: a charge starts from `max(tat, v)`), the clock is re-based at
+//! `(t, v_old(t) + cap − cap')`: `cap' − (tat − v')` is then `min(cap',
+//! tokens)` in both directions. It is one write of the parameters, so
+//! every process sees the old bucket or the new one, never a mix. The clock
+//! so moves by the sum of the capacity changes, at most `2³¹` below where
+//! it would be: a bucket starts at [`V_BIAS`] = 2³¹, so it never goes
+//! below 0. `v − V_BIAS` ("clock" in the stats) is then what was refilled
+//! plus the initial capacity minus the current one, and `clock + capacity −
+//! tokens` bounds, exactly, everything ever consumed, across changes.
 //!
 //! `tat ≤ v` means the bucket is full; every charge of `n` tokens sets
 //! `tat ← max(tat, v) + n` with one compare-and-swap. A normal charge is
@@ -53,6 +68,10 @@ const NS: u64 = 1_000_000_000;
 
 /// The virtual clock saturates here (see the module docs).
 pub const V_MAX: u64 = 1 << 62;
+
+/// Where a new bucket's virtual clock starts: room below it for the
+/// capacity changes to move it down by (see the module docs).
+pub const V_BIAS: u64 = 1 << 31;
 
 /// How far `tat` may lead `v(now) + cap` (debt) before the word is taken
 /// for corrupt.
@@ -107,9 +126,38 @@ pub(crate) struct Gcra {
 
 impl Gcra {
     /// `rate` and `cap` are validated by the caller (1..=2³¹−1); the clock
-    /// starts at `epoch_ns` with 0 tokens ever refilled.
+    /// starts at `epoch_ns` with 0 tokens ever refilled (at [`V_BIAS`]).
     pub fn new(rate: u32, cap: u32, epoch_ns: u64) -> Gcra {
-        Gcra::based(rate, cap, epoch_ns, 0)
+        Gcra::based(rate, cap, epoch_ns, V_BIAS)
+    }
+
+    /// The stats' "clock" of a virtual clock reading `v`: tokens refilled
+    /// since the bucket's creation, plus its initial capacity, minus its
+    /// capacity now (see the module docs).
+    pub fn refilled(v: u64) -> u64 {
+        v.saturating_sub(V_BIAS)
+    }
+
+    /// The bucket from `now_ns` on with `rate` and `cap`, the balance kept
+    /// up to the new capacity (see the module docs): the clock re-based at
+    /// `now_ns` (moved by the capacity change), after raising `word` to the
+    /// clock if the bucket is full. To be called by the parameters' one
+    /// writer; a charge that read the old parameters and lands after the
+    /// change is judged by the parameters it read, as for a rate change.
+    pub fn recapped(&self, word: &AtomicU64, now_ns: u64, rate: u32, cap: u32) -> Gcra {
+        let v = self.v(now_ns);
+        let cap64 = u64::from(cap);
+        if cap64 == self.cap {
+            return Gcra::based(rate, cap, now_ns, v);
+        }
+        let mut t = word.load(Ordering::Acquire);
+        while t < v {
+            match word.compare_exchange_weak(t, v, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(cur) => t = cur,
+            }
+        }
+        Gcra::based(rate, cap, now_ns, (v + self.cap).saturating_sub(cap64))
     }
 
     /// A bucket whose clock reads `base_v` at `base_ns`.
@@ -275,7 +323,7 @@ mod tests {
         let Err(Refused::Until(v)) = g.charge(&w, 10, 0, Mode::Normal) else {
             panic!()
         };
-        assert_eq!(v, 10);
+        assert_eq!(v, V_BIAS + 10);
         let at = g.instant_of(v);
         assert_eq!(at, 10_000_000);
         assert!(g.charge(&w, 10, at - 1, Mode::Normal).is_err());
@@ -294,10 +342,13 @@ mod tests {
         let Err(Refused::Until(v)) = g.charge(&w, 1, 0, Mode::Normal) else {
             panic!()
         };
-        assert_eq!(v, 51);
+        assert_eq!(v, V_BIAS + 51);
         // No force on top of debt: it waits until the debt is repaid.
-        assert_eq!(g.charge(&w, 1, 0, Mode::Force), Err(Refused::Until(50)));
-        let at = g.instant_of(50);
+        assert_eq!(
+            g.charge(&w, 1, 0, Mode::Force),
+            Err(Refused::Until(V_BIAS + 50))
+        );
+        let at = g.instant_of(V_BIAS + 50);
         let f = g.charge(&w, 1, at, Mode::Force).unwrap();
         assert!(f.debt);
         assert_eq!(g.read(&w, at).unwrap().0, -1);
@@ -309,7 +360,7 @@ mod tests {
         let g = Gcra::new(1000, 50, 0);
         let t = 10 * NS;
         let v = g.v(t);
-        assert_eq!(v, 10_000);
+        assert_eq!(v - V_BIAS, 10_000);
         let h = Gcra::based(10, 50, t, v);
         assert_eq!(h.v(t), v, "no jump at the change");
         assert_eq!(h.v(t + NS), v + 10);
@@ -319,6 +370,50 @@ mod tests {
         assert_eq!(h.read(&w, t).unwrap().0, 50, "full is the burst");
         h.charge(&w, 50, t, Mode::Normal).unwrap();
         assert!(h.charge(&w, 1, t, Mode::Normal).is_err());
+    }
+
+    #[test]
+    fn capacity_changes_keep_the_balance_up_to_the_new_capacity() {
+        // 1,000 → 100 with 200 left: 100, not -700.
+        let g = Gcra::new(10, 1000, 0);
+        let w = AtomicU64::new(0);
+        g.charge(&w, 800, 0, Mode::Normal).unwrap();
+        assert_eq!(g.read(&w, 0).unwrap().0, 200);
+        let h = g.recapped(&w, 0, 10, 100);
+        assert_eq!(h.read(&w, 0).unwrap().0, 100);
+        // Back up to 1,000: still 100 (then it refills).
+        let k = h.recapped(&w, 0, 10, 1000);
+        assert_eq!(k.read(&w, 0).unwrap().0, 100);
+        assert_eq!(k.read(&w, NS).unwrap().0, 110);
+        // 100 → 100,000 on a full bucket: 100, not 100,000.
+        let g = Gcra::new(100, 100, 0);
+        let w = AtomicU64::new(0);
+        let t = 50 * NS; // long full: the word lies far below the clock
+        let h = g.recapped(&w, t, 100, 100_000);
+        assert_eq!(h.read(&w, t).unwrap().0, 100);
+        assert_eq!(h.read(&w, t + NS).unwrap().0, 200);
+        // Down on a full bucket: the new capacity, and no debt.
+        let k = h.recapped(&w, t + NS, 100, 50);
+        assert_eq!(k.read(&w, t + NS).unwrap().0, 50);
+        // In debt: the debt stays, whatever the change.
+        let g = Gcra::new(100, 100, 0);
+        let w = AtomicU64::new(0);
+        g.charge(&w, 150, 0, Mode::Normal).unwrap();
+        assert_eq!(g.read(&w, 0).unwrap().0, -50);
+        let h = g.recapped(&w, 0, 100, 10);
+        assert_eq!(h.read(&w, 0).unwrap().0, -50);
+        let k = h.recapped(&w, 0, 100, 1000);
+        assert_eq!(k.read(&w, 0).unwrap().0, -50);
+        // The largest moves stay above 0 and below the clock's limit.
+        let g = Gcra::new(1, 1, 0);
+        let w = AtomicU64::new(0);
+        let max = i32::MAX as u32;
+        let h = g.recapped(&w, 0, 1, max);
+        assert_eq!(h.read(&w, 0).unwrap().0, 1);
+        assert!(h.base().1 > 0);
+        let k = h.recapped(&w, 0, 1, 1);
+        assert_eq!(k.read(&w, 0).unwrap().0, 1);
+        assert_eq!(k.base().1, V_BIAS);
     }
 
     #[test]
@@ -341,9 +436,9 @@ mod tests {
             .unwrap();
         assert!(g.read(&w, u64::MAX).is_ok());
         // Half a second at the highest rate, exactly.
-        assert_eq!(g.v(NS / 2), (i32::MAX as u64) / 2);
+        assert_eq!(g.v(NS / 2) - V_BIAS, (i32::MAX as u64) / 2);
         assert_eq!(
-            g.v(3 * NS + NS / 2),
+            g.v(3 * NS + NS / 2) - V_BIAS,
             3 * (i32::MAX as u64) + (i32::MAX as u64) / 2
         );
     }

@@ -497,7 +497,11 @@ impl Limiter {
     }
 
     /// Changes this level's capacity (burst) from now on; for a shared
-    /// limiter, for every process.
+    /// limiter, for every process. The tokens already there are kept, up to
+    /// the new capacity: the balance becomes `min(tokens, capacity)`, so a
+    /// change never creates tokens (raising it on a full bucket leaves the
+    /// bucket as it was, to refill at the rate) nor debt (lowering it drops
+    /// only what is above the new capacity).
     pub fn set_capacity(&self, capacity: u64) -> Result<()> {
         self.node.check_usable()?;
         let cap = check_capacity(capacity)?;

@@ -194,27 +194,32 @@ impl Node {
     }
 
     /// Replaces this level's rate and/or capacity, re-basing its clock at
-    /// now (every process sees it for a shared root).
+    /// now (every process sees it for a shared root). The balance is kept,
+    /// up to a new capacity ([`Gcra::recapped`]).
     pub fn set_params(&self, rate: Option<u32>, cap: Option<u32>) -> Result<Params> {
-        let f = |p: Params| {
-            let now = p.clock.now_ns();
-            let v = p.gcra.v(now);
-            Params {
-                gcra: Gcra::based(
-                    rate.unwrap_or(p.gcra.rate() as u32),
-                    cap.unwrap_or(p.gcra.cap() as u32),
-                    now,
-                    v,
-                ),
-                ..p
-            }
+        let f = |p: Params| Params {
+            gcra: p.gcra.recapped(
+                self.tat(),
+                p.clock.now_ns(),
+                rate.unwrap_or(p.gcra.rate() as u32),
+                cap.unwrap_or(p.gcra.cap() as u32),
+            ),
+            ..p
         };
         let r = match &self.home {
             Home::Local(b) => b.params.update(1, &|_| true, f),
             Home::Shared(root) => root.bucket().update_params(f),
         };
-        // Waiters may go sooner (or later) now.
+        // Waiters may go sooner (or later) now: here, and in every other
+        // process with waiters (they sleep until the instant the old
+        // parameters gave).
         self.drain_now();
+        if let Home::Shared(root) = &self.home {
+            let reg = root.bucket().reg();
+            for idx in reg.waiting_processes().filter(|&i| i != reg.me().idx) {
+                reg.wake(idx, crate::sys::futex::BITSET_ALL);
+            }
+        }
         r
     }
 
@@ -664,7 +669,7 @@ impl Node {
             capacity: params.map_or(0, |p| p.gcra.cap() as u32),
             pending: total.count,
             forced: self.forced.load(Ordering::Relaxed),
-            clock,
+            clock: Gcra::refilled(clock),
             total,
             queues,
             stall_ns: self.stall.total_ns(),

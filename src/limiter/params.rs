@@ -18,7 +18,10 @@
 //! Changing the rate re-bases the virtual clock at the moment of the
 //! change (`base = (now, v_old(now))`), so tokens neither appear nor vanish;
 //! moving to `CLOCK_MONOTONIC` (a TSC that stopped or jumped) re-bases it
-//! the same way.
+//! the same way. Changing the capacity re-bases it moved by the change
+//! (`Gcra::recapped`, see `bucket.rs`), so the balance becomes
+//! `min(tokens, capacity)`; the writer computes that under its lock, and
+//! publishes it with the one flip of `active`.
 
 use crate::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 

@@ -194,8 +194,9 @@ impl LimRoot {
                 w.ticket,
                 at,
                 w.n.min(u64::from(u32::MAX)) as u32,
+                None,
             ),
-            _ => self.reg().publish(tier, 0, 0, 0, 0),
+            _ => self.reg().publish(tier, 0, 0, 0, 0, None),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The Limiter's home in a region: one bucket word and its parameters,
 //! shared by every process, beside the wait registry.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 4, fixed
+//! **Layout** (object area of a `Limiter` region, revision 5, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
 //! 128][ParamBlock: 384]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
@@ -26,8 +26,10 @@ use crate::region::registry::{Registry, REGISTRY_SIZE};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 use crate::sys::clock::{calibrate, Clock};
 
-/// Revision of this object's layout, stored in the header params.
-pub(crate) const OBJECT_REV: u64 = 4;
+/// Revision of this object's layout, stored in the header params (5: the
+/// virtual clock starts at `V_BIAS`, so a capacity change can move it
+/// down without going below 0; see [`bucket`](super::bucket)).
+pub(crate) const OBJECT_REV: u64 = 5;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]

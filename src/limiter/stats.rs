@@ -43,8 +43,9 @@ pub struct LimiterStats {
     /// bucket). Per process; see `shared.forced` for the region's total.
     pub forced: u64,
     /// Counter: tokens ever refilled since the bucket's creation (its
-    /// virtual clock). `clock + tokens_per_second - tokens` bounds, exactly,
-    /// everything ever consumed from the bucket.
+    /// virtual clock), plus its initial capacity minus its capacity now
+    /// (capacity changes move it). `clock + capacity - tokens` bounds,
+    /// exactly, everything ever consumed from the bucket.
     pub clock: u64,
     /// Roll-up of `queues` (`stall` is not summed: take the max).
     pub total: QueueStats,

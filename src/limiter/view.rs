@@ -101,7 +101,7 @@ impl RegionView {
             capacity: params.gcra.cap() as u32,
             pending: total.count,
             forced: shared.forced,
-            clock: v,
+            clock: super::bucket::Gcra::refilled(v),
             total,
             queues,
             stall_ns: shared.stall_ns,

@@ -13,7 +13,10 @@
 //! containing `/` is a path. Files are created `0600` unless
 //! [`RegionOptions::mode`] asks for group access; world-writable modes are
 //! refused, at creation and whenever an existing file is opened or bound
-//! (a file `chmod`ed to `0666` later is refused, naming its mode).
+//! (a file `chmod`ed to `0666` later is refused, naming its mode). An
+//! anonymous region's memfd gets the same mode (the kernel's default for
+//! a memfd is `0777`), so another process can open it by its
+//! `/proc/<pid>/fd/N` path.
 //!
 //! An anonymous region's memfd is sealed against shrinking
 //! ([`sys::file::seal_against_shrinking`]); a named region file can be
@@ -253,13 +256,17 @@ impl Region {
         Region::anonymous_with(RegionOptions::default())
     }
 
-    /// An anonymous region with `opts` (`mode` is irrelevant for a memfd).
-    /// The memfd is sealed against shrinking, so no process holding it can
-    /// cut the mapping from under the others.
+    /// An anonymous region with `opts`. The memfd gets `opts.mode` (`0600`
+    /// by default; the kernel creates a memfd `0777`): only holders of its
+    /// fd reach it, but a process that is handed its `/proc/<pid>/fd/N`
+    /// path opens it by name, and a world-writable file is refused there
+    /// as everywhere. The memfd is sealed against shrinking, so no process
+    /// holding it can cut the mapping from under the others.
     pub fn anonymous_with(opts: RegionOptions) -> Result<Region> {
         opts.validate()?;
         let fd =
             sys::file::memfd_create("shmsched").map_err(|e| Error::io("memfd_create", None, e))?;
+        sys::file::fchmod(fd.as_fd(), opts.mode).map_err(|e| Error::io("fchmod memfd", None, e))?;
         sys::file::seal_against_shrinking(fd.as_fd())
             .map_err(|e| Error::io("seal memfd", None, e))?;
         Ok(Region::from_parts(fd, None, opts))

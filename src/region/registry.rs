@@ -26,11 +26,18 @@
 //!
 //! Each process publishes, in its own process-table entry, per tier: how
 //! many waiters it has there and the ticket of its oldest (one word,
-//! `obj[t]`), and that oldest waiter's cap and need (`obj[14 + t]`). Only
-//! the process itself writes its entry's words (under its own lock), and a
-//! reaper after its death. So the region's queue of tier `t` is the
-//! merge of every process's local queue, in ticket order, and its front is
-//! the process whose published oldest ticket is the oldest.
+//! `obj[t]`), that oldest waiter's cap and need (`obj[14 + t]`), and an
+//! *alternate* (one word, `obj[8..12]` and `obj[22..25]`): the policy's choice of a later
+//! waiter that may be admitted when the oldest is not (the scheduler's: the
+//! oldest of those whose cap, net of their need, is the largest, if larger
+//! than the oldest's), with its ticket and that net cap. Only the process
+//! itself writes its entry's words (under its own lock), and a reaper after
+//! its death. So the region's queue of tier `t` is the merge of every
+//! process's local queue, in ticket order, and its front is the process
+//! whose published oldest ticket is the oldest; the oldest waiter that a
+//! policy admits is found among the oldest and the alternates, so a waiter
+//! queued behind one its process's other handle caps is not hidden from
+//! the region.
 //!
 //! # Ordering and liveness
 //!
@@ -84,11 +91,22 @@ use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, BITSET_ALL};
 pub const SLEEPERS: usize = 7;
 /// First process-entry word of the per-tier `cap << 32 | need` words.
 const FRONT_WORDS: usize = 14;
-/// First process-entry word free for the object's own use.
+/// The process-entry word free for the object's own use (the scheduler's
+/// count of cells held); `obj[25..28]` are the object's too.
 pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS;
+/// The process-entry word of each tier's alternate (see the module docs):
+/// four words of the entry's first line (`obj[12..14]` are left free there)
+/// and three after [`OBJ_FREE`]. `valid << 63 | net cap << 32 | ticket`.
+const ALT_WORDS: [usize; LEVELS] = [8, 9, 10, 11, 22, 23, 24];
 
-const _: () = assert!(SLEEPERS >= LEVELS);
-const _: () = assert!(OBJ_FREE <= crate::region::OBJ_WORDS);
+const _: () = assert!(SLEEPERS >= LEVELS && SLEEPERS < ALT_WORDS[0]);
+const _: () = assert!(ALT_WORDS[3] < 12 && ALT_WORDS[4] > OBJ_FREE);
+const _: () = assert!(ALT_WORDS[LEVELS - 1] < crate::region::OBJ_WORDS);
+
+/// An alternate's valid bit.
+const ALT_VALID: u64 = 1 << 63;
+/// An alternate's net cap that stands for "no cap" (`u32::MAX`).
+const ALT_UNCAPPED: u32 = 0x7fff_ffff;
 
 /// Gate bits of the tiers with published waiters.
 pub const GATE_TIERS: u64 = (1 << LEVELS) - 1;
@@ -358,7 +376,9 @@ impl Designee {
     }
 }
 
-/// A process's published oldest waiter of one tier.
+/// A process's published oldest waiter of one tier, or its alternate (a
+/// later waiter of the tier, see the module docs: then `cap` is its cap net
+/// of its need, `u32::MAX` for none, and `need` is 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Front {
     /// The process's entry.
@@ -646,14 +666,29 @@ impl Registry {
     }
 
     /// Publishes this process's waiters of `tier`: `count` of them, the
-    /// oldest with `ticket`, `cap` and `need`. The caller serialises its
-    /// process's publications (its own lock). Keeps the waiting bit and
-    /// the gate bit in step.
-    pub fn publish(&self, tier: usize, count: u32, ticket: u32, cap: u32, need: u32) {
+    /// oldest with `ticket`, `cap` and `need`, and the alternate `alt`
+    /// (its ticket and cap net of its need, `u32::MAX` for none; see the
+    /// module docs). The caller serialises its process's publications (its
+    /// own lock). Keeps the waiting bit and the gate bit in step.
+    pub fn publish(
+        &self,
+        tier: usize,
+        count: u32,
+        ticket: u32,
+        cap: u32,
+        need: u32,
+        alt: Option<(u32, u32)>,
+    ) {
         let e = self.my_entry();
         if count > 0 {
             e.obj[FRONT_WORDS + tier]
                 .store((u64::from(cap) << 32) | u64::from(need), Ordering::SeqCst);
+        }
+        let alt = alt.filter(|_| count > 1).map_or(0, |(t, net)| {
+            ALT_VALID | (u64::from(net.min(ALT_UNCAPPED)) << 32) | u64::from(t)
+        });
+        if e.obj[ALT_WORDS[tier]].load(Ordering::Relaxed) != alt {
+            e.obj[ALT_WORDS[tier]].store(alt, Ordering::SeqCst);
         }
         e.obj[tier].store(
             (u64::from(count) << 32) | u64::from(ticket),
@@ -717,18 +752,49 @@ impl Registry {
         })
     }
 
+    /// Process `idx`'s published alternate of `tier` (see the module docs),
+    /// if it has one.
+    pub fn alt_of(&self, idx: u32, tier: usize) -> Option<Front> {
+        let f = self.front_of(idx, tier)?;
+        let a = self.entry(idx)?.obj[ALT_WORDS[tier]].load(Ordering::SeqCst);
+        if a & ALT_VALID == 0 || a as u32 == f.ticket {
+            return None;
+        }
+        let net = ((a >> 32) as u32) & ALT_UNCAPPED;
+        Some(Front {
+            ticket: a as u32,
+            cap: if net == ALT_UNCAPPED { u32::MAX } else { net },
+            need: 0,
+            ..f
+        })
+    }
+
+    /// Process `idx`'s published waiter of `tier` with `ticket` (its front
+    /// or its alternate), if it still publishes it.
+    pub fn published(&self, idx: u32, tier: usize, ticket: u32) -> Option<Front> {
+        self.front_of(idx, tier)
+            .filter(|f| f.ticket == ticket)
+            .or_else(|| self.alt_of(idx, tier).filter(|f| f.ticket == ticket))
+    }
+
     /// The region's front of `tier` among waiters that `admit` accepts: the
-    /// oldest such published front, in any process. Dead processes are not
-    /// filtered here (see [`alive`](Self::alive)).
+    /// oldest such published waiter (a front or an alternate), in any
+    /// process. Dead processes are not filtered here (see
+    /// [`alive`](Self::alive)).
     pub fn front(&self, tier: usize, admit: impl Fn(&Front) -> bool) -> Option<Front> {
         let mut best: Option<(u32, Front)> = None;
         for idx in self.waiting_processes() {
             let Some(f) = self.front_of(idx, tier) else {
                 continue;
             };
-            if !admit(&f) {
-                continue;
-            }
+            let f = if admit(&f) {
+                f
+            } else {
+                match self.alt_of(idx, tier).filter(|a| admit(a)) {
+                    Some(a) => a,
+                    None => continue,
+                }
+            };
             let age = self.age(tier, f.ticket);
             if best.is_none_or(|(a, _)| age > a) {
                 best = Some((age, f));
@@ -793,11 +859,10 @@ impl Registry {
             .is_ok()
     }
 
-    /// True while `d` is still its process's published front of its tier
-    /// (the waiter has not left).
+    /// True while `d` is still published by its process (its front or its
+    /// alternate of its tier: the waiter has not left).
     pub fn still_front(&self, d: &Designee) -> bool {
-        self.front_of(d.idx, d.tier)
-            .is_some_and(|f| f.ticket == d.ticket)
+        self.published(d.idx, d.tier, d.ticket).is_some()
     }
 
     // ---- lottery -------------------------------------------------------

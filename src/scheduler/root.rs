@@ -54,7 +54,22 @@
 //! dead process may hold a waiter back without filling it (a designation
 //! it was taking for, a running count it left one too high for a capped
 //! waiter). Reaping it clears its publication and its designation, so
-//! nobody waits on a dead waiter for more than one reap interval.
+//! nobody waits on a dead waiter for more than one reap interval. A failed
+//! `try_acquire` is a slow path of the same kind: it reaps (rate-limited
+//! region-wide, [`REAP_INTERVAL_MS`]), so a process that only polls gets
+//! back what dead holders left within one reap interval of its first
+//! failed try.
+//!
+//! # Waiters of several handles
+//!
+//! A process's handles may have different caps at one priority. Its queue
+//! of a tier is one FIFO; what it publishes is its oldest waiter and, when
+//! a later one has more room under its cap (its cap net of its need is
+//! larger), the oldest of those with the most: its *alternate* (see the
+//! registry). A designation may name either; the process then grants the
+//! oldest of its waiters up to the one named whose cap admits it now, so a
+//! waiter queued behind a capped one of another handle is served when its
+//! own cap admits it, as it would be in another process.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -133,6 +148,66 @@ pub fn at_or_above(tier: usize) -> u64 {
 #[derive(Debug, Default)]
 struct RootQueues {
     tiers: [VecDeque<Arc<Waiter>>; LEVELS],
+    /// Per tier: the distinct nets ([`net`]) of its waiters, each with how
+    /// many waiters have it (a handful: one per cap and weight in use), so
+    /// that a tier whose waiters all have one net publishes in O(1).
+    nets: [Vec<(u32, u32)>; LEVELS],
+}
+
+/// A waiter's cap net of its need: the most that may run beside it for it
+/// to be admitted (`u32::MAX`: no cap below the max).
+fn net(w: &Waiter, max: u32) -> u32 {
+    if w.cap >= max {
+        u32::MAX
+    } else {
+        w.cap.saturating_sub(w.need)
+    }
+}
+
+impl RootQueues {
+    fn count_net(&mut self, tier: usize, net: u32, add: bool) {
+        let nets = &mut self.nets[tier];
+        match nets.iter().position(|&(n, _)| n == net) {
+            Some(i) if add => nets[i].1 += 1,
+            Some(i) => {
+                nets[i].1 -= 1;
+                if nets[i].1 == 0 {
+                    nets.swap_remove(i);
+                }
+            }
+            None if add => nets.push((net, 1)),
+            None => {}
+        }
+    }
+
+    /// Queues `w` at the back of its tier.
+    fn push(&mut self, w: Arc<Waiter>, max: u32) {
+        let tier = w.tier();
+        self.count_net(tier, net(&w, max), true);
+        self.tiers[tier].push_back(w);
+    }
+
+    /// Takes the waiter at `pos` of `tier` out of its queue.
+    fn take_at(&mut self, tier: usize, pos: usize, max: u32) -> Option<Arc<Waiter>> {
+        let w = self.tiers[tier].remove(pos)?;
+        self.count_net(tier, net(&w, max), false);
+        Some(w)
+    }
+
+    /// The alternate `tier` publishes (see the registry's module docs): the
+    /// oldest waiter of the largest net, if that net is larger than the
+    /// front's; its ticket and net.
+    fn alt(&self, tier: usize, max: u32) -> Option<(u32, u32)> {
+        let dq = &self.tiers[tier];
+        let front = net(dq.front()?, max);
+        let best = self.nets[tier].iter().map(|&(n, _)| n).max()?;
+        if best <= front {
+            return None;
+        }
+        dq.iter()
+            .find(|w| net(w, max) == best)
+            .map(|w| (w.ticket, best))
+    }
 }
 
 /// This process's side of a shared scheduler root (see the module docs).
@@ -210,10 +285,15 @@ impl SharedRoot {
         }
     }
 
-    /// Gives slots back and, if anyone waits, moves the queue on.
+    /// Gives slots back and, if anyone waits, moves the queue on. While
+    /// the region is above a lowered ceiling the cells go to the ceiling.
     #[inline]
     pub fn release(&self, slots: &Slots) {
-        self.slots.give(slots);
+        if self.reg().gate() & GATE_SHRINKING != 0 {
+            self.slots.give_to_ceiling(slots);
+        } else {
+            self.slots.give(slots);
+        }
         #[cfg(shuttle)]
         self.slots
             .mapping()
@@ -228,8 +308,9 @@ impl SharedRoot {
     fn release_slow(&self) {
         let reg = self.reg();
         if reg.gate() & GATE_SHRINKING != 0 {
-            // The ceiling is coming down: the freed cell goes to it.
-            self.slots.rebalance();
+            // The ceiling came down after this release read the gate: the
+            // freed cell goes to it (if nobody took it meanwhile).
+            self.slots.rebalance(false);
         }
         if let Some(d) = reg.designee() {
             // Someone is already at it, or a remote designee has been woken
@@ -281,7 +362,7 @@ impl SharedRoot {
             if is_async {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
             }
-            q.tiers[tier].push_back(w.clone());
+            q.push(w.clone(), self.slots.max());
             self.republish(&q, tier);
             self.serve(&mut q, &mut out, false);
             w
@@ -364,7 +445,7 @@ impl SharedRoot {
         let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) else {
             return;
         };
-        q.tiers[tier].remove(pos);
+        q.take_at(tier, pos, self.slots.max());
         w.counters.left(tier, cancelled);
         if w.is_async {
             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
@@ -400,10 +481,15 @@ impl SharedRoot {
     fn republish(&self, q: &RootQueues, tier: usize) {
         let dq = &q.tiers[tier];
         match dq.front() {
-            Some(w) => self
-                .reg()
-                .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need),
-            None => self.reg().publish(tier, 0, 0, 0, 0),
+            Some(w) => self.reg().publish(
+                tier,
+                dq.len() as u32,
+                w.ticket,
+                w.cap,
+                w.need,
+                q.alt(tier, self.slots.max()),
+            ),
+            None => self.reg().publish(tier, 0, 0, 0, 0, None),
         }
     }
 
@@ -476,24 +562,33 @@ impl SharedRoot {
                 continue;
             }
             if d.idx == me {
-                let Some(w) = q.tiers[d.tier]
-                    .front()
-                    .filter(|w| w.ticket == d.ticket)
-                    .cloned()
-                else {
+                let dq = &q.tiers[d.tier];
+                let Some(named) = dq.iter().position(|w| w.ticket == d.ticket) else {
                     // Our waiter left (or our publication is stale): pass on.
                     self.end_designation(&d);
                     self.republish(q, d.tier);
                     continue;
                 };
-                if !d.lottery && w.cap < self.slots.max() && !(self.fits())(w.need, w.cap) {
+                // A lottery pick is the waiter named. Otherwise the oldest
+                // of ours up to the one named whose cap admits it now: the
+                // one named (our front, or our alternate when the front's
+                // cap held it back), or one older than it that its cap
+                // admits by now.
+                let fits = self.fits();
+                let pos = if d.lottery {
+                    Some(named)
+                } else {
+                    dq.iter().take(named + 1).position(|w| fits(w.need, w.cap))
+                };
+                let Some(pos) = pos else {
                     // Its cap does not admit it now (units freed since it was
                     // designated went to others): the designation goes to the
                     // oldest waiter whose cap does; it is designated again
                     // when its cap admits it.
                     self.end_designation(&d);
                     continue;
-                }
+                };
+                let w = dq[pos].clone();
                 let taking = Designee { taking: true, ..d };
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
@@ -507,7 +602,7 @@ impl SharedRoot {
                         self.slots
                             .mapping()
                             .model_death_point("taken for a waiter, not granted");
-                        q.tiers[d.tier].pop_front();
+                        q.take_at(d.tier, pos, self.slots.max());
                         w.counters.left(d.tier, false);
                         if w.is_async {
                             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
@@ -549,7 +644,7 @@ impl SharedRoot {
                 }
             }
             // Another process's designee.
-            let Some(front) = reg.front_of(d.idx, d.tier).filter(|f| f.ticket == d.ticket) else {
+            let Some(front) = reg.published(d.idx, d.tier, d.ticket) else {
                 self.end_designation(&d);
                 continue;
             };
@@ -658,6 +753,8 @@ impl SharedRoot {
 
     /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
     /// above waits anywhere (after reaping dead ones) and capacity is free.
+    /// A take that finds no room reaps dead holders (if a scan is due,
+    /// region-wide) and takes again if that freed anything.
     pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
         // A strict hand-off holds back the tiers at or below a non-lottery
         // designee's (a lottery pick holds back every tier).
@@ -675,7 +772,12 @@ impl SharedRoot {
                 return None;
             }
         }
-        let got = self.take(need, cap);
+        let mut got = self.take(need, cap);
+        if got.is_none() && self.slots.maybe_reap() > 0 {
+            // A failed try is a slow path: a poller gets back what dead
+            // holders left within one reap interval of its first failure.
+            got = self.take(need, cap);
+        }
         if got.is_none() && self.slots.counting() && self.reg().gate() & GATE_TIERS != 0 {
             self.pass_on_after_backoff();
         }

@@ -2,14 +2,17 @@
 //! owner, written by the same CAS that takes the capacity, and an exact,
 //! cheap running count beside it.
 //!
-//! **Layout** (object area of a `Scheduler` region, revision 3, all fixed
+//! **Layout** (object area of a `Scheduler` region, revision 4, all fixed
 //! offsets): `[wait registry: 1,408 bytes][SchedHeader: 128][cells: max ×
 //! u32]` (see [`registry`](crate::region::registry) for the first part).
+//! A cell is `0` (free), [`FREE_COUNTED`] (free, see *Counting*), an owner
+//! id (taken), an owner id with [`COUNTED`] (taken and counted), or
+//! [`BLOCKED`] (out of service under the ceiling).
 //!
-//! **Taking a slot** is one instruction: `CAS(cell, 0 → my owner id)` on a
-//! free cell. The hard cap is the number of cells (no counter can be raced
-//! past it) and ownership is recorded by the very instruction that takes
-//! the capacity. **Giving it back** is `CAS(cell, my id → 0)`. A process
+//! **Taking a slot** is one instruction: `CAS(cell, free → my owner id)`.
+//! The hard cap is the number of cells (no counter can be raced past it)
+//! and ownership is recorded by the very instruction that takes the
+//! capacity. **Giving it back** is `CAS(cell, my id → free)`. A process
 //! killed between any two instructions leaves each cell either free or
 //! holding its id, so the reaper frees exactly the cells whose owner is the
 //! dead process: no slot is leaked or freed twice.
@@ -24,24 +27,64 @@
 //! Capped admissions take a small cap lock around "sum, compare, take", so
 //! two of them never both see the same count.
 //!
+//! **A take never counts itself as taken.** A take adds its `n` to `held`
+//! before it looks for cells, so the running count it reads while it looks
+//! includes that provisional `n`; it subtracts what it has not taken yet
+//! before it compares the count against the table. Other takers' provisional
+//! shares can still make a count look full for a moment: a take that gave
+//! up on such a count, once it has given its own share back, looks at the
+//! count again and, if it now shows room, scans the whole table once. So of
+//! two takers racing for the last free cell one gets it, and a lone taker
+//! with `n` cells free always finds them.
+//!
 //! **Counting only when asked.** Keeping `held` costs two locked
 //! instructions per acquire and release. A region whose users set no
 //! per-priority cap below the max never needs the sum, so counting starts
 //! only when some policy first needs it (a capped admission, a capped
-//! waiter to rank, a full table to detect): that caller sets the gate's
-//! [`GATE_COUNTING`] bit, for good. A cell taken while counting carries
-//! [`COUNTED`] (bit 31; owner ids are 31 bits) and its `+1` in `held`; one
-//! taken before carries neither and is given back without touching `held`.
-//! A taker that did not count re-reads the gate after its CAS and, if
-//! counting started meanwhile, counts its cells then; the starter sets the
-//! bit before it scans the cells. One of the two sees the other, so after
-//! the first scan that finds no uncounted cell (recorded in the header) the
-//! sum is exact; until then the uncounted cells are added from a scan.
+//! waiter to rank, a full table to detect, a ceiling): that caller sets the
+//! gate's [`GATE_COUNTING`] bit, for good. A cell taken while counting
+//! carries [`COUNTED`] and its `+1` in `held`; one taken before carries
+//! neither and is given back without touching `held`. Until a scan finds
+//! none of those uncounted cells left, the running count adds them from a
+//! scan (recorded in the header once the scan comes back clean).
+//!
+//! The difficulty is a taker that read "not counting" just before counting
+//! started: its CAS may come after the scan passed that cell, and its late
+//! `+1` (it re-reads the gate after its CAS and counts then) after a capped
+//! admission read the sum, which then missed a cell that was held
+//! throughout: the capped admission could exceed its cap by one (shown by
+//! the model checker on the old code, `counting_starts_under_a_late_take`).
+//! So a free cell is written in two ways: `0` before counting and
+//! [`FREE_COUNTED`] after. A taker that did not count takes only `0`
+//! cells; a counted one takes either. The scans of the starting period
+//! turn every `0` they pass into `FREE_COUNTED`, and everything that frees
+//! a cell once counting is on writes `FREE_COUNTED` (a counted cell, a
+//! cell coming back from the ceiling, which starts counting itself; only
+//! an uncounted cell given back by its taker becomes `0` again, and that
+//! cell was seen held by every scan that passed it). A late uncounted
+//! taker can therefore take only a cell the current scan has not reached
+//! yet (the scan then sees it taken) or a cell whose previous holder the
+//! scan counted; after the first clean scan it finds no `0` cell at all,
+//! fails, sees the counting bit and takes again, counted. The running
+//! count is the scan *followed by* the sum of `held`, so a counted taker
+//! that the scan missed is in the sum. One way or the other every cell
+//! held throughout a read of the count is in it.
 //!
 //! **Finding a free cell** starts at a per-process hint (the cell it last
 //! gave back) and looks at a few cells; if they are taken it asks the
 //! running count whether any cell is free before scanning further, so a
 //! full table costs O(processes) per attempt, not O(max).
+//!
+//! **The ceiling** ([`SharedSlots::set_ceiling`]) takes cells out of
+//! service by marking free ones [`BLOCKED`]. The number of blocked cells is
+//! kept exactly in the header, changed only under the region's ceiling
+//! lock together with the cells it counts, so two processes moving cells
+//! in and out of service at once never both act on one count (a lock taken
+//! over from a dead holder recounts the cells first). While the region is
+//! above a lowered ceiling, a release gives its cell straight to the
+//! ceiling (`CAS(cell, my id → BLOCKED)` under the lock: O(1), no scan)
+//! until the ceiling is reached, so exactly `ceiling` cells are in service
+//! afterwards, whatever the releases that race.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,24 +92,46 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::region::registry::{Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::registry::{Registry, GATE_COUNTING, GATE_SHRINKING, OBJ_FREE, REGISTRY_SIZE};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
-/// Revision of this object's layout, stored in the header params.
-pub(crate) const OBJECT_REV: u64 = 3;
+/// Revision of this object's layout, stored in the header params (4: free
+/// cells of the counting era are [`FREE_COUNTED`], the header's blocked
+/// count is exact under its ceiling lock).
+pub(crate) const OBJECT_REV: u64 = 4;
 
 /// Process-entry word holding the cells this process holds (`held`).
 const HELD: usize = OBJ_FREE;
 
 /// Cells looked at from the hint before consulting the running count.
+#[cfg(not(shuttle))]
 const NEAR_SCAN: usize = 8;
+/// Under the model checker the running count is consulted after the first
+/// cell (its tables are small: the early exit must be in play).
+#[cfg(shuttle)]
+const NEAR_SCAN: usize = 1;
 
 /// Cell bit (and bit of a cell number held by a permit): this cell is
 /// counted in its owner's `held`.
 pub(crate) const COUNTED: u32 = 1 << 31;
+
+/// A free cell once the region counts (owner 0 with [`COUNTED`]): only a
+/// counted take takes it (see the module docs).
+pub(crate) const FREE_COUNTED: u32 = COUNTED;
+
+/// How long a process waits for the ceiling lock held by another live
+/// process before it gives up on moving cells this time (a holder that is
+/// stopped must not stop its releases; the region stays short of its
+/// ceiling until the next release or change).
+#[cfg(not(shuttle))]
+const CEILING_LOCK_WAIT_NS: u64 = crate::region::registry::REAP_INTERVAL_MS * 1_000_000;
+/// Under the model checker a live holder is waited for (its progress is
+/// the schedule's; giving up would depend on the host's speed).
+#[cfg(shuttle)]
+const CEILING_LOCK_WAIT_NS: u64 = u64::MAX;
 
 /// A cell taken out of service by the ceiling (not an owner id: its entry
 /// index, 0xfffe, is beyond any process table).
@@ -87,10 +152,13 @@ pub(crate) struct SchedHeader {
     /// The ceiling + 1 (0: none, the ceiling is the max): see
     /// [`SharedSlots::set_ceiling`].
     ceiling: AtomicU32,
-    /// Cells blocked by the ceiling, as last counted (a hint: every change
-    /// of the ceiling recounts).
-    blocked: AtomicU32,
-    _pad0: AtomicU32,
+    /// Cells blocked by the ceiling, exactly (written only under
+    /// `ceiling_lock`, right after the cell CASes it counts; a lock taken
+    /// over from a dead holder recounts them).
+    pub(crate) blocked: AtomicU32,
+    /// The ceiling lock: 0, or the owner id of the process moving cells in
+    /// or out of service (see [`SharedSlots::set_ceiling`]).
+    ceiling_lock: AtomicU32,
     _pad: [u64; 12],
 }
 
@@ -142,6 +210,17 @@ fn holds_cells(map: &Mapping, me: crate::region::ProcId) -> bool {
     cells
         .iter()
         .any(|c| c.load(Ordering::SeqCst) & !COUNTED == me.owner)
+}
+
+/// The ceiling lock, held (released on drop).
+struct CeilingLock<'a> {
+    lock: &'a AtomicU32,
+}
+
+impl Drop for CeilingLock<'_> {
+    fn drop(&mut self) {
+        self.lock.store(0, Ordering::Release);
+    }
 }
 
 /// A bound shared slot table, as seen by one registered process.
@@ -314,6 +393,17 @@ impl SharedSlots {
     #[inline]
     pub fn take(&self, n: u32) -> Option<Slots> {
         let counting = self.counting();
+        match self.take_as(n, counting, true) {
+            Some(s) => Some(s),
+            None => self.take_again(n, counting),
+        }
+    }
+
+    /// One attempt of [`take`](Self::take), counted or not (`counting`, as
+    /// read from the gate), the scan cut short by the running count or not
+    /// (`early_exit`).
+    #[inline]
+    fn take_as(&self, n: u32, counting: bool, early_exit: bool) -> Option<Slots> {
         let tag = if counting { COUNTED } else { 0 };
         let owner = self.owner() | tag;
         if counting {
@@ -323,9 +413,11 @@ impl SharedSlots {
         self.mapping()
             .model_death_point("take: counted, no cell yet");
         let got = if n == 1 {
-            self.take_cell(owner).map(|c| Slots::one(c | tag))
+            let provisional = u64::from(counting);
+            self.take_cell(owner, provisional, early_exit)
+                .map(|c| Slots::one(c | tag))
         } else {
-            self.take_cells(owner, n).and_then(|mut cs| {
+            self.take_cells(owner, n, early_exit).and_then(|mut cs| {
                 cs.iter_mut().for_each(|c| *c |= tag);
                 let back = cs.clone();
                 Slots::many(cs).or_else(|| {
@@ -348,6 +440,38 @@ impl SharedSlots {
             Some(s) if !counting && self.counting() => Some(self.count_now(s)),
             Some(s) => Some(s),
         }
+    }
+
+    /// A take found no room: look again where the first look may have been
+    /// wrong (see the module docs). An uncounted take that failed while
+    /// counting started (the free cells are [`FREE_COUNTED`] now) takes
+    /// again, counted; a counted take whose scan was cut short by a count
+    /// that other takers' provisional shares inflated scans the whole table
+    /// once if, its own share given back, the count shows room for `n`.
+    #[cold]
+    #[inline(never)]
+    fn take_again(&self, n: u32, counted: bool) -> Option<Slots> {
+        if !self.counting() {
+            return None; // never counting: the scan was the whole table
+        }
+        if !counted {
+            if let Some(s) = self.take_as(n, true, true) {
+                return Some(s);
+            }
+        }
+        if self.room() < u64::from(n) {
+            return None;
+        }
+        self.take_as(n, true, false)
+    }
+
+    /// Cells neither blocked nor counted as held, by the running count (at
+    /// worst too low while takes or gives are half-way).
+    fn room(&self) -> u64 {
+        let blocked = u64::from(self.header().blocked.load(Ordering::SeqCst));
+        u64::from(self.max)
+            .saturating_sub(blocked)
+            .saturating_sub(self.running())
     }
 
     #[cold]
@@ -377,11 +501,15 @@ impl SharedSlots {
     }
 
     #[cold]
-    fn take_cells(&self, owner: u32, n: u32) -> Option<Vec<u32>> {
-        // `owner` may carry COUNTED; cell numbers come back untagged.
+    fn take_cells(&self, owner: u32, n: u32, early_exit: bool) -> Option<Vec<u32>> {
+        // `owner` may carry COUNTED; cell numbers come back untagged. Of a
+        // counted take's `n` in `held`, what it has not taken yet is its
+        // provisional share.
+        let counted = u64::from(owner >> 31);
         let mut got = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            match self.take_cell(owner) {
+        for i in 0..n {
+            let provisional = counted * u64::from(n - i);
+            match self.take_cell(owner, provisional, early_exit) {
                 Some(c) => got.push(c),
                 None => {
                     for c in got {
@@ -429,7 +557,12 @@ impl SharedSlots {
         }
         #[cfg(shuttle)]
         self.mapping().model_death_point("cap lock held");
-        let r = if self.running() + u64::from(need) <= u64::from(cap) {
+        #[cfg(shuttle)]
+        let watch = self.model_watch_held();
+        let running = self.running();
+        #[cfg(shuttle)]
+        self.model_check_count(watch, running);
+        let r = if running + u64::from(need) <= u64::from(cap) {
             self.take(need)
         } else {
             None
@@ -438,28 +571,48 @@ impl SharedSlots {
         r
     }
 
+    /// Claims `cell` for `owner` if it is free for it: a counted owner
+    /// takes `0` or [`FREE_COUNTED`], an uncounted one only `0`.
+    #[inline(always)]
+    fn claim(&self, cell: &AtomicU32, owner: u32) -> bool {
+        let v = cell.load(Ordering::Relaxed);
+        // 0, or FREE_COUNTED for a counted owner: `v` within the owner's tag.
+        let tag = owner & COUNTED;
+        let ok = v | tag == tag
+            && cell
+                .compare_exchange(v, owner, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok();
+        #[cfg(shuttle)]
+        if ok {
+            self.model_held(1);
+        }
+        ok
+    }
+
+    /// One cell for `owner`. `provisional`: what this take has counted in
+    /// `held` beyond the cells it holds (left out of the early exit).
     #[inline]
-    fn take_cell(&self, owner: u32) -> Option<u32> {
+    fn take_cell(&self, owner: u32, provisional: u64, early_exit: bool) -> Option<u32> {
         let cells = self.cells();
         let n = cells.len();
         let start = self.hint.load(Ordering::Relaxed) as usize;
         let start = if start < n { start } else { 0 };
         // The hint first: the cell this process gave back last.
         match cells.get(start) {
-            Some(c)
-                if c.load(Ordering::Relaxed) == 0
-                    && c.compare_exchange(0, owner, Ordering::SeqCst, Ordering::Relaxed)
-                        .is_ok() =>
-            {
-                Some(start as u32)
-            }
-            Some(_) => self.scan_for_cell(owner, start),
+            Some(c) if self.claim(c, owner) => Some(start as u32),
+            Some(_) => self.scan_for_cell(owner, start, provisional, early_exit),
             None => None,
         }
     }
 
     #[inline(never)]
-    fn scan_for_cell(&self, owner: u32, start: usize) -> Option<u32> {
+    fn scan_for_cell(
+        &self,
+        owner: u32,
+        start: usize,
+        provisional: u64,
+        early_exit: bool,
+    ) -> Option<u32> {
         let cells = self.cells();
         let n = cells.len();
         let mut c = start;
@@ -468,17 +621,15 @@ impl SharedSlots {
             if c == n {
                 c = 0;
             }
-            if k == NEAR_SCAN
-                && self.running() + u64::from(self.header().blocked.load(Ordering::Relaxed))
+            if early_exit
+                && k == NEAR_SCAN
+                && self.running().saturating_sub(provisional)
+                    + u64::from(self.header().blocked.load(Ordering::SeqCst))
                     >= u64::from(self.max)
             {
                 return None; // full (or about to be): no O(max) scan
             }
-            if cells[c].load(Ordering::Relaxed) == 0
-                && cells[c]
-                    .compare_exchange(0, owner, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-            {
+            if self.claim(&cells[c], owner) {
                 self.hint.store(c as u32, Ordering::Relaxed);
                 return Some(c as u32);
             }
@@ -486,11 +637,34 @@ impl SharedSlots {
         None
     }
 
+    /// The value a cell of `tag` (its [`COUNTED`] bit) is freed to.
+    #[inline(always)]
+    fn free_value(tag: u32) -> u32 {
+        if tag != 0 {
+            FREE_COUNTED
+        } else {
+            0
+        }
+    }
+
     #[inline]
     fn free_cell(&self, cell: u32, owner: u32, tag: u32) {
         // A cell that is not ours (the region was scribbled on) is left alone.
         if let Some(c) = self.cells().get(cell as usize) {
-            let _ = c.compare_exchange(owner | tag, 0, Ordering::SeqCst, Ordering::Relaxed);
+            #[cfg(shuttle)]
+            self.model_held(-1);
+            let _freed = c
+                .compare_exchange(
+                    owner | tag,
+                    Self::free_value(tag),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+            #[cfg(shuttle)]
+            if !_freed {
+                self.model_held(1);
+            }
         }
     }
 
@@ -525,28 +699,88 @@ impl SharedSlots {
         }
     }
 
+    /// Gives back slots while the region is above a lowered ceiling
+    /// ([`GATE_SHRINKING`]): as many cells as it is short go to the ceiling
+    /// (`CAS(cell, my id → BLOCKED)` under the ceiling lock, the blocked
+    /// count bumped with each), the rest back to the pool. O(cells given).
+    /// If the lock cannot be had (a live holder that does not let go within
+    /// the bound), they all go back to the pool, as [`give`](Self::give).
+    #[cold]
+    #[inline(never)]
+    pub fn give_to_ceiling(&self, slots: &Slots) {
+        let Some(_lock) = self.ceiling_lock() else {
+            return self.give(slots);
+        };
+        let owner = self.owner();
+        let h = self.header();
+        let cells: Vec<u32> = match slots.view() {
+            SlotsView::One(c) => vec![c],
+            SlotsView::Many(cs) => cs.to_vec(),
+            SlotsView::Counted(_) => return,
+        };
+        let mut counted = 0u64;
+        for c in cells {
+            let (cell, tag) = (c & !COUNTED, c & COUNTED);
+            counted += u64::from(tag >> 31);
+            let want = self.max - self.ceiling();
+            let have = h.blocked.load(Ordering::Relaxed);
+            let blocked = have < want
+                && self.cells().get(cell as usize).is_some_and(|x| {
+                    #[cfg(shuttle)]
+                    self.model_held(-1);
+                    let ok = x
+                        .compare_exchange(owner | tag, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok();
+                    #[cfg(shuttle)]
+                    if !ok {
+                        self.model_held(1);
+                    }
+                    ok
+                });
+            if blocked {
+                h.blocked.store(have + 1, Ordering::SeqCst);
+            } else {
+                self.free_cell(cell, owner, tag);
+                self.hint.store(cell, Ordering::Relaxed);
+            }
+        }
+        if counted > 0 {
+            self.held().fetch_sub(counted, Ordering::SeqCst);
+        }
+        self.reg
+            .set_shrinking(h.blocked.load(Ordering::Relaxed) < self.max - self.ceiling());
+    }
+
     /// Slots held across all processes: the sum of the members' `held`
     /// counts (O(processes); at worst one too high per process caught
     /// between its count and its cell). Starts counting if the region did
-    /// not count yet; until every cell taken before that is given back, the
-    /// uncounted ones are added from a scan (see the module docs).
+    /// not count yet; until a scan finds no uncounted cell, the uncounted
+    /// ones are added from a scan, which turns the free `0` cells it passes
+    /// into [`FREE_COUNTED`] (see the module docs).
     pub fn running(&self) -> u64 {
         if !self.counting() {
             self.reg.set_counting();
         }
-        let counted = self.reg.sum_members(HELD);
         let h = self.header();
         if h.all_counted.load(Ordering::Acquire) != 0 {
-            return counted;
+            return self.reg.sum_members(HELD);
         }
-        let uncounted = self
-            .cells()
-            .iter()
-            .filter(|c| {
-                let v = c.load(Ordering::SeqCst);
-                v != 0 && v & COUNTED == 0 && v != BLOCKED
-            })
-            .count() as u64;
+        let mut uncounted = 0u64;
+        for c in self.cells() {
+            let mut v = c.load(Ordering::SeqCst);
+            if v == 0 {
+                match c.compare_exchange(0, FREE_COUNTED, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => continue,
+                    Err(now) => v = now,
+                }
+            }
+            if v & COUNTED == 0 && v != BLOCKED {
+                uncounted += 1;
+            }
+        }
+        // The scan first, then the sum: a counted take the scan missed has
+        // counted itself before its CAS, so before this read.
+        let counted = self.reg.sum_members(HELD);
         if uncounted == 0 {
             h.all_counted.store(1, Ordering::Release);
         }
@@ -583,11 +817,13 @@ impl SharedSlots {
     /// Moves the effective ceiling to `target` (≤ max), for every process.
     ///
     /// The cells above the ceiling are taken out of service by marking free
-    /// cells [`BLOCKED`] (one CAS each); the fast path needs no new check.
-    /// Going down, cells still held are not revoked: their holders keep them,
-    /// and each release while the region is short gives its cell to the
-    /// ceiling instead of back to the pool ([`GATE_SHRINKING`]) until the
-    /// target is reached. Going up unblocks cells. Returns whether the
+    /// cells [`BLOCKED`] (one CAS each, under the ceiling lock, counted in
+    /// the header); the fast path needs no new check. Going down, cells
+    /// still held are not revoked: their holders keep them, and each
+    /// release while the region is short gives its cell to the ceiling
+    /// instead of back to the pool ([`GATE_SHRINKING`]) until the target is
+    /// reached. Going up unblocks cells. A ceiling starts the running count
+    /// (cells come back from it as [`FREE_COUNTED`]). Returns whether the
     /// target is reached now.
     pub fn set_ceiling(&self, target: u32) -> Result<bool> {
         if target > self.max {
@@ -596,45 +832,120 @@ impl SharedSlots {
                 self.max
             )));
         }
+        self.reg.set_counting();
         self.header().ceiling.store(target + 1, Ordering::SeqCst);
-        Ok(self.rebalance())
+        Ok(self.rebalance(true))
     }
 
     /// Blocks or unblocks cells until `max − ceiling` are blocked (as far as
-    /// free cells allow); keeps [`GATE_SHRINKING`] set while short. O(max):
-    /// runs only when the ceiling moves and on releases while shrinking.
-    pub fn rebalance(&self) -> bool {
-        let want = self.max - self.ceiling();
+    /// free cells allow), under the ceiling lock; keeps [`GATE_SHRINKING`]
+    /// set while short. Nothing to move costs nothing. `scan`: look for free
+    /// cells to block through the whole table (a ceiling change); otherwise
+    /// (a release, a reap) the cell this process freed last first, and the
+    /// table only if the running count says a cell is free. False if short
+    /// (or if the lock could not be had).
+    pub fn rebalance(&self, scan: bool) -> bool {
+        let Some(_lock) = self.ceiling_lock() else {
+            return false;
+        };
+        let h = self.header();
         let cells = self.cells();
-        let mut have = cells
-            .iter()
-            .filter(|c| c.load(Ordering::SeqCst) == BLOCKED)
-            .count() as u32;
-        for c in cells {
-            if have == want {
-                break;
-            }
-            if have < want {
-                if c.compare_exchange(0, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
+        let block = |c: &AtomicU32| {
+            let v = c.load(Ordering::Relaxed);
+            v & !COUNTED == 0
+                && c.compare_exchange(v, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
                     .is_ok()
-                {
+        };
+        for _ in 0..4 {
+            let want = self.max - self.ceiling();
+            let mut have = h.blocked.load(Ordering::Relaxed);
+            if have < want {
+                // Shrinking before the scan: a release that frees a cell the
+                // scan has passed sees the bit, and gives its cell here.
+                self.reg.set_shrinking(true);
+                let hint = self.hint.load(Ordering::Relaxed) as usize;
+                if cells.get(hint).is_some_and(block) {
                     have += 1;
+                    h.blocked.store(have, Ordering::SeqCst);
                 }
-            } else if c
-                .compare_exchange(BLOCKED, 0, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
-            {
-                have -= 1;
+                if have < want && (scan || self.room() > 0) {
+                    for c in cells {
+                        if have == want {
+                            break;
+                        }
+                        if block(c) {
+                            have += 1;
+                            h.blocked.store(have, Ordering::SeqCst);
+                        }
+                    }
+                }
+            } else if have > want {
+                for c in cells {
+                    if have == want {
+                        break;
+                    }
+                    if c.compare_exchange(
+                        BLOCKED,
+                        FREE_COUNTED,
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                    {
+                        have -= 1;
+                        h.blocked.store(have, Ordering::SeqCst);
+                    }
+                }
+            }
+            // Re-read the target: another process may have moved it meanwhile.
+            let want = self.max - self.ceiling();
+            if have <= want {
+                self.reg.set_shrinking(have < want);
+                return have == want;
             }
         }
-        self.header().blocked.store(have, Ordering::Relaxed);
-        // Re-read the target: another process may have moved it meanwhile.
-        let done = have == self.max - self.ceiling();
-        self.reg.set_shrinking(have < self.max - self.ceiling());
-        if !done && have > self.max - self.ceiling() {
-            return self.rebalance();
+        false
+    }
+
+    /// Takes the region's ceiling lock: waits while a live process holds
+    /// it (at most [`CEILING_LOCK_WAIT_NS`]: `None` then), takes it over
+    /// from a dead one, recounting the blocked cells (the dead holder may
+    /// have died between a cell's CAS and its count).
+    fn ceiling_lock(&self) -> Option<CeilingLock<'_>> {
+        let lock = &self.header().ceiling_lock;
+        let me = self.owner();
+        let t0 = crate::sys::clock::monotonic_ns();
+        let mut spins = 0u32;
+        loop {
+            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Some(CeilingLock { lock }),
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 64 != 0 {
+                        crate::sync::spin();
+                        continue;
+                    }
+                    if holder != me
+                        && !self.reg.owner_alive(holder)
+                        && lock
+                            .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        let blocked = self
+                            .cells()
+                            .iter()
+                            .filter(|c| c.load(Ordering::SeqCst) == BLOCKED)
+                            .count() as u32;
+                        self.header().blocked.store(blocked, Ordering::SeqCst);
+                        return Some(CeilingLock { lock });
+                    }
+                    if crate::sys::clock::monotonic_ns().saturating_sub(t0) > CEILING_LOCK_WAIT_NS {
+                        return None;
+                    }
+                    crate::sync::yield_now();
+                }
+            }
         }
-        done
     }
 
     /// Occupied cells, counted one by one (O(max): stats and tools only).
@@ -644,7 +955,7 @@ impl SharedSlots {
             .iter()
             .filter(|c| {
                 let v = c.load(Ordering::Relaxed);
-                v != 0 && v != BLOCKED
+                v & !COUNTED != 0 && v != BLOCKED
             })
             .count() as u32
     }
@@ -664,9 +975,7 @@ impl SharedSlots {
         let procs = self.reg.reap(&mut |idx, owner| {
             slots += self.release_dead(idx, owner);
         })?;
-        if slots > 0 {
-            self.header().reclaimed.fetch_add(slots, Ordering::Relaxed);
-        }
+        self.reclaimed(slots);
         Ok((procs, slots))
     }
 
@@ -676,25 +985,48 @@ impl SharedSlots {
         let _ = self.reg.maybe_reap(&mut |idx, owner| {
             slots += self.release_dead(idx, owner);
         });
-        if slots > 0 {
-            self.header().reclaimed.fetch_add(slots, Ordering::Relaxed);
-        }
+        self.reclaimed(slots);
         slots
     }
 
+    /// Counts `slots` freed for dead processes; while the region is above
+    /// its ceiling they go to the ceiling.
+    fn reclaimed(&self, slots: u64) {
+        if slots > 0 {
+            self.header().reclaimed.fetch_add(slots, Ordering::Relaxed);
+            if self.reg.gate() & GATE_SHRINKING != 0 {
+                self.rebalance(false);
+            }
+        }
+    }
+
     /// Frees every cell owned by `owner` (a dead process). Idempotent per
-    /// owner id (a CAS from that id to 0). Returns the number freed.
+    /// owner id (a CAS from that id to free). Returns the number freed.
     fn release_dead(&self, _idx: u32, owner: u32) -> u64 {
+        let counting = self.counting();
         let mut n = 0;
         for cell in self.cells() {
             let v = cell.load(Ordering::SeqCst);
-            if v != 0
-                && v & !COUNTED == owner
-                && cell
-                    .compare_exchange(v, 0, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
+            if v & !COUNTED != owner {
+                continue;
+            }
+            // Free as the era wants it (an uncounted cell freed to 0 while
+            // counting starts was seen held by every scan that passed it).
+            let free = if counting {
+                FREE_COUNTED
+            } else {
+                Self::free_value(v & COUNTED)
+            };
+            #[cfg(shuttle)]
+            self.model_held(-1);
+            if cell
+                .compare_exchange(v, free, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
             {
                 n += 1;
+            } else {
+                #[cfg(shuttle)]
+                self.model_held(1);
             }
         }
         n
@@ -741,10 +1073,41 @@ pub struct ModelState {
     pub occupied: u32,
     /// Cells owned by no member (a dead process's, not yet reaped).
     pub orphaned: u32,
+    /// Cells blocked by the ceiling.
+    pub blocked: u32,
+    /// The header's count of blocked cells.
+    pub blocked_count: u32,
+    /// The effective ceiling.
+    pub ceiling: u32,
 }
 
 #[cfg(shuttle)]
 impl SharedSlots {
+    /// Model checker: `delta` cells taken (+1, just after the CAS) or about
+    /// to be freed (−1, just before), so the model's tally is a lower bound
+    /// of the cells held at every step.
+    fn model_held(&self, delta: i64) {
+        crate::sys::futex::model::ghost_add(self.cells().as_ptr() as usize, delta);
+    }
+
+    /// Model checker: starts watching the least number of cells held from
+    /// now on (see [`model_check_count`](Self::model_check_count)).
+    fn model_watch_held(&self) -> usize {
+        crate::sys::futex::model::ghost_watch(self.cells().as_ptr() as usize)
+    }
+
+    /// Model checker: a running count read since `watch` must include every
+    /// cell held throughout the read (a capped admission against a lower
+    /// count could exceed its cap).
+    fn model_check_count(&self, watch: usize, running: u64) {
+        let least = crate::sys::futex::model::ghost_unwatch(watch);
+        assert!(
+            running as i64 >= least,
+            "a running count of {running} missed a cell: at least {least} were held \
+             throughout its read"
+        );
+    }
+
     /// The region's raw state (see [`ModelState`]).
     pub(crate) fn model_state(&self) -> ModelState {
         let reg = &self.reg;
@@ -770,13 +1133,19 @@ impl SharedSlots {
                 Some((idx, owner, held, owned, counted))
             })
             .collect();
-        let occupied = cells.iter().filter(|&&v| v != 0 && v != BLOCKED).count() as u32;
+        let occupied = cells
+            .iter()
+            .filter(|&&v| v & !COUNTED != 0 && v != BLOCKED)
+            .count() as u32;
         ModelState {
             gate: reg.gate(),
             designee,
             members,
             occupied,
             orphaned: occupied - owned_by_members.min(occupied),
+            blocked: cells.iter().filter(|&&v| v == BLOCKED).count() as u32,
+            blocked_count: self.header().blocked.load(Ordering::SeqCst),
+            ceiling: self.ceiling(),
         }
     }
 }

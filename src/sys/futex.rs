@@ -341,6 +341,11 @@ pub mod model {
         /// The scheduler's fairness hand-off never comes due (see
         /// [`set_never_fair`]).
         never_fair: bool,
+        /// Ghost tallies (see [`ghost_add`]): per key, the tally now.
+        ghosts: Vec<(Key, i64)>,
+        /// Ghost watches: (key, least tally seen since the watch began);
+        /// `None` once ended.
+        watches: Vec<Option<(Key, i64)>>,
     }
 
     shuttle::lazy_static! {
@@ -504,6 +509,54 @@ pub mod model {
             s.state.store(DEAD, StdOrdering::SeqCst);
             s.thread.unpark();
         }
+    }
+
+    /// Adds `delta` to the ghost tally kept for the region word at `addr`
+    /// (keyed as a futex word is, so every process's mapping of one region
+    /// shares it): a quantity the protocol under test must account for,
+    /// such as the scheduler's cells held, updated next to the atomic
+    /// steps that change it, and read by [`ghost_watch`].
+    pub fn ghost_add(addr: usize, delta: i64) {
+        let (key, _, _) = key_of(addr);
+        let mut t = table();
+        let v = match t.ghosts.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => {
+                *v += delta;
+                *v
+            }
+            None => {
+                t.ghosts.push((key, delta));
+                delta
+            }
+        };
+        for (k, least) in t.watches.iter_mut().flatten() {
+            if *k == key {
+                *least = (*least).min(v);
+            }
+        }
+    }
+
+    /// Starts watching the least value the ghost tally of `addr` takes from
+    /// now on; returns the watch's id (for [`ghost_unwatch`]).
+    pub fn ghost_watch(addr: usize) -> usize {
+        let (key, _, _) = key_of(addr);
+        let mut t = table();
+        let v = t
+            .ghosts
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(0, |&(_, v)| v);
+        t.watches.push(Some((key, v)));
+        t.watches.len() - 1
+    }
+
+    /// Ends watch `id`: the least value its tally took while it ran.
+    pub fn ghost_unwatch(id: usize) -> i64 {
+        let mut t = table();
+        t.watches
+            .get_mut(id)
+            .and_then(Option::take)
+            .map_or(i64::MIN, |(_, least)| least)
     }
 
     /// Makes the shared scheduler's fairness hand-off never come due in
