@@ -211,7 +211,11 @@ impl Node {
         };
         let r = match &self.home {
             Home::Local(b) => b.params.update(1, &|_| true, f),
-            Home::Shared(root) => root.bucket().update_params(f),
+            Home::Shared(root) => {
+                let r = root.bucket().update_params(f);
+                root.fronts_moved();
+                r
+            }
         };
         // Waiters may go sooner (or later) now.
         self.drain_now();
@@ -238,7 +242,10 @@ impl Node {
             return;
         }
         match &self.home {
-            Home::Shared(r) => r.bucket().demote_clock(),
+            Home::Shared(r) => {
+                r.bucket().demote_clock();
+                r.fronts_moved();
+            }
             Home::Local(b) => {
                 let _ = b.params.update(1, &|_| true, super::params::demoted);
             }
@@ -337,6 +344,9 @@ impl Node {
         }
         if let Ok(p) = self.params() {
             p.gcra.refund(self.tat(), n);
+        }
+        if let Home::Shared(root) = &self.home {
+            root.fronts_moved();
         }
         self.drain_now();
     }

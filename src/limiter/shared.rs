@@ -1,9 +1,9 @@
 //! The Limiter's home in a region: one bucket word and its parameters,
 //! shared by every process, beside the wait registry.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 4, fixed
+//! **Layout** (object area of a `Limiter` region, revision 5, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
-//! 128][ParamBlock: 384]`. The state line holds `tat` (the bucket, see
+//! 128][ParamBlock: 512]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
 //! last woken and the time (ms) the tier last made progress; the counters
 //! line what every process adds up; the parameter block the rate, the
@@ -27,7 +27,7 @@ use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 use crate::sys::clock::{calibrate, Clock};
 
 /// Revision of this object's layout, stored in the header params.
-pub(crate) const OBJECT_REV: u64 = 4;
+pub(crate) const OBJECT_REV: u64 = 5;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]
@@ -43,7 +43,13 @@ pub(crate) struct LimState {
     /// departure of a front; a front stalls from then (or its arrival).
     pub(crate) progress_ms: [AtomicU32; LEVELS],
     _pad1: AtomicU32,
-    _pad: [u64; 6],
+    /// Per tier: when (ms of [`bound_now_ns`](crate::region::registry::bound_now_ns),
+    /// mod 2³², never 0) another process first found the front last woken
+    /// (`notified`) able to go; 0: not yet. A front that can go and is not
+    /// charged within the bound is passed over.
+    pub(crate) ready_ms: [AtomicU32; LEVELS],
+    _pad2: AtomicU32,
+    _pad: [u64; 2],
 }
 
 /// Counters every process adds to.
@@ -193,7 +199,7 @@ impl SharedBucket {
     }
 
     /// Replaces the parameters for every process (see `params.rs`).
-    pub fn update_params(&self, f: impl FnOnce(Params) -> Params) -> Result<Params> {
+    pub fn update_params(&self, f: impl Fn(Params) -> Params) -> Result<Params> {
         self.params()
             .update(self.reg.me().owner, &|id| self.reg.owner_alive(id), f)
     }
@@ -226,7 +232,7 @@ impl SharedBucket {
             self.reg.waiter_counts(),
             processes,
             self.reg.stall_ns(),
-            self.reg.wakes(),
+            (self.reg.wakes(), self.reg.passes()),
             clock,
         )
     }
@@ -240,7 +246,7 @@ pub(crate) fn shared_stats(
     waiters: [u64; LEVELS],
     processes: u32,
     stall_ns: u64,
-    wakes: u64,
+    (wakes, passed_over): (u64, u64),
     clock: Clock,
 ) -> SharedLimiterStats {
     SharedLimiterStats {
@@ -250,6 +256,7 @@ pub(crate) fn shared_stats(
         processes,
         stall_ns,
         wakes,
+        passed_over,
         tsc: clock.tsc(),
     }
 }

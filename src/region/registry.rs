@@ -77,17 +77,26 @@ use super::proc_table::{ProcEntry, ProcId};
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::sys::clock::{monotonic_ms, monotonic_ns};
-use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, BITSET_ALL};
+use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, WaitResult, BITSET_ALL};
 
 /// Process-entry word counting the process's threads asleep on its futex
 /// word.
 pub const SLEEPERS: usize = 7;
+/// Process-entry word: the process's progress count, bumped by its own
+/// threads each time one of them moves the region's queue (see
+/// [`Registry::progress`]).
+const PROGRESS: usize = 12;
+/// Process-entry word: [`PASSED_FLAG`]` | p` once another process passed
+/// this one over while its progress count read `p` (0: never).
+const PASSED: usize = 13;
+const PASSED_FLAG: u64 = 1 << 63;
 /// First process-entry word of the per-tier `cap << 32 | need` words.
 const FRONT_WORDS: usize = 14;
 /// First process-entry word free for the object's own use.
 pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS;
 
 const _: () = assert!(SLEEPERS >= LEVELS);
+const _: () = assert!(SLEEPERS < PROGRESS && PROGRESS < PASSED && PASSED < FRONT_WORDS);
 const _: () = assert!(OBJ_FREE <= crate::region::OBJ_WORDS);
 
 /// Gate bits of the tiers with published waiters.
@@ -116,12 +125,38 @@ pub const REAP_INTERVAL_MS: u64 = 20;
 #[cfg(shuttle)]
 pub const REAP_INTERVAL_MS: u64 = 0;
 
-/// The futex bit a waiter with `ticket` sleeps under (bit 31 is left to
-/// "everyone", see [`BITSET_ALL`]).
+/// How long a wait on another process's action may last before the region
+/// moves on without it: a designation notified and not taken, a Limiter
+/// front that can go and is not charged. One reap interval (20 ms): a
+/// stopped process then costs the others no more than a dead one, and the
+/// bound is a hundred times a wake-up's latency on an idle machine, so a
+/// process that runs is passed over only when it has been denied the CPU
+/// for that long (it keeps its place; see [`Registry::pass_over`]).
+pub const PASS_AFTER_NS: u64 = 20_000_000;
+
+/// The clock the bounds on other processes' progress are measured on:
+/// `CLOCK_MONOTONIC` (ns), or, under the model checker, the model's clock,
+/// which moves only when a test says time passes (a stopped process is
+/// stopped "for a while").
 #[inline]
-pub fn wake_bit(ticket: u32) -> u32 {
-    1 << (ticket % 31)
+pub fn bound_now_ns() -> u64 {
+    #[cfg(shuttle)]
+    return crate::sys::futex::model::now_ns();
+    #[cfg(not(shuttle))]
+    monotonic_ns()
 }
+
+/// The futex bit of a process's front waiter of `tier` (see
+/// [`park`](super::park)): the one thread of the process a designation or a
+/// Limiter front's turn at that tier wakes.
+#[inline]
+pub fn tier_bit(tier: usize) -> u32 {
+    1 << tier
+}
+
+/// The futex bit of a process's helper thread (it stands in for the
+/// process's async waiters).
+pub const HELPER_BIT: u32 = 1 << 30;
 
 #[repr(C, align(128))]
 struct GateLine {
@@ -153,7 +188,12 @@ struct DispatchLine {
     strict: AtomicU64,
     /// Monotonic ns of the last liveness probe of a stalled designee.
     last_probe_ns: AtomicU64,
-    _pad: [u64; 2],
+    /// [`bound_now_ns`] when the designee was last offered capacity
+    /// (notified) or started taking it: a designation not taken within
+    /// [`PASS_AFTER_NS`] of it is passed over.
+    offered_ns: AtomicU64,
+    /// Counter: processes passed over (see [`Registry::pass_over`]).
+    passes: AtomicU64,
 }
 
 /// The region's link to a cluster-wide budget (see the `cluster` module):
@@ -246,6 +286,12 @@ impl RegistryArea {
             d.reaped.load(Ordering::Relaxed),
             d.strict.load(Ordering::Relaxed),
         )
+    }
+
+    /// Counter: processes passed over because they made no progress while
+    /// the region waited for them (a stopped or frozen process).
+    pub fn passes(&self) -> u64 {
+        self.dispatch.passes.load(Ordering::Relaxed)
     }
 
     /// The region's cluster lease, as its agent last recorded it (a
@@ -718,7 +764,8 @@ impl Registry {
     }
 
     /// The region's front of `tier` among waiters that `admit` accepts: the
-    /// oldest such published front, in any process. Dead processes are not
+    /// oldest such published front, in any process that is not passed over
+    /// (see [`pass_over`](Self::pass_over)). Dead processes are not
     /// filtered here (see [`alive`](Self::alive)).
     pub fn front(&self, tier: usize, admit: impl Fn(&Front) -> bool) -> Option<Front> {
         let mut best: Option<(u32, Front)> = None;
@@ -726,6 +773,9 @@ impl Registry {
             let Some(f) = self.front_of(idx, tier) else {
                 continue;
             };
+            if self.passed(idx) {
+                continue;
+            }
             if !admit(&f) {
                 continue;
             }
@@ -735,6 +785,21 @@ impl Registry {
             }
         }
         best.map(|(_, f)| f)
+    }
+
+    /// The tiers of `tiers` (gate bits) where a waiter of a process that is
+    /// not passed over waits: what a caller at those tiers defers to.
+    pub fn unpassed_tiers(&self, tiers: u64) -> u64 {
+        let mut out = 0;
+        let mut t = tiers & GATE_TIERS;
+        while t != 0 {
+            let tier = t.trailing_zeros() as usize;
+            t &= t - 1;
+            if self.front(tier, |_| true).is_some() {
+                out |= 1 << tier;
+            }
+        }
+        out
     }
 
     /// Waiters published per tier, summed over the live processes that
@@ -780,6 +845,33 @@ impl Registry {
         ok
     }
 
+    /// Records that the designee is offered capacity now (it is about to be
+    /// notified, or its process starts taking): the start of the bound on
+    /// its coming (see [`offer_overdue`](Self::offer_overdue)). Written
+    /// before the designation word changes, so that whoever sees the new
+    /// state sees this time or a later one.
+    pub fn offer(&self) {
+        self.d().offered_ns.store(bound_now_ns(), Ordering::SeqCst);
+    }
+
+    /// Renews the offer while this process takes for its designee (a take
+    /// of many cells lasts a while: it makes progress all along). Nothing
+    /// if the designation is not this process's, taking.
+    pub fn refresh_offer_if_taking(&self) {
+        if self
+            .designee()
+            .is_some_and(|d| d.taking && d.idx == self.me.idx)
+        {
+            self.offer();
+        }
+    }
+
+    /// True once the designee has been offered capacity [`PASS_AFTER_NS`]
+    /// ago or more without taking it.
+    pub fn offer_overdue(&self) -> bool {
+        bound_now_ns().saturating_sub(self.d().offered_ns.load(Ordering::SeqCst)) >= PASS_AFTER_NS
+    }
+
     /// Replaces designee `from` (exactly as read) by `to` (`None`: nobody).
     pub fn swap_designee(&self, from: &Designee, to: Option<&Designee>) -> bool {
         self.d()
@@ -798,6 +890,57 @@ impl Registry {
     pub fn still_front(&self, d: &Designee) -> bool {
         self.front_of(d.idx, d.tier)
             .is_some_and(|f| f.ticket == d.ticket)
+    }
+
+    // ---- progress, not liveness ----------------------------------------
+
+    /// Records that this process makes progress: one of its threads is
+    /// moving the region's queue (every serve or drain starts here). Returns
+    /// true if another process had passed it over since its last progress
+    /// (it ran again after a stop): its waiters are back in the region's
+    /// order from now on.
+    pub fn progress(&self) -> bool {
+        let e = self.my_entry();
+        let p = e.obj[PROGRESS].fetch_add(1, Ordering::SeqCst);
+        e.obj[PASSED].load(Ordering::SeqCst) == PASSED_FLAG | p
+    }
+
+    /// True if process `idx` was passed over and has made no progress since
+    /// (never this process).
+    pub fn passed(&self, idx: u32) -> bool {
+        if idx == self.me.idx {
+            return false;
+        }
+        let Some(e) = self.entry(idx) else {
+            return false;
+        };
+        let m = e.obj[PASSED].load(Ordering::SeqCst);
+        m & PASSED_FLAG != 0 && m == PASSED_FLAG | e.obj[PROGRESS].load(Ordering::SeqCst)
+    }
+
+    /// Passes process `idx` over: it was waited for (its designation, its
+    /// Limiter front) for [`PASS_AFTER_NS`] and made no progress. Until it
+    /// makes progress again, the region's order ([`front`](Self::front))
+    /// skips its waiters; they keep their tickets, so once it runs again
+    /// they are served in their place. The caller then wakes the thread it
+    /// waited for, so that it looks at the region as soon as it runs (a
+    /// wake sent while it is stopped still moves its futex word, which a
+    /// stopped sleeper finds changed when its wait restarts).
+    pub fn pass_over(&self, idx: u32) {
+        if idx == self.me.idx {
+            return;
+        }
+        let Some(e) = self.entry(idx) else {
+            return;
+        };
+        let p = e.obj[PROGRESS].load(Ordering::SeqCst);
+        e.obj[PASSED].store(PASSED_FLAG | p, Ordering::SeqCst);
+        self.d().passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counter: processes passed over.
+    pub fn passes(&self) -> u64 {
+        self.area().passes()
     }
 
     // ---- lottery -------------------------------------------------------
@@ -848,26 +991,44 @@ impl Registry {
     }
 
     /// Wakes the sleepers of process `idx` tagged with a bit of `bits`
-    /// ([`wake_bit`] of a ticket, or [`BITSET_ALL`]). No syscall when
-    /// nobody sleeps there.
+    /// ([`tier_bit`], [`HELPER_BIT`], or [`BITSET_ALL`]): bumps its futex
+    /// word, then wakes. No syscall when nobody sleeps there.
     pub fn wake(&self, idx: u32, bits: u32) {
         let Some(e) = self.entry(idx) else { return };
         e.futex.fetch_add(1, Ordering::SeqCst);
+        self.wake_bumped(e, bits);
+    }
+
+    /// Bumps this process's futex word (a waker of its own threads, before
+    /// it reads where they sleep: see [`park`](super::park)).
+    pub fn bump_mine(&self) {
+        self.my_entry().futex.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Wakes this process's sleepers under `bits`, the word already bumped
+    /// ([`bump_mine`](Self::bump_mine)).
+    pub fn wake_mine(&self, bits: u32) {
+        self.wake_bumped(self.my_entry(), bits);
+    }
+
+    fn wake_bumped(&self, e: &ProcEntry, bits: u32) {
         if e.obj[SLEEPERS].load(Ordering::SeqCst) == 0 {
             return;
         }
-        if futex_wake_bitset(&e.futex, i32::MAX, bits | (1 << 31)) > 0 {
+        if futex_wake_bitset(&e.futex, i32::MAX, bits) > 0 {
             self.d().wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Sleeps on this process's futex word, tagged `bits`, until woken or
-    /// `timeout`, unless the word moved past `seq` already.
-    pub fn sleep(&self, seq: u32, timeout: Duration, bits: u32) {
+    /// `timeout` (none: until woken), unless the word moved past `seq`
+    /// already.
+    pub fn sleep(&self, seq: u32, timeout: Option<Duration>, bits: u32) -> WaitResult {
         let e = self.my_entry();
         e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
-        futex_wait_bitset(&e.futex, seq, Some(timeout), bits);
+        let r = futex_wait_bitset(&e.futex, seq, timeout, bits);
         e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+        r
     }
 
     // ---- the cluster agent ----------------------------------------------
@@ -1068,10 +1229,9 @@ mod tests {
     }
 
     #[test]
-    fn wake_bits_leave_bit_31_free() {
-        for t in [0u32, 30, 31, 62, u32::MAX] {
-            assert_ne!(wake_bit(t), 1 << 31);
-            assert_eq!(wake_bit(t).count_ones(), 1);
-        }
+    fn tier_bits_and_the_helper_bit_are_distinct() {
+        let all = (0..LEVELS).fold(0, |m, t| m | tier_bit(t));
+        assert_eq!(all.count_ones() as usize, LEVELS);
+        assert_eq!(all & HELPER_BIT, 0);
     }
 }

@@ -348,13 +348,15 @@ impl Node {
 
     #[inline(never)]
     fn shared_fast(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
-        // Barging within a tier is allowed (bounded: see root.rs); waiters
-        // above, a strict hand-off or a disposed handle send the caller to
-        // the slow path.
-        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0
-            || self.disposed.load(Ordering::Relaxed)
-        {
+        // Barging within a tier is allowed (bounded: see root.rs); a
+        // disposed handle goes the slow way, and so do waiters above or a
+        // strict hand-off, unless they belong to processes that are passed
+        // over or the hand-off lets this tier through (`root.rs`).
+        if self.disposed.load(Ordering::Relaxed) {
             return None;
+        }
+        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0 {
+            return root.fast_beside_waiters(tier, n, self.caps[tier]);
         }
         root.take(n, self.caps[tier])
     }

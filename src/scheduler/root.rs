@@ -68,16 +68,19 @@ use super::shared::SharedSlots;
 use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
+use crate::region::park::{wake_parked, Keeper};
 use crate::region::registry::{
-    wake_bit, Designee, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, REAP_INTERVAL_MS,
+    tier_bit, Designee, Front, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, HELPER_BIT,
+    REAP_INTERVAL_MS,
 };
 use crate::region::Region;
 use crate::sys::clock::monotonic_ns;
 use crate::sys::fork::fork_generation;
-use crate::sys::futex::BITSET_ALL;
+use crate::sys::futex::WaitResult;
 
-/// A waiter (and the helper thread) wakes at least this often to look for
-/// dead processes and stalled designees.
+/// The process's keeper (and its helper thread) wakes at least this often
+/// to look for dead processes and designees that do not come (see
+/// [`park`](crate::region::park)).
 pub const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
 
 /// How long a designee may be overtaken by fresh arrivals before every
@@ -145,6 +148,12 @@ pub(crate) struct SharedRoot {
     /// True while the helper thread runs.
     helper_running: AtomicBool,
     fork_gen: u64,
+    /// The front waiter that keeps this process's backstop timer (see
+    /// [`park`](crate::region::park)).
+    keeper: Keeper,
+    /// Bit `t` set while the front of tier `t` here is an async waiter (the
+    /// helper sleeps under those tiers' bits).
+    async_fronts: AtomicU32,
 }
 
 impl SharedRoot {
@@ -173,6 +182,8 @@ impl SharedRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
+            keeper: Keeper::default(),
+            async_fronts: AtomicU32::new(0),
         });
         let any: Arc<dyn Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
@@ -238,11 +249,13 @@ impl SharedRoot {
             // release in FAIR_CHECK_EVERY per thread: a designee that finds
             // its slot taken closes the fast paths itself once it is due,
             // and this catches one that has not run since it was woken.
+            // On the same turns it looks whether a designee that was
+            // notified has come within the bound (a stopped process).
             if d.taking
                 || (d.idx != reg.me().idx
                     && d.notified
                     && reg.gate() & GATE_STRICT == 0
-                    && !(fair_check_turn() && fair_due(reg)))
+                    && !(fair_check_turn() && (fair_due(reg) || reg.offer_overdue())))
             {
                 return;
             }
@@ -282,7 +295,7 @@ impl SharedRoot {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
             }
             q.tiers[tier].push_back(w.clone());
-            self.republish(&q, tier);
+            self.republish(&q, tier, &mut out);
             self.serve(&mut q, &mut out, false);
             w
         };
@@ -292,44 +305,52 @@ impl SharedRoot {
 
     /// Blocks until `w` is granted (its slots), failed (disposed) or the
     /// deadline passes (timeout; its place is removed).
+    ///
+    /// The thread sleeps without a timeout (its deadline aside) where
+    /// [`park`](crate::region::park) says: on the region word as its tier's
+    /// front, else on its own word. One front per process, the keeper,
+    /// sleeps with the backstop instead and does the rounds when it fires.
     pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
         let reg = self.reg();
         loop {
-            let seq = reg.my_seq();
+            let seqs = w.park.seqs(reg);
             match w.state() {
                 GRANTED => return Ok(w.take_slots()),
                 FAILED => return Err(Error::Disposed),
                 _ => {}
             }
-            let nap = match deadline {
+            let left = match deadline {
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return self.cancel(w);
                     }
-                    (d - now).min(BACKSTOP)
+                    Some(d - now)
                 }
-                None => BACKSTOP,
+                None => None,
             };
             self.serve_now(false);
             if w.state() != WAITING {
                 continue;
             }
-            let t0 = monotonic_ns();
-            reg.sleep(seq, nap, wake_bit(w.ticket));
-            if monotonic_ns().saturating_sub(t0) >= nap.as_nanos() as u64 {
+            let keeper = w.park.is_front() && self.keeper.claim(w.id());
+            let backstop = keeper && left.is_none_or(|l| l > BACKSTOP);
+            let nap = if backstop { Some(BACKSTOP) } else { left };
+            if w.park.sleep(reg, seqs, w.tier(), nap) == WaitResult::TimedOut && backstop {
                 self.on_backstop();
             }
         }
     }
 
-    /// A backstop wake: a waiter (or the helper) slept a whole backstop
-    /// period, and what holds it back may be a dead process's: cells it
-    /// held (a full table), a running count it left one too high (it died
+    /// A backstop wake: the keeper (or the helper) slept a whole backstop
+    /// period, and what holds the queue back may be a dead process's: cells
+    /// it held (a full table), a running count it left one too high (it died
     /// between its count and its cell: capped waiters are refused while the
     /// table is not full), or a designation it was taking for (which no
     /// other process ends). So reap, whether the table is full or not (at
-    /// most once per reap interval, region-wide).
+    /// most once per reap interval, region-wide). A designee that was
+    /// offered capacity and has not come is passed over by the serve that
+    /// follows.
     fn on_backstop(&self) {
         if self.slots.maybe_reap() > 0 {
             self.serve_now(false);
@@ -348,7 +369,7 @@ impl SharedRoot {
                 FAILED => return Err(Error::Disposed),
                 _ => {}
             }
-            self.remove(&mut q, w, true);
+            self.remove(&mut q, w, true, &mut out);
             w.fail();
             self.serve(&mut q, &mut out, false);
             Err(Error::Timeout)
@@ -359,17 +380,12 @@ impl SharedRoot {
 
     /// Takes `w` out of its queue (under the lock): counters, publication,
     /// and a designation naming it.
-    fn remove(&self, q: &mut RootQueues, w: &Arc<Waiter>, cancelled: bool) {
+    fn remove(&self, q: &mut RootQueues, w: &Arc<Waiter>, cancelled: bool, out: &mut Wakeups) {
         let tier = w.tier();
         let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) else {
             return;
         };
-        q.tiers[tier].remove(pos);
-        w.counters.left(tier, cancelled);
-        if w.is_async {
-            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.republish(q, tier);
+        self.take_out(q, tier, pos, cancelled, out);
         let reg = self.reg();
         if let Some(d) = reg.designee() {
             if d.idx == reg.me().idx && d.tier == tier && d.ticket == w.ticket && !d.taking {
@@ -387,7 +403,7 @@ impl SharedRoot {
                 let doomed: Vec<Arc<Waiter>> =
                     q.tiers[tier].iter().filter(|w| pred(w)).cloned().collect();
                 for w in doomed {
-                    self.remove(&mut q, &w, true);
+                    self.remove(&mut q, &w, true, &mut out);
                     w.fail();
                     out.add(&w, true);
                 }
@@ -397,13 +413,64 @@ impl SharedRoot {
         self.wake(out);
     }
 
-    fn republish(&self, q: &RootQueues, tier: usize) {
+    /// Takes the waiter at `pos` of `tier`'s queue out (under the lock):
+    /// counters, publication, the new front's mark, the keeper role.
+    fn take_out(
+        &self,
+        q: &mut RootQueues,
+        tier: usize,
+        pos: usize,
+        cancelled: bool,
+        out: &mut Wakeups,
+    ) -> Option<Arc<Waiter>> {
+        let w = q.tiers[tier].remove(pos)?;
+        w.counters.left(tier, cancelled);
+        w.park.set_front(false);
+        if w.is_async {
+            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.republish(q, tier, out);
+        if self.keeper.release(w.id()) {
+            // The role goes to another front: the new front of this tier is
+            // being woken already (it claims the role when it next sleeps);
+            // if there is none, the highest other one is woken for it.
+            let new_front = q.tiers[tier].front().filter(|f| !f.is_async);
+            if new_front.is_none() {
+                if let Some(f) = (0..LEVELS)
+                    .rev()
+                    .find_map(|t| q.tiers[t].front().filter(|f| !f.is_async))
+                {
+                    out.add_parked(f);
+                }
+            }
+        }
+        Some(w)
+    }
+
+    /// Publishes `tier`'s count and front (under the lock) and keeps the
+    /// front's parking mark in step: a waiter that just became the front is
+    /// woken to move to the region word; the helper is told when an async
+    /// waiter becomes a front.
+    fn republish(&self, q: &RootQueues, tier: usize, out: &mut Wakeups) {
         let dq = &q.tiers[tier];
+        let bit = 1u32 << tier;
         match dq.front() {
-            Some(w) => self
-                .reg()
-                .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need),
-            None => self.reg().publish(tier, 0, 0, 0, 0),
+            Some(w) => {
+                self.reg()
+                    .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need);
+                if w.park.set_front(true) && !w.is_async {
+                    out.add_parked(w);
+                }
+                if !w.is_async {
+                    self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
+                } else if self.async_fronts.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+                    out.helper = true;
+                }
+            }
+            None => {
+                self.reg().publish(tier, 0, 0, 0, 0);
+                self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
+            }
         }
     }
 
@@ -420,10 +487,57 @@ impl SharedRoot {
     }
 
     fn wake(&self, mut out: Wakeups) {
-        if out.bits != 0 {
-            self.reg().wake(self.reg().me().idx, out.bits);
+        let reg = self.reg();
+        if out.parked.is_some() {
+            wake_parked(reg, out.parked().map(|w| (&w.park, w.tier())));
+        }
+        if out.helper {
+            reg.wake(reg.me().idx, HELPER_BIT);
         }
         out.wake_tasks();
+    }
+
+    /// Passes over the designee `d` of another process: it was offered
+    /// capacity [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS)
+    /// ago, its process is alive and has not come for it (stopped, frozen,
+    /// starved of CPU). Its process is skipped by the region's order until
+    /// it makes progress again; its waiter keeps its ticket, so it is
+    /// served in its place once it runs again.
+    fn pass(&self, d: &Designee) {
+        let reg = self.reg();
+        reg.pass_over(d.idx);
+        if reg.swap_designee(d, None) {
+            reg.clear_strict();
+        }
+        reg.wake(d.idx, tier_bit(d.tier));
+    }
+
+    /// Whether free capacity would let designee `d` (its published front
+    /// `f`) in now: what is free covers its need and, unless it is a
+    /// lottery pick, its cap admits it.
+    fn room_for(&self, d: &Designee, f: &Front) -> bool {
+        self.slots.free() >= u64::from(f.need)
+            && (d.lottery || f.cap >= self.slots.max() || (self.fits())(f.need, f.cap))
+    }
+
+    /// This process ran again after being passed over: a designation that
+    /// went meanwhile to a younger waiter of a tier where this process has
+    /// an older one goes back to the region's order (so that this process's
+    /// waiter is served in its place). Lottery picks and takes in progress
+    /// are left alone; higher tiers outrank as always.
+    fn reclaim_place(&self, q: &RootQueues) {
+        let reg = self.reg();
+        let Some(d) = reg.designee() else { return };
+        if d.taking || d.lottery || d.idx == reg.me().idx {
+            return;
+        }
+        let fits = self.fits();
+        let older = q.tiers[d.tier].front().is_some_and(|w| {
+            reg.age(d.tier, w.ticket) > reg.age(d.tier, d.ticket) && fits(w.need, w.cap)
+        });
+        if older {
+            self.end_designation(&d);
+        }
     }
 
     fn end_designation(&self, d: &Designee) {
@@ -438,6 +552,9 @@ impl SharedRoot {
     fn serve(&self, q: &mut RootQueues, out: &mut Wakeups, eager_probe: bool) {
         let reg = self.reg();
         let me = reg.me().idx;
+        if reg.progress() {
+            self.reclaim_place(q);
+        }
         for _ in 0..SERVE_ROUNDS {
             let Some(d) = reg.designee() else {
                 if reg.gate() & GATE_TIERS == 0 {
@@ -461,13 +578,23 @@ impl SharedRoot {
             if d.taking {
                 // Its process is taking cells for it now; unless that process
                 // died in the middle (then it is reaped, which frees what it
-                // took and clears the designation).
-                if d.idx != me
-                    && (eager_probe || reg.probe_due(PROBE_INTERVAL_NS))
-                    && !reg.alive(d.idx)
-                {
-                    let _ = self.slots.reap();
-                    continue;
+                // took and clears the designation), or stopped in the middle
+                // for longer than the bound while capacity it could use is
+                // free (then it is passed over: if it took cells, it grants
+                // them when it runs again).
+                if d.idx != me {
+                    if (eager_probe || reg.probe_due(PROBE_INTERVAL_NS)) && !reg.alive(d.idx) {
+                        let _ = self.slots.reap();
+                        continue;
+                    }
+                    if reg.offer_overdue()
+                        && reg
+                            .front_of(d.idx, d.tier)
+                            .is_some_and(|f| f.ticket == d.ticket && self.room_for(&d, &f))
+                    {
+                        self.pass(&d);
+                        continue;
+                    }
                 }
                 return;
             }
@@ -483,7 +610,7 @@ impl SharedRoot {
                 else {
                     // Our waiter left (or our publication is stale): pass on.
                     self.end_designation(&d);
-                    self.republish(q, d.tier);
+                    self.republish(q, d.tier, out);
                     continue;
                 };
                 if !d.lottery && w.cap < self.slots.max() && !(self.fits())(w.need, w.cap) {
@@ -495,6 +622,7 @@ impl SharedRoot {
                     continue;
                 }
                 let taking = Designee { taking: true, ..d };
+                reg.offer();
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
                 }
@@ -507,14 +635,9 @@ impl SharedRoot {
                         self.slots
                             .mapping()
                             .model_death_point("taken for a waiter, not granted");
-                        q.tiers[d.tier].pop_front();
-                        w.counters.left(d.tier, false);
-                        if w.is_async {
-                            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-                        }
+                        self.take_out(q, d.tier, 0, false, out);
                         w.grant(slots);
                         out.add(&w, true);
-                        self.republish(q, d.tier);
                         self.end_designation(&taking);
                         continue;
                     }
@@ -568,6 +691,16 @@ impl SharedRoot {
                 let _ = self.slots.reap();
                 continue;
             }
+            // Alive is not progress: offered capacity it could use and not
+            // come within the bound, it is passed over (dead: reaped).
+            if d.notified && reg.offer_overdue() && self.room_for(&d, &front) {
+                if !reg.alive(d.idx) {
+                    let _ = self.slots.reap();
+                } else {
+                    self.pass(&d);
+                }
+                continue;
+            }
             if waited >= fair_after_ns() {
                 reg.set_strict();
             }
@@ -576,10 +709,11 @@ impl SharedRoot {
                     notified: true,
                     ..d
                 };
+                reg.offer();
                 if !reg.swap_designee(&d, Some(&n)) {
                     continue;
                 }
-                reg.wake(d.idx, wake_bit(d.ticket));
+                reg.wake(d.idx, tier_bit(d.tier));
             }
             return;
         }
@@ -657,21 +791,18 @@ impl SharedRoot {
     // ---- non-blocking ------------------------------------------------------
 
     /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
-    /// above waits anywhere (after reaping dead ones) and capacity is free.
+    /// above waits anywhere (after reaping dead ones; waiters of processes
+    /// passed over do not count) and capacity is free.
     pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
-        // A strict hand-off holds back the tiers at or below a non-lottery
-        // designee's (a lottery pick holds back every tier).
-        let blocked = |g: u64| {
-            g & at_or_above(tier) != 0
-                || (g & GATE_STRICT != 0
-                    && self
-                        .reg()
-                        .designee()
-                        .is_none_or(|d| d.lottery || d.tier >= tier))
+        let blocked = || {
+            let g = self.reg().gate();
+            let waiting = g & at_or_above(tier);
+            (waiting != 0 && self.reg().unpassed_tiers(waiting) != 0)
+                || (g & GATE_STRICT != 0 && !self.strict_lets_through(tier, need))
         };
-        if blocked(self.reg().gate()) {
+        if blocked() {
             self.serve_now(true);
-            if blocked(self.reg().gate()) {
+            if blocked() {
                 return None;
             }
         }
@@ -680,6 +811,48 @@ impl SharedRoot {
             self.pass_on_after_backoff();
         }
         got
+    }
+
+    /// The fast path of an acquire at `tier` when waiters above it are
+    /// published or a hand-off is strict (cold): it goes on only if every
+    /// waiter above belongs to a process passed over (a stopped process
+    /// holds nobody back), and a strict hand-off lets `tier` through.
+    #[cold]
+    #[inline(never)]
+    pub fn fast_beside_waiters(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
+        let reg = self.reg();
+        let g = reg.gate();
+        let waiting = g & above(tier);
+        if waiting != 0 && reg.unpassed_tiers(waiting) != 0 {
+            return None;
+        }
+        if g & GATE_STRICT != 0 && !self.strict_lets_through(tier, need) {
+            return None;
+        }
+        self.take(need, cap)
+    }
+
+    /// Under a strict hand-off (fast paths closed for the designee), whether
+    /// a caller at `tier` needing `need` may take all the same: only above
+    /// the designee's tier, and past a lottery pick only from what is free
+    /// beyond the pick's own need. A lottery pick gives its tier a turn at
+    /// the next freed units it needs; it does not close the tiers above it.
+    fn strict_lets_through(&self, tier: usize, need: u32) -> bool {
+        let reg = self.reg();
+        let Some(d) = reg.designee() else {
+            return false; // a stale strict bit: the slow path clears it
+        };
+        if d.tier >= tier {
+            return false;
+        }
+        if !d.lottery {
+            return true;
+        }
+        let theirs = reg
+            .front_of(d.idx, d.tier)
+            .filter(|f| f.ticket == d.ticket)
+            .map_or(0, |f| f.need);
+        self.slots.free() >= u64::from(theirs) + u64::from(need)
     }
 
     /// A take that failed after counting itself in `held` gave the count
@@ -792,9 +965,10 @@ fn helper(weak: Weak<SharedRoot>) {
         let reg = root.reg();
         let seq = reg.my_seq();
         root.serve_now(false);
-        let t0 = monotonic_ns();
-        reg.sleep(seq, BACKSTOP, BITSET_ALL);
-        if monotonic_ns().saturating_sub(t0) >= BACKSTOP.as_nanos() as u64 {
+        // Woken under its own bit, and for the tiers whose front is async
+        // (a designation there is for a task it stands in for).
+        let bits = root.async_fronts.load(Ordering::SeqCst) | HELPER_BIT;
+        if reg.sleep(seq, Some(BACKSTOP), bits) == WaitResult::TimedOut {
             root.on_backstop();
         }
     }

@@ -49,14 +49,22 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::region::registry::{Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::registry::{bound_now_ns, Registry, GATE_COUNTING, OBJ_FREE, REGISTRY_SIZE};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
 pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
 /// Revision of this object's layout, stored in the header params.
-pub(crate) const OBJECT_REV: u64 = 3;
+pub(crate) const OBJECT_REV: u64 = 4;
+
+/// A cap lock held this long by a holder whose acquisition did not change
+/// (no progress) is taken over, even from a live holder (see
+/// [`SharedSlots::take_capped`]). The critical section is a few hundred
+/// nanoseconds when its holder runs; 2 ms is longer than a run queue's
+/// usual wait and short against anything a caller notices, and being
+/// robbed costs a holder only a retry.
+const LOCK_TAKEOVER_NS: u64 = 2_000_000;
 
 /// Process-entry word holding the cells this process holds (`held`).
 const HELD: usize = OBJ_FREE;
@@ -77,9 +85,8 @@ pub(crate) const BLOCKED: u32 = 0x7fff_ffff;
 pub(crate) struct SchedHeader {
     /// Global max; written once at initialisation.
     pub(crate) max: AtomicU32,
-    /// The cap lock: 0, or the owner id of the process admitting a capped
-    /// task (see [`SharedSlots::take_capped`]).
-    cap_lock: AtomicU32,
+    /// Unused (revision 3's cap lock).
+    _was_cap_lock: AtomicU32,
     /// Counter: cells freed on behalf of dead processes.
     pub(crate) reclaimed: AtomicU64,
     /// 1 once a scan after counting started found no uncounted cell.
@@ -91,7 +98,11 @@ pub(crate) struct SchedHeader {
     /// of the ceiling recounts).
     blocked: AtomicU32,
     _pad0: AtomicU32,
-    _pad: [u64; 12],
+    /// The cap lock: `generation << 32 | holder`, the holder the owner id of
+    /// the process admitting a capped task (0: free); the generation
+    /// changes with every acquisition (see [`SharedSlots::take_capped`]).
+    cap_lock: AtomicU64,
+    _pad: [u64; 11],
 }
 
 #[cfg(not(shuttle))]
@@ -380,7 +391,12 @@ impl SharedSlots {
     fn take_cells(&self, owner: u32, n: u32) -> Option<Vec<u32>> {
         // `owner` may carry COUNTED; cell numbers come back untagged.
         let mut got = Vec::with_capacity(n as usize);
-        for _ in 0..n {
+        for i in 0..n {
+            // A long take is progress: its designation (if it takes for one)
+            // is not passed over while it runs (see `root.rs`).
+            if i % 1024 == 1023 {
+                self.reg.refresh_offer_if_taking();
+            }
             match self.take_cell(owner) {
                 Some(c) => got.push(c),
                 None => {
@@ -398,44 +414,95 @@ impl SharedSlots {
     /// `cap` (a per-priority cap below the max). Capped admissions take the
     /// region's cap lock, so two of them never both see the same count;
     /// uncapped takes do not need it (a capped admission that saw room is
-    /// ordered before them). The lock's holder is recorded by owner id: a
-    /// process that dies holding it is found dead by the next contender and
-    /// the lock taken over (the critical section changes nothing that needs
-    /// repair: `held` and the cells are exact on their own).
+    /// ordered before them).
+    ///
+    /// **Bounded.** A contender spins in slices; between slices it looks at
+    /// the lock word. A holder that died is found dead and the lock taken
+    /// over at once; a holder whose acquisition (the word, generation
+    /// included) has not moved for [`LOCK_TAKEOVER_NS`] makes no progress
+    /// (stopped, frozen, starved) and the lock is taken over from it too.
+    /// That is safe because a holder checks, after its take, that the lock
+    /// is still its own acquisition: if it was taken over, its decision may
+    /// rest on a count the new holder did not see, so it gives the cells
+    /// back and tries again. (Its take comes before its check; the takeover
+    /// comes before the new holder's count. Either the check sees the
+    /// takeover, or the new holder's count sees the take.) The critical
+    /// section changes nothing that needs repair: `held` and the cells are
+    /// exact on their own.
     pub fn take_capped(&self, need: u32, cap: u32) -> Option<Slots> {
-        let lock = &self.header().cap_lock;
-        let me = self.owner();
-        let mut spins = 0u32;
         loop {
-            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(holder) => {
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        if holder != me
-                            && !self.reg.owner_alive(holder)
-                            && lock
-                                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                                .is_ok()
-                        {
-                            break;
-                        }
-                        crate::sync::yield_now();
-                    } else {
-                        crate::sync::spin();
-                    }
-                }
+            let mine = self.lock_cap();
+            #[cfg(shuttle)]
+            self.mapping().model_death_point("cap lock held");
+            let r = if self.running() + u64::from(need) <= u64::from(cap) {
+                self.take(need)
+            } else {
+                None
+            };
+            let lock = &self.header().cap_lock;
+            if lock.load(Ordering::SeqCst) == mine {
+                let _ = lock.compare_exchange(
+                    mine,
+                    mine & !u64::from(u32::MAX),
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                );
+                return r;
+            }
+            // Taken over while this thread did not run: undo and retry.
+            if let Some(s) = r {
+                self.give(&s);
             }
         }
-        #[cfg(shuttle)]
-        self.mapping().model_death_point("cap lock held");
-        let r = if self.running() + u64::from(need) <= u64::from(cap) {
-            self.take(need)
-        } else {
-            None
-        };
-        lock.store(0, Ordering::Release);
-        r
+    }
+
+    /// Acquires the cap lock (see [`take_capped`](Self::take_capped));
+    /// returns the lock word this acquisition wrote.
+    fn lock_cap(&self) -> u64 {
+        let lock = &self.header().cap_lock;
+        let me = u64::from(self.owner());
+        let next = |w: u64| ((w >> 32).wrapping_add(1) << 32) | me;
+        // The word a slice started with, and when it was first seen.
+        let mut seen: Option<(u64, u64)> = None;
+        let mut spins = 0u32;
+        loop {
+            let cur = lock.load(Ordering::SeqCst);
+            let holder = cur as u32;
+            if holder == 0 {
+                if lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return next(cur);
+                }
+                continue;
+            }
+            spins += 1;
+            if spins % 64 != 0 {
+                crate::sync::spin();
+                continue;
+            }
+            // End of a slice: does the holder get anywhere?
+            let now = bound_now_ns();
+            let stuck = match seen {
+                Some((w, since)) if w == cur => {
+                    now.saturating_sub(since) >= LOCK_TAKEOVER_NS
+                        || (u64::from(holder) != me && !self.reg.owner_alive(holder))
+                }
+                _ => {
+                    seen = Some((cur, now));
+                    u64::from(holder) != me && !self.reg.owner_alive(holder)
+                }
+            };
+            if stuck
+                && lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return next(cur);
+            }
+            crate::sync::yield_now();
+        }
     }
 
     #[inline]
@@ -718,6 +785,7 @@ impl SharedSlots {
             stall_ns: self.reg.stall_ns(),
             wakes: self.reg.wakes(),
             fair_handoffs: self.reg.strict_handoffs(),
+            passed_over: self.reg.passes(),
         }
     }
 }
