@@ -15,8 +15,8 @@ use shmsched::limiter::Limiter;
 use shmsched::region::Region;
 use shmsched::Priority;
 use xproc::{
-    child_init, commands, cpu_ns, median_max, mono_ns, ms, proc_cpu_ns, say, serial, until, Kid,
-    Stopped, TempRegion,
+    child_init, commands, cpu_ns, median_max, mono_ns, ms, proc_cpu_ns, say, serial, until,
+    while_stopped_at_instants, Kid, Stopped, TempRegion,
 };
 
 const ENTRY: &str = "child_entry";
@@ -716,27 +716,14 @@ fn a_stopped_parameter_writer_holds_no_writer_back() {
     let me = Limiter::shared(&region, 1000).expect("limiter");
     let mut p = Kid::spawn(ENTRY, "setter P", "setter", &[&tmp.path]);
     p.expect("setting", 10 * SEC);
-    let mut worst = 0f64;
-    for k in 0..30u64 {
-        std::thread::sleep(Duration::from_micros(300 + k * 89 % 500));
-        let stopped = Stopped::new(&p);
-        let pid = p.pid();
-        let cont = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(400));
-            // SAFETY: plain kill(2) on our own child.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
-        });
-        let t = Instant::now();
+    let worst = while_stopped_at_instants(&p, 30, |k| {
         me.set_rate(5_000 + k).expect("set_rate");
-        worst = worst.max(t.elapsed().as_secs_f64() * 1e3);
         let r = u64::from(me.tokens_per_second());
         assert!(
             [1_000, 2_000, 5_000 + k].contains(&r),
             "rate {r} in force: neither P's nor this one"
         );
-        drop(stopped);
-        cont.join().unwrap();
-    }
+    });
     p.sigkill();
     me.set_rate(777).expect("set_rate");
     eprintln!("set_rate beside a stopped rate setter: worst {worst:.2} ms over 30 stops");

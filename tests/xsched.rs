@@ -18,7 +18,7 @@ use shmsched::scheduler::{Concurrency, OwnedPermit, Permit, Scheduler};
 use shmsched::Priority;
 use xproc::{
     child_init, commands, median_max, mono_ns, ms, proc_cpu_ns, say, serial, until,
-    voluntary_switches, Kid, Stopped, TempRegion,
+    voluntary_switches, while_stopped_at_instants, Kid, Stopped, TempRegion,
 };
 
 const ENTRY: &str = "child_entry";
@@ -1903,26 +1903,11 @@ fn a_stopped_cap_lock_holder_holds_no_capped_admission_back() {
     let s = Scheduler::shared(&fx._region, concurrency("8,low=4")).unwrap();
     let mut p = fx.kid("capper P", "capper", &["8,low=4"]);
     p.expect("capping", 10 * SEC);
-    let (mut worst, mut refused) = (0f64, 0);
-    for k in 0..30u64 {
-        std::thread::sleep(Duration::from_micros(500 + k * 97 % 700));
-        let stopped = Stopped::new(&p);
-        // Whatever happens here, P runs again within 400 ms.
-        let pid = p.pid();
-        let cont = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(400));
-            // SAFETY: plain kill(2) on our own child.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
-        });
-        let t = Instant::now();
+    let mut refused = 0;
+    let worst = while_stopped_at_instants(&p, 30, |_| {
         let got = s.acquire_timeout(Priority::Low, Duration::from_millis(20));
-        let lat = t.elapsed().as_secs_f64() * 1e3;
-        worst = worst.max(lat);
         refused += usize::from(got.is_err());
-        drop(got);
-        drop(stopped);
-        cont.join().unwrap();
-    }
+    });
     eprintln!(
         "capped admissions beside a stopped capped admitter: worst {worst:.2} ms over 30 stops, \
          {refused} not granted"

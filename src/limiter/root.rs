@@ -21,25 +21,42 @@
 //! process wakes that front's process and waits for it. Two processes
 //! never wait for each other: each waits only for a front that can go.
 //!
+//! That wait is bounded: a front that another process has found able to go
+//! (`ready_ms[t]`) and that is still not charged
+//! [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS) later has a
+//! process that does not run (stopped, frozen, starved). It is passed over
+//! (see the registry's *Progress*): the region's order skips that process
+//! until it runs again, so the tiers below, and the next front of its own
+//! tier, go on at the bucket's rate; its front keeps its place and is
+//! charged (or forced through) by its own process once it runs.
+//!
 //! # Waking
 //!
 //! A front is woken once when it becomes the region's front of its tier
 //! (`notified[t]` holds the ticket last woken), so that it computes the
 //! instant its tokens will be there and sleeps until then; the process that
-//! charges a front moves on to the next one and wakes it in turn. A front
-//! whose process is dead is reaped before it is woken; after that a front
-//! is probed at most once per reap interval region-wide (at once for a
-//! caller that cannot wait, such as `try_consume`), so a dead front never
-//! holds its tier back for longer than that.
+//! charges a front moves on to the next one and wakes it in turn, and a
+//! drain that defers to a front that can go wakes it (its turn). A rate or
+//! capacity change, a refund or a clock change wakes every front again
+//! (their instants moved). Threads sleep as [`park`](crate::region::park)
+//! says: nothing sleeps on a timer but a front with an instant to wait for
+//! (its tokens, its force-through, the bound on a front it defers to), a
+//! deadline, and one keeper per process on the backstop. A front whose
+//! process is dead is reaped before it is woken; after that a front is
+//! probed at most once per reap interval region-wide (at once for a caller
+//! that cannot wait, such as `try_consume`), so a dead front never holds
+//! its tier back for longer than that.
 //!
 //! # Force-through, region-wide
 //!
 //! A front stalls from its arrival or from the last progress of its tier
-//! (`progress_ms[t]`, region-wide), whichever is later. Because a tier has
-//! one front in the whole region and the stall restarts with each
-//! progress, at most one consume per tier per second goes through into
-//! debt, however many processes and child limiters there are; and none goes
-//! into debt on top of debt.
+//! (`progress_ms[t]`, region-wide), whichever is later, whatever holds it
+//! back: the bucket, or fronts of other processes above it (a wait for a
+//! front elsewhere is bounded, so a stalled front always comes to its own
+//! process's drain). Because a tier has one front in the whole region and
+//! the stall restarts with each progress, at most one consume per tier per
+//! second goes through into debt, however many processes and child
+//! limiters there are; and none goes into debt on top of debt.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -53,7 +70,7 @@ use super::waiter::{
 };
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::park::{wake_parked, Keeper};
+use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
     bound_now_ns, tier_bit, Registry, GATE_TIERS, HELPER_BIT, PASS_AFTER_NS, REAP_INTERVAL_MS,
 };
@@ -107,11 +124,9 @@ pub(crate) struct LimRoot {
     async_waiting: AtomicU32,
     helper_running: AtomicBool,
     fork_gen: u64,
-    /// The front waiter that keeps this process's backstop timer (see
+    /// Parking: the fronts' marks, which are async, the keeper (see
     /// [`park`](crate::region::park)).
-    keeper: Keeper,
-    /// Bit `t` set while the front of tier `t` here is async.
-    async_fronts: AtomicU32,
+    fronts: Fronts,
 }
 
 impl LimRoot {
@@ -139,8 +154,7 @@ impl LimRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
-            keeper: Keeper::default(),
-            async_fronts: AtomicU32::new(0),
+            fronts: Fronts::default(),
         });
         let any: Arc<dyn std::any::Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
@@ -207,30 +221,21 @@ impl LimRoot {
     /// `scheduler/root.rs`): a new front is woken to move to the region
     /// word, the helper told when an async waiter becomes a front.
     fn republish(&self, q: &Queues, tier: usize, out: &mut Wakeups) {
-        let bit = 1u32 << tier;
         match (q.tiers[tier].front(), q.arrivals[tier].front()) {
-            (Some(w), Some(&at)) => {
-                self.reg().publish(
-                    tier,
-                    q.tiers[tier].len() as u32,
-                    w.ticket,
-                    at,
-                    w.n.min(u64::from(u32::MAX)) as u32,
-                );
-                if w.park.set_front(true) && !w.is_async {
-                    out.parked.push(w.clone());
-                }
-                if !w.is_async {
-                    self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
-                } else if self.async_fronts.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
-                    out.helper = true;
-                }
-            }
-            _ => {
-                self.reg().publish(tier, 0, 0, 0, 0);
-                self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
-            }
+            (Some(w), Some(&at)) => self.reg().publish(
+                tier,
+                q.tiers[tier].len() as u32,
+                w.ticket,
+                at,
+                w.n.min(u64::from(u32::MAX)) as u32,
+            ),
+            _ => self.reg().publish(tier, 0, 0, 0, 0),
         }
+        let to = self.fronts.front_is(tier, q.tiers[tier].front());
+        if let Some(w) = to.waiter {
+            out.parked.push(w.clone());
+        }
+        out.helper |= to.helper;
     }
 
     /// Takes the waiter at `pos` of `tier`'s queue out (under the lock):
@@ -246,18 +251,13 @@ impl LimRoot {
     ) -> Option<Arc<Waiter>> {
         let w = q.tiers[tier].remove(pos)?;
         q.arrivals[tier].remove(pos);
-        w.park.set_front(false);
         if w.is_async {
             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.republish(q, tier, out);
-        if self.keeper.release(w.id()) && q.tiers[tier].front().is_none_or(|f| f.is_async) {
-            if let Some(f) = (0..LEVELS)
-                .rev()
-                .find_map(|t| q.tiers[t].front().filter(|f| !f.is_async))
-            {
-                out.parked.push(f.clone());
-            }
+        let fronts = std::array::from_fn(|t| q.tiers[t].front());
+        if let Some(f) = self.fronts.left(&w, tier, fronts) {
+            out.parked.push(f.clone());
         }
         Some(w)
     }
@@ -310,7 +310,7 @@ impl LimRoot {
                     );
                 }
             }
-            let keeper = w.park.is_front() && self.keeper.claim(w.id());
+            let keeper = self.fronts.keeps(w);
             let backstop = keeper && nap.is_none_or(|n| n > BACKSTOP);
             if backstop {
                 nap = Some(BACKSTOP);
@@ -610,22 +610,22 @@ fn helper(weak: Weak<LimRoot>) {
         let (d, clock) = root.drain_now();
         // The instants of the async fronts it stands in for, and of a
         // deferral; its own backstop otherwise.
-        let fronts = root.async_fronts.load(Ordering::SeqCst);
+        let bits = root.fronts.helper_bits();
         let now = clock.now_ns();
         let mut nap = BACKSTOP;
         for (t, u) in d.until.iter().enumerate() {
-            if let Some(u) = u.filter(|_| fronts & (1 << t) != 0) {
+            if let Some(u) = u.filter(|_| root.fronts.async_at(1 << t)) {
                 nap = nap.min(Duration::from_nanos(u.saturating_sub(now)));
             }
         }
-        if let Some(u) = d.defer_until.filter(|_| fronts != 0) {
+        if let Some(u) = d.defer_until.filter(|_| root.fronts.async_at(u32::MAX)) {
             nap = nap.min(Duration::from_nanos(u.saturating_sub(bound_now_ns())));
         }
         if let Clock::Tsc(c) = clock {
             root.check_clock(&c);
         }
         if !nap.is_zero()
-            && reg.sleep(seq, Some(nap), fronts | HELPER_BIT) == WaitResult::TimedOut
+            && reg.sleep(seq, Some(nap), bits) == WaitResult::TimedOut
             && nap == BACKSTOP
         {
             let _ = reg.maybe_reap(&mut |_, _| {});

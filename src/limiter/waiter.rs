@@ -9,7 +9,7 @@ use std::task::Waker;
 
 use super::bucket::{Gcra, Mode, Refused};
 use super::{STALL_TICKS, TICK_NS};
-use crate::region::park::Park;
+use crate::region::park::{Park, Parked};
 
 pub(crate) const WAITING: u32 = 0;
 pub(crate) const GRANTED: u32 = 1;
@@ -59,11 +59,6 @@ impl Waiter {
         }
     }
 
-    /// Its id for the keeper role (its address: unique while it lives).
-    pub fn id(&self) -> u64 {
-        self as *const Waiter as usize as u64
-    }
-
     pub fn state(&self) -> u32 {
         self.state.load(Ordering::Acquire)
     }
@@ -81,6 +76,19 @@ impl Waiter {
     pub fn finish(self: &Arc<Self>, state: u32, out: &mut Wakeups, shared: bool) {
         self.state.store(state, Ordering::Release);
         out.add(self, shared);
+    }
+}
+
+impl Parked for Waiter {
+    fn park(&self) -> &Park {
+        &self.park
+    }
+    fn is_async(&self) -> bool {
+        self.is_async
+    }
+    /// Its address: unique while it lives.
+    fn id(&self) -> u64 {
+        self as *const Waiter as usize as u64
     }
 }
 

@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use super::registry::Registry;
 pub use super::registry::{tier_bit, HELPER_BIT};
+use crate::priority::LEVELS;
 use crate::sys::futex::{futex_wait, futex_wake, WaitResult};
 
 const AWAKE: u32 = 0;
@@ -151,19 +152,114 @@ pub fn wake_parked<'a>(reg: &Registry, parks: impl Iterator<Item = (&'a Park, us
     }
 }
 
-/// The keeper role of a process's waiters of one object (see the module
-/// docs): 0, or the id of the waiter that keeps the timer.
-#[derive(Debug, Default)]
-pub struct Keeper {
-    holder: AtomicU64,
+/// A waiter of a process's queue, as its parking sees it.
+pub trait Parked {
+    /// Its parking place.
+    fn park(&self) -> &Park;
+    /// True for an async waiter (no thread sleeps for it: the helper
+    /// stands in).
+    fn is_async(&self) -> bool;
+    /// Its id for the keeper role (nonzero, unique while it lives).
+    fn id(&self) -> u64;
 }
 
-impl Keeper {
-    /// Takes the role for waiter `id` (nonzero) if nobody has it. True if
-    /// `id` has it now.
-    pub fn claim(&self, id: u64) -> bool {
+impl<T: Parked> Parked for std::sync::Arc<T> {
+    fn park(&self) -> &Park {
+        (**self).park()
+    }
+    fn is_async(&self) -> bool {
+        (**self).is_async()
+    }
+    fn id(&self) -> u64 {
+        (**self).id()
+    }
+}
+
+/// The parking state of one process's queue of a shared object (the
+/// Scheduler's and the Limiter's root keep one each): which tiers' fronts
+/// are async, and the keeper role (see the module docs). Its methods run
+/// under the queue's lock.
+#[derive(Debug, Default)]
+pub struct Fronts {
+    /// 0, or the id of the front that keeps the backstop timer.
+    keeper: AtomicU64,
+    /// Bit `t` set while the front of tier `t` is async.
+    async_fronts: AtomicU32,
+}
+
+/// What a change of the queue asks to be woken (after the lock).
+#[derive(Debug)]
+pub struct ToWake<'a, W> {
+    /// A blocking waiter that just became its tier's front, or was handed
+    /// the keeper role: it must move to the region word (or claim).
+    pub waiter: Option<&'a W>,
+    /// The helper must look again: the tiers it stands in for grew.
+    pub helper: bool,
+}
+
+impl Fronts {
+    /// Tier `tier`'s front is now `front` (it was published): marks it,
+    /// and says whom to wake.
+    pub fn front_is<'a, W: Parked>(&self, tier: usize, front: Option<&'a W>) -> ToWake<'a, W> {
+        let bit = 1u32 << tier;
+        let mut to = ToWake {
+            waiter: None,
+            helper: false,
+        };
+        match front {
+            Some(w) if w.is_async() => {
+                w.park().set_front(true);
+                to.helper = self.async_fronts.fetch_or(bit, Ordering::SeqCst) & bit == 0;
+            }
+            Some(w) => {
+                if w.park().set_front(true) {
+                    to.waiter = Some(w);
+                }
+                self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
+            }
+            None => {
+                self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
+            }
+        }
+        to
+    }
+
+    /// Waiter `w` left the queue of `tier` (the tier already republished:
+    /// `fronts` are the process's fronts per tier now): unmarks it and, if
+    /// it was the keeper, names the waiter to wake to take the role on:
+    /// nobody if its tier has a new blocking front (woken anyway as the new
+    /// front, it claims the role when it next sleeps), else the highest
+    /// other blocking front, if any.
+    pub fn left<'a, W: Parked>(
+        &self,
+        w: &W,
+        tier: usize,
+        fronts: [Option<&'a W>; LEVELS],
+    ) -> Option<&'a W> {
+        w.park().set_front(false);
+        if self
+            .keeper
+            .compare_exchange(w.id(), 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return None;
+        }
+        let blocking = fronts.map(|f| f.filter(|f| !f.is_async()));
+        if blocking[tier].is_some() {
+            return None;
+        }
+        blocking.into_iter().rev().flatten().next()
+    }
+
+    /// Whether waiter `w`, about to sleep, keeps the backstop timer: a
+    /// blocking front claims the role if nobody has it.
+    pub fn keeps<W: Parked>(&self, w: &W) -> bool {
+        if !w.park().is_front() {
+            return false;
+        }
+        let id = w.id();
         match self
-            .holder
+            .keeper
             .compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
         {
             Ok(_) => true,
@@ -171,11 +267,14 @@ impl Keeper {
         }
     }
 
-    /// Gives the role up if `id` has it. True if it had it (the caller then
-    /// hands it on).
-    pub fn release(&self, id: u64) -> bool {
-        self.holder
-            .compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+    /// The bits the helper sleeps under: its own and the tiers whose front
+    /// is async.
+    pub fn helper_bits(&self) -> u32 {
+        self.async_fronts.load(Ordering::SeqCst) | HELPER_BIT
+    }
+
+    /// Whether the front of any of `tiers` (bits) is async.
+    pub fn async_at(&self, tiers: u32) -> bool {
+        self.async_fronts.load(Ordering::SeqCst) & tiers != 0
     }
 }

@@ -16,8 +16,9 @@
 //!   next ticket when it queues, so tickets order waiters of one tier
 //!   across processes (FIFO);
 //! - the **designee** word (the one waiter, in any process, that the next
-//!   freed capacity is for) with the time it was designated, and the
-//!   lottery's generator, for policies that use them;
+//!   freed capacity is for) with the time it was designated and the time
+//!   it was last offered capacity, and the lottery's generator, for
+//!   policies that use them;
 //! - the region's link to a cluster-wide budget: which process is its
 //!   agent (an owner id, taken over when that process is found dead) and the
 //!   lease it holds, under a seqlock;
@@ -26,11 +27,14 @@
 //!
 //! Each process publishes, in its own process-table entry, per tier: how
 //! many waiters it has there and the ticket of its oldest (one word,
-//! `obj[t]`), and that oldest waiter's cap and need (`obj[14 + t]`). Only
-//! the process itself writes its entry's words (under its own lock), and a
-//! reaper after its death. So the region's queue of tier `t` is the
-//! merge of every process's local queue, in ticket order, and its front is
-//! the process whose published oldest ticket is the oldest.
+//! `obj[t]`), and that oldest waiter's cap and need (`obj[14 + t]`); and
+//! its progress count (`obj[12]`). Only the process itself writes those
+//! words (under its own lock), and a reaper after its death; the one word
+//! another process writes is its passed-over mark (`obj[13]`, see
+//! *Progress*). So the region's queue of tier `t` is the merge of every
+//! process's local queue, in ticket order, and its front is the process
+//! whose published oldest ticket is the oldest (among those not passed
+//! over).
 //!
 //! # Ordering and liveness
 //!
@@ -48,16 +52,37 @@
 //! - Reaping frees nothing of the object by itself: the object passes a
 //!   `release` callback (the scheduler frees the dead process's cells).
 //!
+//! # Progress, not liveness
+//!
+//! A process can be alive and not run (SIGSTOP, a debugger, a cgroup
+//! freezer, swap, a CPU quota), so no wait on another process's action is
+//! unbounded. Each process counts its own progress: every serve or drain of
+//! its threads bumps `obj[12]` ([`Registry::progress`]). A process that
+//! waited [`PASS_AFTER_NS`] (20 ms, one reap interval) for another's action
+//! (a designation offered and not taken, a Limiter front that can go and is
+//! not charged) and found it alive passes it over
+//! ([`Registry::pass_over`]): it writes `obj[13] = FLAG | progress`, and
+//! until that process makes progress again the region's order
+//! ([`Registry::front`]) skips it. Its waiters keep their tickets: when it
+//! runs again its first serve bumps the count, which lifts the mark, and
+//! its waiters are back in their places. "Not running" is never read from
+//! `/proc` (a frozen cgroup shows `S` or `D`, not `T`): no progress within
+//! the bound is what counts. A stopped process loses the time it is
+//! stopped; nobody else does. The bound is measured on [`bound_now_ns`]
+//! (the model checker's own clock under `--cfg shuttle`).
+//!
 //! # Waking
 //!
-//! Every thread of a process that waits in the region sleeps on the futex
-//! word of its process's entry, tagged with a bit chosen from its ticket
-//! (`FUTEX_WAIT_BITSET`); a waker bumps the word and wakes the bit of the
-//! waiter it means, so one grant wakes one thread, not the process. The
-//! process's helper thread (for async waiters) sleeps with every bit.
-//! Sleepers count themselves in `obj[SLEEPERS]` before re-checking, and a
-//! waker bumps the word before reading the count (both SeqCst): a wake that
-//! finds nobody asleep makes no syscall, and none is lost.
+//! A process's waiters sleep as [`park`](super::park) says: its front of
+//! each tier on the futex word of its process's entry under its tier's bit
+//! ([`tier_bit`], `FUTEX_WAIT_BITSET`), its other waiters on words of their
+//! own, its helper thread under [`HELPER_BIT`] and the bits of the tiers
+//! whose front is async. A waker bumps the word and wakes the bits it means,
+//! so a designation or a grant wakes one thread, not the process. Sleepers
+//! on the region word count themselves in `obj[SLEEPERS]` before
+//! re-checking, and a waker bumps the word before reading the count (both
+//! SeqCst): a wake that finds nobody asleep makes no syscall, and none is
+//! lost.
 //!
 //! # Stall time
 //!

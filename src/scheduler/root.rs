@@ -25,6 +25,41 @@
 //!
 //! A non-lottery designee is replaced when a waiter of a higher tier that
 //! its cap admits shows up (priority first), unless it is already taking.
+//! A lottery pick is not: the lottery gives its tier a turn at the next
+//! freed units it needs. It does not close the tiers above it: under a
+//! strict hand-off a caller above the pick still takes what is free beyond
+//! the pick's need, and a pick that does not come is passed over like any
+//! designee (below).
+//!
+//! # Alive is not progress
+//!
+//! A designee of another process that was offered capacity (woken, or
+//! taking) and has not taken it within
+//! [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS) (20 ms, one
+//! reap interval), while what it needs is free, is passed over: if its
+//! process is dead it is reaped; if it is alive (stopped, frozen, starved
+//! of CPU) its process is marked passed over, the designation goes to the
+//! next waiter in the region's order, and its waiter keeps its ticket. A
+//! long weighted take renews the offer as it goes, so a take that runs is
+//! never passed over. When that process runs again, its first serve lifts
+//! the mark and ends a designation that went to a younger waiter of the
+//! tier meanwhile, so its waiter is served in its place. Waiters of a
+//! process passed over close neither `try_acquire` nor the fast path of the
+//! tiers below them. Whoever moves the queue checks (releases on the same
+//! turns as the fairness check below, waiters and `try_acquire` on every
+//! serve, each process's keeper on its backstop).
+//!
+//! # Waiting costs nothing
+//!
+//! A blocked thread sleeps without a timeout (its deadline aside) where
+//! [`park`](crate::region::park) says: its process's front of its tier on
+//! the region word under its tier's bit (a designation wakes exactly it),
+//! any other waiter on its own word (a grant by its own process wakes
+//! exactly it, and it moves to the region word when it becomes the front).
+//! One front per process, the keeper, sleeps with the backstop and does the
+//! rounds: reaping, passing over, the lottery's draws for waiters only a
+//! pick can admit. The helper thread wakes only for the tiers whose front
+//! is async.
 //!
 //! # Barging, bounded (eventual fairness)
 //!
@@ -48,13 +83,14 @@
 //!
 //! A designee whose process died is found by the liveness check before any
 //! designation, by a probe when it has been woken but has not come for free
-//! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), and by the
-//! backstop wake of every other waiter ([`BACKSTOP`] =
-//! [`REAP_INTERVAL_MS`]), which reaps whether or not the table is full: a
-//! dead process may hold a waiter back without filling it (a designation
-//! it was taking for, a running count it left one too high for a capped
-//! waiter). Reaping it clears its publication and its designation, so
-//! nobody waits on a dead waiter for more than one reap interval.
+//! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), when it is
+//! due to be passed over, and by the backstop wake of each process's keeper
+//! ([`BACKSTOP`] = [`REAP_INTERVAL_MS`]), which reaps whether or not the
+//! table is full: a dead process may hold a waiter back without filling it
+//! (a designation it was taking for, a running count it left one too high
+//! for a capped waiter). Reaping it clears its publication and its
+//! designation, so nobody waits on a dead waiter for more than one reap
+//! interval.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -68,7 +104,7 @@ use super::shared::SharedSlots;
 use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
-use crate::region::park::{wake_parked, Keeper};
+use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
     tier_bit, Designee, Front, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, HELPER_BIT,
     REAP_INTERVAL_MS,
@@ -148,12 +184,9 @@ pub(crate) struct SharedRoot {
     /// True while the helper thread runs.
     helper_running: AtomicBool,
     fork_gen: u64,
-    /// The front waiter that keeps this process's backstop timer (see
-    /// [`park`](crate::region::park)).
-    keeper: Keeper,
-    /// Bit `t` set while the front of tier `t` here is an async waiter (the
-    /// helper sleeps under those tiers' bits).
-    async_fronts: AtomicU32,
+    /// Parking: the fronts' marks, which are async (the helper sleeps under
+    /// their tiers' bits), the keeper (see [`park`](crate::region::park)).
+    fronts: Fronts,
 }
 
 impl SharedRoot {
@@ -182,8 +215,7 @@ impl SharedRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
-            keeper: Keeper::default(),
-            async_fronts: AtomicU32::new(0),
+            fronts: Fronts::default(),
         });
         let any: Arc<dyn Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
@@ -333,7 +365,7 @@ impl SharedRoot {
             if w.state() != WAITING {
                 continue;
             }
-            let keeper = w.park.is_front() && self.keeper.claim(w.id());
+            let keeper = self.fronts.keeps(w);
             let backstop = keeper && left.is_none_or(|l| l > BACKSTOP);
             let nap = if backstop { Some(BACKSTOP) } else { left };
             if w.park.sleep(reg, seqs, w.tier(), nap) == WaitResult::TimedOut && backstop {
@@ -425,24 +457,13 @@ impl SharedRoot {
     ) -> Option<Arc<Waiter>> {
         let w = q.tiers[tier].remove(pos)?;
         w.counters.left(tier, cancelled);
-        w.park.set_front(false);
         if w.is_async {
             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.republish(q, tier, out);
-        if self.keeper.release(w.id()) {
-            // The role goes to another front: the new front of this tier is
-            // being woken already (it claims the role when it next sleeps);
-            // if there is none, the highest other one is woken for it.
-            let new_front = q.tiers[tier].front().filter(|f| !f.is_async);
-            if new_front.is_none() {
-                if let Some(f) = (0..LEVELS)
-                    .rev()
-                    .find_map(|t| q.tiers[t].front().filter(|f| !f.is_async))
-                {
-                    out.add_parked(f);
-                }
-            }
+        let fronts = std::array::from_fn(|t| q.tiers[t].front());
+        if let Some(f) = self.fronts.left(&w, tier, fronts) {
+            out.add_parked(f);
         }
         Some(w)
     }
@@ -453,25 +474,17 @@ impl SharedRoot {
     /// waiter becomes a front.
     fn republish(&self, q: &RootQueues, tier: usize, out: &mut Wakeups) {
         let dq = &q.tiers[tier];
-        let bit = 1u32 << tier;
         match dq.front() {
-            Some(w) => {
-                self.reg()
-                    .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need);
-                if w.park.set_front(true) && !w.is_async {
-                    out.add_parked(w);
-                }
-                if !w.is_async {
-                    self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
-                } else if self.async_fronts.fetch_or(bit, Ordering::SeqCst) & bit == 0 {
-                    out.helper = true;
-                }
-            }
-            None => {
-                self.reg().publish(tier, 0, 0, 0, 0);
-                self.async_fronts.fetch_and(!bit, Ordering::SeqCst);
-            }
+            Some(w) => self
+                .reg()
+                .publish(tier, dq.len() as u32, w.ticket, w.cap, w.need),
+            None => self.reg().publish(tier, 0, 0, 0, 0),
         }
+        let to = self.fronts.front_is(tier, dq.front());
+        if let Some(w) = to.waiter {
+            out.add_parked(w);
+        }
+        out.helper |= to.helper;
     }
 
     // ---- serving -----------------------------------------------------------
@@ -967,8 +980,7 @@ fn helper(weak: Weak<SharedRoot>) {
         root.serve_now(false);
         // Woken under its own bit, and for the tiers whose front is async
         // (a designation there is for a task it stands in for).
-        let bits = root.async_fronts.load(Ordering::SeqCst) | HELPER_BIT;
-        if reg.sleep(seq, Some(BACKSTOP), bits) == WaitResult::TimedOut {
+        if reg.sleep(seq, Some(BACKSTOP), root.fronts.helper_bits()) == WaitResult::TimedOut {
             root.on_backstop();
         }
     }

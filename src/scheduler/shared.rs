@@ -2,7 +2,7 @@
 //! owner, written by the same CAS that takes the capacity, and an exact,
 //! cheap running count beside it.
 //!
-//! **Layout** (object area of a `Scheduler` region, revision 3, all fixed
+//! **Layout** (object area of a `Scheduler` region, revision 4, all fixed
 //! offsets): `[wait registry: 1,408 bytes][SchedHeader: 128][cells: max ×
 //! u32]` (see [`registry`](crate::region::registry) for the first part).
 //!
@@ -22,7 +22,9 @@
 //! one too high (never too low) until it is reaped, when its entry and its
 //! count go away together: right or repairable at reap, as the design asks.
 //! Capped admissions take a small cap lock around "sum, compare, take", so
-//! two of them never both see the same count.
+//! two of them never both see the same count; it is taken in bounded
+//! slices, and a holder that makes no progress (dead, or stopped) is taken
+//! over without losing that property (see [`SharedSlots::take_capped`]).
 //!
 //! **Counting only when asked.** Keeping `held` costs two locked
 //! instructions per acquire and release. A region whose users set no
@@ -809,6 +811,8 @@ pub struct ModelState {
     pub occupied: u32,
     /// Cells owned by no member (a dead process's, not yet reaped).
     pub orphaned: u32,
+    /// The owner id holding the cap lock (0: free).
+    pub cap_lock: u32,
 }
 
 #[cfg(shuttle)]
@@ -845,6 +849,7 @@ impl SharedSlots {
             members,
             occupied,
             orphaned: occupied - owned_by_members.min(occupied),
+            cap_lock: self.header().cap_lock.load(Ordering::SeqCst) as u32,
         }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::task::Waker;
 
 use crate::priority::{Priority, LEVELS};
-use crate::region::park::Park;
+use crate::region::park::{Park, Parked};
 
 pub(crate) const WAITING: u32 = 0;
 pub(crate) const GRANTED: u32 = 1;
@@ -231,11 +231,6 @@ impl Waiter {
         }
     }
 
-    /// Its id for the keeper role (its address: unique while it lives).
-    pub fn id(&self) -> u64 {
-        self as *const Waiter as usize as u64
-    }
-
     pub fn tier(&self) -> usize {
         self.priority.index()
     }
@@ -273,6 +268,19 @@ impl Waiter {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .unwrap_or(Slots::counted(0))
+    }
+}
+
+impl Parked for Waiter {
+    fn park(&self) -> &Park {
+        &self.park
+    }
+    fn is_async(&self) -> bool {
+        self.is_async
+    }
+    /// Its address: unique while it lives.
+    fn id(&self) -> u64 {
+        self as *const Waiter as usize as u64
     }
 }
 

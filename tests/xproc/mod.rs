@@ -333,6 +333,31 @@ impl Drop for Stopped<'_> {
     }
 }
 
+/// Stops `k` at `times` instants (after a short pause, a different one each
+/// time, so the stops land anywhere in what it does) and each time runs
+/// `op(i)` while it is stopped; `k` runs again once `op` returns, or 400 ms
+/// after the stop if `op` hangs until then. Returns `op`'s worst latency
+/// (ms).
+pub fn while_stopped_at_instants(k: &Kid, times: u64, mut op: impl FnMut(u64)) -> f64 {
+    let mut worst = 0f64;
+    for i in 0..times {
+        std::thread::sleep(Duration::from_micros(300 + i * 97 % 700));
+        let stopped = Stopped::new(k);
+        let pid = k.pid();
+        let cont = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        });
+        let t = Instant::now();
+        op(i);
+        worst = worst.max(t.elapsed().as_secs_f64() * 1e3);
+        drop(stopped);
+        cont.join().unwrap();
+    }
+    worst
+}
+
 impl Drop for Kid {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
