@@ -758,10 +758,12 @@ fn stop_controller(
 }
 
 /// A process stops at a step the checker picks (see [`stop_controller`])
-/// while two others contend with it, and model time passes while it is
-/// stopped. Timeouts on (each process's keeper does the rounds).
+/// while two others contend with it (max 2, lottery off; everyone at
+/// Normal: a stopped designee holds back its own tier, which nothing
+/// outranks), and model time passes while it is stopped. Timeouts on (each
+/// process's keeper does the rounds).
 ///
-/// `capped`: `max(2).low(1)`, lottery off: the victim takes Low permits
+/// `capped`: `max(2).low(1)`: the victim also takes Low permits
 /// (capped: the cap lock, counting) and the survivors `try_acquire(Low)`
 /// besides their uncapped acquires; a stop while the victim holds the cap
 /// lock must not hold their capped admissions back (the lock is taken over
@@ -808,8 +810,15 @@ fn stop_anywhere(capped: bool) {
     };
     let victim = {
         let (ps, hold) = (ps.clone(), hold.clone());
+        // Uncapped: everyone at Normal, so a stopped designee holds back
+        // waiters of its own tier (a higher one would outrank it).
+        let prios: &[Priority] = if capped {
+            &[Priority::Low, Priority::Normal, Priority::Low]
+        } else {
+            &[Priority::Normal, Priority::Normal]
+        };
         spawn(Some(ps[0].map.clone()), "p0t0", move || {
-            for prio in [Priority::Low, Priority::Normal, Priority::Low] {
+            for &prio in prios {
                 hold(ps[0].sched.acquire(prio).unwrap());
             }
         })
@@ -825,8 +834,8 @@ fn stop_anywhere(capped: bool) {
                         hold(p);
                     }
                 }
-                for prio in [Priority::Normal, Priority::High] {
-                    hold(s.acquire(prio).unwrap());
+                for _ in 0..2 {
+                    hold(s.acquire(Priority::Normal).unwrap());
                 }
                 done.fetch_add(1, SeqCst);
             })

@@ -569,7 +569,12 @@ impl SharedRoot {
             self.reclaim_place(q);
         }
         for _ in 0..SERVE_ROUNDS {
-            let Some(d) = reg.designee() else {
+            let designee = reg.designee();
+            // (Traces print only what was read: a read of the region is a
+            // step of the model, which would change the replayed schedule.)
+            #[cfg(shuttle)]
+            crate::sys::futex::model::trace(format_args!("serve: designee {designee:?}"));
+            let Some(d) = designee else {
                 if reg.gate() & GATE_TIERS == 0 {
                     reg.clear_strict();
                     return;
@@ -593,8 +598,9 @@ impl SharedRoot {
                 // died in the middle (then it is reaped, which frees what it
                 // took and clears the designation), or stopped in the middle
                 // for longer than the bound while capacity it could use is
-                // free (then it is passed over: if it took cells, it grants
-                // them when it runs again).
+                // free, or after its waiter left (granted, the designation
+                // not ended yet): then it is passed over (if it took cells,
+                // it grants them when it runs again).
                 if d.idx != me {
                     if (eager_probe || reg.probe_due(PROBE_INTERVAL_NS)) && !reg.alive(d.idx) {
                         let _ = self.slots.reap();
@@ -603,7 +609,7 @@ impl SharedRoot {
                     if reg.offer_overdue()
                         && reg
                             .front_of(d.idx, d.tier)
-                            .is_some_and(|f| f.ticket == d.ticket && self.room_for(&d, &f))
+                            .is_none_or(|f| f.ticket != d.ticket || self.room_for(&d, &f))
                     {
                         self.pass(&d);
                         continue;
@@ -706,6 +712,8 @@ impl SharedRoot {
             }
             // Alive is not progress: offered capacity it could use and not
             // come within the bound, it is passed over (dead: reaped).
+            #[cfg(shuttle)]
+            crate::sys::futex::model::trace(format_args!("serve: remote front {front:?}"));
             if d.notified && reg.offer_overdue() && self.room_for(&d, &front) {
                 if !reg.alive(d.idx) {
                     let _ = self.slots.reap();
