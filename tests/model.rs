@@ -733,26 +733,39 @@ fn death_two_victim_threads_max1() {
 /// limit).
 ///
 /// `at_stop` runs as the victim stops (to record, for coverage, what it was
-/// in the middle of).
+/// in the middle of). With `early`, the checker may instead continue the
+/// victim after a few steps of its choosing (time having passed), while the
+/// survivors are still at it: a process that was passed over, or robbed of
+/// the cap lock, then runs again in the middle of what the others do (the
+/// survivors must still be served, and every invariant hold).
 fn stop_controller(
     victim: Arc<Mapping>,
     done: Arc<AtomicU32>,
     survivors: u32,
+    early: bool,
     at_stop: impl FnOnce() + Send + 'static,
 ) -> shuttle::thread::JoinHandle<Option<()>> {
     spawn(None, "stopper", move || {
+        let mut rng = shuttle::rand::thread_rng();
         // A few steps first, so that the random scheduler, too, stops the
         // victim in the middle of things (the checker picks how many).
-        for _ in 0..shuttle::rand::thread_rng().gen_range(0..48) {
+        for _ in 0..rng.gen_range(0..48) {
             shuttle::thread::yield_now();
         }
         victim.model_stop();
         at_stop();
-        while done.load(SeqCst) < survivors {
+        let cont_after = (early && rng.gen_range(0..2) == 0).then(|| rng.gen_range(1..24));
+        let mut steps = 0;
+        while done.load(SeqCst) < survivors && cont_after.is_none_or(|n| steps < n) {
             model::advance(BOUNDS_PASS);
             shuttle::thread::yield_now();
+            steps += 1;
         }
-        cover("every survivor was served while the victim was stopped");
+        if done.load(SeqCst) >= survivors {
+            cover("every survivor was served while the victim was stopped");
+        } else {
+            cover("the victim ran again while the survivors were at it");
+        }
         victim.model_cont();
     })
 }
@@ -769,10 +782,12 @@ fn stop_controller(
 /// lock must not hold their capped admissions back (the lock is taken over
 /// from a holder that makes no progress), and the cap must hold throughout.
 ///
-/// Checked: the survivors are all served while the victim is stopped
-/// (never more than max units out, never two Low holders); once it is
-/// continued, the victim finishes too; at the end nothing is held, nobody
-/// waits or is designated, every count is exact.
+/// Checked: the survivors are all served while the victim is stopped (or,
+/// in executions where the checker continues it early, whatever it does
+/// once it runs again in the middle of theirs: passed over, or robbed of
+/// the cap lock); never more than max units out, never two Low holders;
+/// once it is continued, the victim finishes too; at the end nothing is
+/// held, nobody waits or is designated, every count is exact.
 fn stop_anywhere(capped: bool) {
     model::set_timeouts(true);
     pick_fairness();
@@ -843,7 +858,7 @@ fn stop_anywhere(capped: bool) {
         .collect();
     let stopper = {
         let ps = ps.clone();
-        stop_controller(ps[0].map.clone(), done.clone(), 2, move || {
+        stop_controller(ps[0].map.clone(), done.clone(), 2, true, move || {
             let st = ps[1].state();
             match st.designee {
                 Some((0, _, _, _, _, true)) => cover("stopped taking for its designee"),
@@ -1154,7 +1169,7 @@ fn limiter_stop_of_a_front() {
                 done.fetch_add(1, SeqCst);
             })
         };
-        let stopper = stop_controller(maps[0].clone(), done, 1, || {});
+        let stopper = stop_controller(maps[0].clone(), done, 1, false, || {});
         assert!(survivor.join().unwrap().is_some());
         stopper.join().unwrap();
         assert!(victim.join().unwrap().is_some());
@@ -1208,7 +1223,7 @@ fn limiter_params_stopped_writer() {
                 }
             })
         };
-        let stopper = stop_controller(maps[0].clone(), done, 1, || {});
+        let stopper = stop_controller(maps[0].clone(), done, 1, true, || {});
         let mut it = writers.into_iter();
         let (w0, w1) = (it.next().unwrap(), it.next().unwrap());
         assert!(w1.join().unwrap().is_some());

@@ -441,14 +441,19 @@ impl SharedSlots {
             } else {
                 None
             };
-            let lock = &self.header().cap_lock;
-            if lock.load(Ordering::SeqCst) == mine {
-                let _ = lock.compare_exchange(
+            // The check and the release are one CAS: it succeeds only if the
+            // lock is still this acquisition (and never clobbers a takeover).
+            if self
+                .header()
+                .cap_lock
+                .compare_exchange(
                     mine,
                     mine & !u64::from(u32::MAX),
-                    Ordering::Release,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
-                );
+                )
+                .is_ok()
+            {
                 return r;
             }
             // Taken over while this thread did not run: undo and retry.
