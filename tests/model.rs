@@ -72,7 +72,13 @@ fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
                 None => schedule.to_string(),
             };
             let g = f.clone();
-            shuttle::replay(move || g(), schedule.trim());
+            shuttle::replay(
+                move || {
+                    model::begin();
+                    g()
+                },
+                schedule.trim(),
+            );
         }
         return;
     }
@@ -85,10 +91,14 @@ fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
     for pct in [false, true] {
         let g = f.clone();
         let t = Instant::now();
+        let run = move || {
+            model::begin();
+            g()
+        };
         let done = if pct {
-            Runner::new(PctScheduler::new(3, n), cfg.clone()).run(move || g())
+            Runner::new(PctScheduler::new(3, n), cfg.clone()).run(run)
         } else {
-            Runner::new(RandomScheduler::new(n), cfg.clone()).run(move || g())
+            Runner::new(RandomScheduler::new(n), cfg.clone()).run(run)
         };
         let cov = COVERAGE.with(|c| std::mem::take(&mut *c.borrow_mut()));
         eprintln!(
@@ -99,21 +109,26 @@ fn explore(name: &str, iters: usize, f: impl Fn() + Send + Sync + 'static) {
     }
 }
 
-/// Spawns a model thread of a process; a thread whose process died ends
-/// quietly, with `None` (see the module docs).
+/// Spawns a model thread of the process whose mapping is `proc` (`None`:
+/// a thread of no process, which nothing stops or kills); a thread whose
+/// process died ends quietly, with `None` (see the module docs).
 fn spawn<T: Send + 'static>(
+    proc: Option<Arc<Mapping>>,
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> shuttle::thread::JoinHandle<Option<T>> {
     shuttle::thread::Builder::new()
         .name(name.into())
-        .spawn(
-            move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        .spawn(move || {
+            if let Some(m) = proc {
+                m.model_join();
+            }
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 Ok(v) => Some(v),
                 Err(e) if e.is::<model::Died>() => None,
                 Err(e) => std::panic::resume_unwind(e),
-            },
-        )
+            }
+        })
         .unwrap()
 }
 
@@ -274,6 +289,28 @@ fn pick_fairness() {
     }
 }
 
+/// The checker picks whether model time passes in this execution: if so, a
+/// thread of no process moves the model clock on by more than every bound
+/// on other processes' progress (the designation's, the limiter front's,
+/// the cap lock's), a few times, at points the checker picks, so that
+/// running processes are passed over and running lock holders are taken
+/// over, racing what they are doing. Returns that thread.
+fn pick_time_flies() -> Option<shuttle::thread::JoinHandle<Option<()>>> {
+    if shuttle::rand::thread_rng().gen_range(0..2) == 0 {
+        return None;
+    }
+    cover("model time passes (bounds elapse)");
+    Some(spawn(None, "clock", || {
+        for _ in 0..4 {
+            model::advance(BOUNDS_PASS);
+            shuttle::thread::yield_now();
+        }
+    }))
+}
+
+/// Model time that passes every bound on other processes' progress.
+const BOUNDS_PASS: u64 = 1_000_000_000;
+
 // ---- 1. take / give / enqueue / dispatch / wake ---------------------------------
 
 /// `procs` processes × `threads` threads on a region of `max` cells, each
@@ -284,42 +321,47 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
     model::set_timeouts(false);
     pick_fairness();
     let ps = Arc::new(sched_procs(procs, Concurrency::max(max)));
+    let clock = pick_time_flies();
     let in_cs = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let mut hs = Vec::new();
     for pi in 0..procs {
         for ti in 0..threads {
             let (ps, in_cs) = (ps.clone(), in_cs.clone());
-            hs.push(spawn(&format!("p{pi}t{ti}"), move || {
-                let s = &ps[pi].sched;
-                let mut rng = shuttle::rand::thread_rng();
-                for _ in 0..ops {
-                    let prio = PRIOS[rng.gen_range(0..PRIOS.len())];
-                    // A weighted acquire (all max units at once) when the
-                    // max allows one beside single ones.
-                    let op = rng.gen_range(0..if max > 1 { 5 } else { 4 });
-                    model::trace(format_args!("op {op} prio {prio:?}"));
-                    let permit = match op {
-                        0 | 1 => Some(s.acquire(prio).unwrap()),
-                        2 => s.try_acquire(prio),
-                        3 => s.acquire_timeout(prio, Duration::ZERO).ok(),
-                        _ => Some(s.acquire_many(prio, max).unwrap()),
-                    };
-                    if let Some(permit) = permit {
-                        let units = permit.units();
-                        let n = in_cs.fetch_add(units, SeqCst) + units;
-                        assert!(n <= max, "{n} units out with max {max}");
-                        shuttle::thread::yield_now();
-                        in_cs.fetch_sub(units, SeqCst);
-                        drop(permit);
+            hs.push(spawn(
+                Some(ps[pi].map.clone()),
+                &format!("p{pi}t{ti}"),
+                move || {
+                    let s = &ps[pi].sched;
+                    let mut rng = shuttle::rand::thread_rng();
+                    for _ in 0..ops {
+                        let prio = PRIOS[rng.gen_range(0..PRIOS.len())];
+                        // A weighted acquire (all max units at once) when the
+                        // max allows one beside single ones.
+                        let op = rng.gen_range(0..if max > 1 { 5 } else { 4 });
+                        model::trace(format_args!("op {op} prio {prio:?}"));
+                        let permit = match op {
+                            0 | 1 => Some(s.acquire(prio).unwrap()),
+                            2 => s.try_acquire(prio),
+                            3 => s.acquire_timeout(prio, Duration::ZERO).ok(),
+                            _ => Some(s.acquire_many(prio, max).unwrap()),
+                        };
+                        if let Some(permit) = permit {
+                            let units = permit.units();
+                            let n = in_cs.fetch_add(units, SeqCst) + units;
+                            assert!(n <= max, "{n} units out with max {max}");
+                            shuttle::thread::yield_now();
+                            in_cs.fetch_sub(units, SeqCst);
+                            drop(permit);
+                        }
                     }
-                }
-            }));
+                },
+            ));
         }
     }
     let observer = {
         let (ps, in_cs, done) = (ps.clone(), in_cs.clone(), done.clone());
-        spawn("observer", move || {
+        spawn(None, "observer", move || {
             for _ in 0..8 {
                 if done.load(SeqCst) {
                     break;
@@ -333,6 +375,9 @@ fn mix(max: u32, procs: usize, threads: usize, ops: usize) {
     }
     done.store(true, SeqCst);
     observer.join().unwrap();
+    if let Some(c) = clock {
+        c.join().unwrap();
+    }
     for p in ps.iter() {
         assert_quiescent(p, max);
     }
@@ -350,7 +395,7 @@ fn release_races_designee_take() {
         let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
         let holder = {
             let ps = ps.clone();
-            spawn("p0t0", move || {
+            spawn(Some(ps[0].map.clone()), "p0t0", move || {
                 let p = ps[0].sched.acquire(Priority::Normal).unwrap();
                 shuttle::thread::yield_now();
                 drop(p);
@@ -358,7 +403,7 @@ fn release_races_designee_take() {
         };
         let waiter = {
             let ps = ps.clone();
-            spawn("p1t0", move || {
+            spawn(Some(ps[1].map.clone()), "p1t0", move || {
                 drop(ps[1].sched.acquire(Priority::Normal).unwrap());
             })
         };
@@ -419,7 +464,7 @@ fn priority_across_processes() {
         let order = Arc::new(AtomicU32::new(0));
         let waiter = |pi: usize, prio: Priority| {
             let (ps, order) = (ps.clone(), order.clone());
-            spawn(&format!("p{pi}t0"), move || {
+            spawn(Some(ps[pi].map.clone()), &format!("p{pi}t0"), move || {
                 let permit = ps[pi].sched.acquire(prio).unwrap();
                 let rank = order.fetch_add(1, SeqCst);
                 drop(permit);
@@ -465,6 +510,7 @@ fn capped_admissions_counting_on_demand() {
         let ps = Arc::new(sched_procs(2, c));
         ps[0].sched.set_lottery(Some(7), false);
         assert_eq!(ps[0].state().gate & GATE_COUNTING, 0);
+        let clock = pick_time_flies();
         // Per thread: odd while it holds a permit (bumped at both edges).
         let holding: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
         let low_cs = Arc::new(AtomicU32::new(0));
@@ -478,39 +524,46 @@ fn capped_admissions_counting_on_demand() {
         let mut hs = Vec::new();
         for (ti, &(pi, prio, try_it)) in plan.iter().enumerate() {
             let (ps, holding, low_cs) = (ps.clone(), holding.clone(), low_cs.clone());
-            hs.push(spawn(&format!("p{pi}t{ti}"), move || {
-                for _ in 0..2 {
-                    let before: Vec<u32> = holding.iter().map(|h| h.load(SeqCst)).collect();
-                    let permit = if try_it {
-                        ps[pi].sched.try_acquire(prio)
-                    } else {
-                        Some(ps[pi].sched.acquire(prio).unwrap())
-                    };
-                    let Some(permit) = permit else { continue };
-                    if prio == Priority::Low {
-                        for (j, h) in holding.iter().enumerate() {
-                            let b = before[j];
-                            assert!(
-                                j == ti || b % 2 == 0 || h.load(SeqCst) != b,
-                                "a Low task was admitted while thread {j} held a permit \
+            hs.push(spawn(
+                Some(ps[pi].map.clone()),
+                &format!("p{pi}t{ti}"),
+                move || {
+                    for _ in 0..2 {
+                        let before: Vec<u32> = holding.iter().map(|h| h.load(SeqCst)).collect();
+                        let permit = if try_it {
+                            ps[pi].sched.try_acquire(prio)
+                        } else {
+                            Some(ps[pi].sched.acquire(prio).unwrap())
+                        };
+                        let Some(permit) = permit else { continue };
+                        if prio == Priority::Low {
+                            for (j, h) in holding.iter().enumerate() {
+                                let b = before[j];
+                                assert!(
+                                    j == ti || b % 2 == 0 || h.load(SeqCst) != b,
+                                    "a Low task was admitted while thread {j} held a permit \
                                  throughout (cap 1 against the total running count)"
-                            );
+                                );
+                            }
+                            let n = low_cs.fetch_add(1, SeqCst) + 1;
+                            assert!(n <= 1, "{n} Low tasks hold permits under a Low cap of 1");
                         }
-                        let n = low_cs.fetch_add(1, SeqCst) + 1;
-                        assert!(n <= 1, "{n} Low tasks hold permits under a Low cap of 1");
+                        holding[ti].fetch_add(1, SeqCst);
+                        shuttle::thread::yield_now();
+                        holding[ti].fetch_add(1, SeqCst);
+                        if prio == Priority::Low {
+                            low_cs.fetch_sub(1, SeqCst);
+                        }
+                        drop(permit);
                     }
-                    holding[ti].fetch_add(1, SeqCst);
-                    shuttle::thread::yield_now();
-                    holding[ti].fetch_add(1, SeqCst);
-                    if prio == Priority::Low {
-                        low_cs.fetch_sub(1, SeqCst);
-                    }
-                    drop(permit);
-                }
-            }));
+                },
+            ));
         }
         for h in hs {
             h.join().unwrap();
+        }
+        if let Some(c) = clock {
+            c.join().unwrap();
         }
         assert_ne!(
             ps[0].state().gate & GATE_COUNTING,
@@ -735,7 +788,7 @@ fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
     let victims: Vec<_> = (0..victim_threads)
         .map(|ti| {
             let (ps, got, done) = (ps.clone(), got.clone(), victim_done.clone());
-            spawn(&format!("p0t{ti}"), move || {
+            spawn(Some(ps[0].map.clone()), &format!("p0t{ti}"), move || {
                 let permit = ps[0].sched.acquire(prios[1]).unwrap();
                 got.fetch_add(1, SeqCst);
                 std::mem::forget(permit);
@@ -746,16 +799,20 @@ fn death(max: u32, survivors: usize, capped: bool, victim_threads: usize) {
     let mut hs = Vec::new();
     for pi in 1..=survivors {
         let (ps, in_cs) = (ps.clone(), in_cs.clone());
-        hs.push(spawn(&format!("p{pi}t0"), move || {
-            for &prio in prios {
-                let permit = ps[pi].sched.acquire(prio).unwrap();
-                let n = in_cs.fetch_add(1, SeqCst) + 1;
-                assert!(n <= max);
-                shuttle::thread::yield_now();
-                in_cs.fetch_sub(1, SeqCst);
-                drop(permit);
-            }
-        }));
+        hs.push(spawn(
+            Some(ps[pi].map.clone()),
+            &format!("p{pi}t0"),
+            move || {
+                for &prio in prios {
+                    let permit = ps[pi].sched.acquire(prio).unwrap();
+                    let n = in_cs.fetch_add(1, SeqCst) + 1;
+                    assert!(n <= max);
+                    shuttle::thread::yield_now();
+                    in_cs.fetch_sub(1, SeqCst);
+                    drop(permit);
+                }
+            },
+        ));
     }
     // The killer: the victim dies as soon as the checker runs this while
     // every thread it has left sleeps (none left: all returned).
@@ -829,6 +886,183 @@ fn death_two_victim_threads_max1() {
     });
 }
 
+// ---- 4b. stops: alive is not progress --------------------------------------------
+
+/// The controller of a stop: stops the process of `victim` as soon as the
+/// checker runs it (so at any step of that process: holding the cap lock,
+/// designated and woken, taking for its designee, holding a cell, asleep),
+/// then lets model time pass, again and again, until `done` reaches
+/// `survivors` (every other thread finished while the victim was stopped),
+/// and continues it. A survivor that waits for the stopped process without
+/// a bound never finishes: the checker reports the deadlock (or the step
+/// limit).
+///
+/// `at_stop` runs as the victim stops (to record, for coverage, what it was
+/// in the middle of). With `early`, the checker may instead continue the
+/// victim after a few steps of its choosing (time having passed), while the
+/// survivors are still at it: a process that was passed over, or robbed of
+/// the cap lock, then runs again in the middle of what the others do (the
+/// survivors must still be served, and every invariant hold).
+fn stop_controller(
+    victim: Arc<Mapping>,
+    done: Arc<AtomicU32>,
+    survivors: u32,
+    early: bool,
+    at_stop: impl FnOnce() + Send + 'static,
+) -> shuttle::thread::JoinHandle<Option<()>> {
+    spawn(None, "stopper", move || {
+        let mut rng = shuttle::rand::thread_rng();
+        // A few steps first, so that the random scheduler, too, stops the
+        // victim in the middle of things (the checker picks how many).
+        for _ in 0..rng.gen_range(0..48) {
+            shuttle::thread::yield_now();
+        }
+        victim.model_stop();
+        at_stop();
+        let cont_after = (early && rng.gen_range(0..2) == 0).then(|| rng.gen_range(1..24));
+        let mut steps = 0;
+        while done.load(SeqCst) < survivors && cont_after.is_none_or(|n| steps < n) {
+            model::advance(BOUNDS_PASS);
+            shuttle::thread::yield_now();
+            steps += 1;
+        }
+        if done.load(SeqCst) >= survivors {
+            cover("every survivor was served while the victim was stopped");
+        } else {
+            cover("the victim ran again while the survivors were at it");
+        }
+        victim.model_cont();
+    })
+}
+
+/// A process stops at a step the checker picks (see [`stop_controller`])
+/// while two others contend with it (max 2, lottery off; everyone at
+/// Normal: a stopped designee holds back its own tier, which nothing
+/// outranks), and model time passes while it is stopped. Timeouts on (each
+/// process's keeper does the rounds).
+///
+/// `capped`: `max(2).low(1)`: the victim also takes Low permits
+/// (capped: the cap lock, counting) and the survivors `try_acquire(Low)`
+/// besides their uncapped acquires; a stop while the victim holds the cap
+/// lock must not hold their capped admissions back (the lock is taken over
+/// from a holder that makes no progress), and the cap must hold throughout.
+///
+/// Checked: the survivors are all served while the victim is stopped (or,
+/// in executions where the checker continues it early, whatever it does
+/// once it runs again in the middle of theirs: passed over, or robbed of
+/// the cap lock); never more than max units out, never two Low holders;
+/// once it is continued, the victim finishes too; at the end nothing is
+/// held, nobody waits or is designated, every count is exact.
+fn stop_anywhere(capped: bool) {
+    model::set_timeouts(true);
+    pick_fairness();
+    let max = 2;
+    let c = if capped {
+        Concurrency::max(max).low(1)
+    } else {
+        Concurrency::max(max)
+    };
+    let ps = Arc::new(sched_procs(3, c));
+    ps[0].sched.set_lottery(Some(7), false);
+    let in_cs = Arc::new(AtomicU32::new(0));
+    let low_cs = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicU32::new(0));
+    // One critical section: never more than max units, never two Low
+    // permits (the cap of 1 counts every permit, so two Low ones at once
+    // means a capped admission saw a stale count).
+    let hold = {
+        let (in_cs, low_cs) = (in_cs.clone(), low_cs.clone());
+        move |p: shmsched::scheduler::Permit<'_>| {
+            let n = in_cs.fetch_add(1, SeqCst) + 1;
+            assert!(n <= max, "{n} permits out with max {max}");
+            let low = p.priority() == Priority::Low;
+            if low {
+                let l = low_cs.fetch_add(1, SeqCst) + 1;
+                assert!(l <= 1, "{l} Low permits under a Low cap of 1");
+            }
+            shuttle::thread::yield_now();
+            if low {
+                low_cs.fetch_sub(1, SeqCst);
+            }
+            in_cs.fetch_sub(1, SeqCst);
+            drop(p);
+        }
+    };
+    let victim = {
+        let (ps, hold) = (ps.clone(), hold.clone());
+        // Uncapped: everyone at Normal, so a stopped designee holds back
+        // waiters of its own tier (a higher one would outrank it).
+        let prios: &[Priority] = if capped {
+            &[Priority::Low, Priority::Normal, Priority::Low]
+        } else {
+            &[Priority::Normal, Priority::Normal]
+        };
+        spawn(Some(ps[0].map.clone()), "p0t0", move || {
+            for &prio in prios {
+                hold(ps[0].sched.acquire(prio).unwrap());
+            }
+        })
+    };
+    let survivors: Vec<_> = (1..3)
+        .map(|pi| {
+            let (ps, hold, done) = (ps.clone(), hold.clone(), done.clone());
+            spawn(Some(ps[pi].map.clone()), &format!("p{pi}t0"), move || {
+                let s = &ps[pi].sched;
+                if capped {
+                    if let Some(p) = s.try_acquire(Priority::Low) {
+                        cover("a survivor's capped try_acquire got a Low permit");
+                        hold(p);
+                    }
+                }
+                for _ in 0..2 {
+                    hold(s.acquire(Priority::Normal).unwrap());
+                }
+                done.fetch_add(1, SeqCst);
+            })
+        })
+        .collect();
+    let stopper = {
+        let ps = ps.clone();
+        stop_controller(ps[0].map.clone(), done.clone(), 2, true, move || {
+            let st = ps[1].state();
+            match st.designee {
+                Some((0, _, _, _, _, true)) => cover("stopped taking for its designee"),
+                Some((0, _, _, _, true, _)) => cover("stopped designated and notified"),
+                Some((0, ..)) => cover("stopped designated"),
+                _ => {}
+            }
+            if st.members.iter().any(|m| m.0 == 0 && m.3 > 0) {
+                cover("stopped holding a cell");
+            }
+            if st.members.iter().any(|m| m.0 == 0 && m.1 == st.cap_lock) {
+                cover("stopped holding the cap lock");
+            }
+        })
+    };
+    for h in survivors {
+        assert!(h.join().unwrap().is_some());
+    }
+    stopper.join().unwrap();
+    assert!(victim.join().unwrap().is_some());
+    let shared = ps[1].sched.stats().shared.unwrap();
+    if shared.passed_over > 0 {
+        cover("a process was passed over");
+    }
+    for p in ps.iter() {
+        assert_quiescent(p, max);
+    }
+}
+
+#[test]
+fn stop_anywhere_uncapped() {
+    explore("stop_anywhere_uncapped", 15000, || stop_anywhere(false));
+}
+
+#[test]
+fn stop_anywhere_capped() {
+    explore("stop_anywhere_capped", 15000, || stop_anywhere(true));
+}
+
 // ---- 5. the limiter ---------------------------------------------------------------
 
 /// `n` processes sharing one limiter region of `rate` tokens/s and
@@ -877,7 +1111,7 @@ const CAP: u64 = 4;
 fn limiter_two_priorities_drained_bucket() {
     explore("limiter_two_priorities_drained_bucket", 7500, || {
         model::set_timeouts(true);
-        let (lims, _maps) = limiter_procs(2, RATE, CAP);
+        let (lims, maps) = limiter_procs(2, RATE, CAP);
         let lims = Arc::new(lims);
         let consumed = Arc::new(AtomicU64::new(0));
         assert!(lims[0].try_consume(CAP).unwrap());
@@ -886,32 +1120,36 @@ fn limiter_two_priorities_drained_bucket() {
         let mut hs = Vec::new();
         for (pi, prio) in [(0, Priority::High), (1, Priority::Low)] {
             let (lims, consumed) = (lims.clone(), consumed.clone());
-            hs.push(spawn(&format!("p{pi}t0"), move || {
-                for k in 0..3 {
-                    let g = if pi == 1 && k == 1 {
-                        match lims[pi].consume_timeout(3, prio, Duration::ZERO) {
-                            Ok(g) => g,
-                            Err(_) => {
-                                cover("a consume gave up (timeout 0)");
-                                continue;
+            hs.push(spawn(
+                Some(maps[pi].clone()),
+                &format!("p{pi}t0"),
+                move || {
+                    for k in 0..3 {
+                        let g = if pi == 1 && k == 1 {
+                            match lims[pi].consume_timeout(3, prio, Duration::ZERO) {
+                                Ok(g) => g,
+                                Err(_) => {
+                                    cover("a consume gave up (timeout 0)");
+                                    continue;
+                                }
                             }
+                        } else {
+                            lims[pi].consume(3, prio).unwrap()
+                        };
+                        consumed.fetch_add(3, SeqCst);
+                        if !g.immediate {
+                            cover("a consume waited (per consume)");
                         }
-                    } else {
-                        lims[pi].consume(3, prio).unwrap()
-                    };
-                    consumed.fetch_add(3, SeqCst);
-                    if !g.immediate {
-                        cover("a consume waited (per consume)");
+                        if g.forced {
+                            cover("a consume was forced through (per consume)");
+                        }
                     }
-                    if g.forced {
-                        cover("a consume was forced through (per consume)");
-                    }
-                }
-            }));
+                },
+            ));
         }
         let observer = {
             let (lims, consumed, done) = (lims.clone(), consumed.clone(), done.clone());
-            spawn("observer", move || {
+            spawn(None, "observer", move || {
                 for _ in 0..8 {
                     if done.load(SeqCst) {
                         break;
@@ -945,14 +1183,14 @@ fn limiter_death_of_a_higher_front() {
         let victim_done = Arc::new(AtomicBool::new(false));
         let victim = {
             let (lims, done) = (lims.clone(), victim_done.clone());
-            spawn("p0t0", move || {
+            spawn(Some(maps[0].clone()), "p0t0", move || {
                 lims[0].consume(3, Priority::High).unwrap();
                 done.store(true, SeqCst);
             })
         };
         let survivor = {
             let lims = lims.clone();
-            spawn("p1t0", move || {
+            spawn(Some(maps[1].clone()), "p1t0", move || {
                 for _ in 0..2 {
                     lims[1].consume(3, Priority::Low).unwrap();
                 }
@@ -1021,7 +1259,7 @@ fn death_inside_the_protocol() {
         let in_cs = Arc::new(AtomicU32::new(0));
         let run = |pi: usize, prios: &'static [Priority]| {
             let (ps, in_cs) = (ps.clone(), in_cs.clone());
-            spawn(&format!("p{pi}t0"), move || {
+            spawn(Some(ps[pi].map.clone()), &format!("p{pi}t0"), move || {
                 for &prio in prios {
                     let permit = ps[pi].sched.acquire(prio).unwrap();
                     let n = in_cs.fetch_add(1, SeqCst) + 1;
@@ -1054,5 +1292,110 @@ fn death_inside_the_protocol() {
                 assert_quiescent(p, max);
             }
         }
+    });
+}
+
+/// A limiter process stops at a step the checker picks (see
+/// [`stop_controller`]): its High consumes on a drained bucket may make it
+/// the region's High front, one that can go. Model time passes while it is
+/// stopped. Timeouts on.
+///
+/// Checked: the other process's Low consumes are all served while it is
+/// stopped (a front that can go and is not charged within the bound is
+/// passed over); the bucket never mints tokens; once continued, the
+/// stopped process is served too and nobody is left queued.
+#[test]
+fn limiter_stop_of_a_front() {
+    explore("limiter_stop_of_a_front", 7500, || {
+        model::set_timeouts(true);
+        let (lims, maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
+        let consumed = Arc::new(AtomicU64::new(0));
+        assert!(lims[0].try_consume(CAP).unwrap());
+        consumed.fetch_add(CAP, SeqCst);
+        let done = Arc::new(AtomicU32::new(0));
+        let victim = {
+            let (lims, consumed) = (lims.clone(), consumed.clone());
+            spawn(Some(maps[0].clone()), "p0t0", move || {
+                for _ in 0..2 {
+                    lims[0].consume(3, Priority::High).unwrap();
+                    consumed.fetch_add(3, SeqCst);
+                }
+            })
+        };
+        let survivor = {
+            let (lims, consumed, done) = (lims.clone(), consumed.clone(), done.clone());
+            spawn(Some(maps[1].clone()), "p1t0", move || {
+                for _ in 0..2 {
+                    lims[1].consume(3, Priority::Low).unwrap();
+                    consumed.fetch_add(3, SeqCst);
+                    assert_no_minting(&lims[1], CAP, &consumed);
+                }
+                done.fetch_add(1, SeqCst);
+            })
+        };
+        let stopper = stop_controller(maps[0].clone(), done, 1, false, || {});
+        assert!(survivor.join().unwrap().is_some());
+        stopper.join().unwrap();
+        assert!(victim.join().unwrap().is_some());
+        assert_no_minting(&lims[0], CAP, &consumed);
+        let shared = lims[1].stats().shared.unwrap();
+        if shared.passed_over > 0 {
+            cover("a front was passed over");
+        }
+        assert_eq!(shared.waiters, [0; 7], "{shared:?}");
+    });
+}
+
+/// Two processes change the limiter's rate (twice each, values of their
+/// own) while a reader of a third reads the parameters; one writer stops at
+/// a step the checker picks (maybe half-way through filling its slot) and
+/// model time passes. Checked: the other writer finishes while it is
+/// stopped; the reader never sees a rate nobody wrote nor an error (no
+/// mixed slot); at the end the rate in force is the last one some writer
+/// published.
+#[test]
+fn limiter_params_stopped_writer() {
+    explore("limiter_params_stopped_writer", 7500, || {
+        model::set_timeouts(true);
+        let (lims, maps) = limiter_procs(3, RATE, CAP);
+        let lims = Arc::new(lims);
+        let written: [&[u64]; 2] = [&[1_000, 2_000], &[3_000, 4_000]];
+        let done = Arc::new(AtomicU32::new(0));
+        let writers: Vec<_> = (0..2)
+            .map(|pi| {
+                let (lims, done) = (lims.clone(), done.clone());
+                spawn(Some(maps[pi].clone()), &format!("p{pi}t0"), move || {
+                    for &r in written[pi] {
+                        lims[pi].set_rate(r).unwrap();
+                    }
+                    if pi == 1 {
+                        done.fetch_add(1, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let lims = lims.clone();
+            spawn(Some(maps[2].clone()), "p2t0", move || {
+                for _ in 0..4 {
+                    let r = u64::from(lims[2].tokens_per_second());
+                    assert!(
+                        r == RATE || written.iter().any(|w| w.contains(&r)),
+                        "the reader saw rate {r}, which nobody wrote"
+                    );
+                    shuttle::thread::yield_now();
+                }
+            })
+        };
+        let stopper = stop_controller(maps[0].clone(), done, 1, true, || {});
+        let mut it = writers.into_iter();
+        let (w0, w1) = (it.next().unwrap(), it.next().unwrap());
+        assert!(w1.join().unwrap().is_some());
+        stopper.join().unwrap();
+        assert!(w0.join().unwrap().is_some());
+        assert!(reader.join().unwrap().is_some());
+        let r = u64::from(lims[2].tokens_per_second());
+        assert!(r == 2_000 || r == 4_000, "rate {r} in force at the end");
     });
 }

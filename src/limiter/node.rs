@@ -208,7 +208,11 @@ impl Node {
         };
         let r = match &self.home {
             Home::Local(b) => b.params.update(1, &|_| true, f),
-            Home::Shared(root) => root.bucket().update_params(f),
+            Home::Shared(root) => {
+                let r = root.bucket().update_params(f);
+                root.fronts_moved();
+                r
+            }
         };
         // Waiters may go sooner (or later) now: here, and in every other
         // process with waiters (they sleep until the instant the old
@@ -243,7 +247,10 @@ impl Node {
             return;
         }
         match &self.home {
-            Home::Shared(r) => r.bucket().demote_clock(),
+            Home::Shared(r) => {
+                r.bucket().demote_clock();
+                r.fronts_moved();
+            }
             Home::Local(b) => {
                 let _ = b.params.update(1, &|_| true, super::params::demoted);
             }
@@ -342,6 +349,9 @@ impl Node {
         }
         if let Ok(p) = self.params() {
             p.gcra.refund(self.tat(), n);
+        }
+        if let Home::Shared(root) = &self.home {
+            root.fronts_moved();
         }
         self.drain_now();
     }

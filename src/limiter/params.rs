@@ -4,16 +4,23 @@
 //!
 //! # How it works
 //!
-//! The parameters live in two slots of a [`ParamBlock`] (in process memory
-//! or in a region) and an `active` word names the current slot and its
-//! generation. A writer (one at a time: a small lock records its owner id)
-//! fills the *inactive* slot completely, marking it invalid first and
-//! stamping the next generation last, then flips `active` with one store.
+//! The parameters live in three slots of a [`ParamBlock`] (in process
+//! memory or in a region) and an `active` word names the current slot and
+//! its generation. A writer claims a slot that is not active (one CAS of
+//! the slot's claim word to its owner id), fills it completely, marking it
+//! invalid first and stamping the next generation last, then publishes it
+//! with one CAS of `active` from the value it started from; if another
+//! writer published meanwhile, it starts again from that writer's
+//! parameters (so no change is lost), and it gives its claim back.
 //! A reader loads `active`, the slot's fields, and then checks that the
 //! slot still carries `active`'s generation and that `active` did not
-//! move: a seqlock, so a reader never mixes two writes, and a writer
-//! killed half-way leaves the active slot untouched (its lock is taken
-//! over by the next writer once its owner is found dead).
+//! move: a seqlock, so a reader never mixes two writes.
+//!
+//! There is no lock for a stopped writer to hold: a writer that stops (or
+//! dies) half-way keeps only its own slot, which is not active, and the
+//! other writers use the third slot; a dead writer's claim is taken over.
+//! Only two writers stopped at the same time hold a third back, until one
+//! of them runs again.
 //!
 //! Changing the rate re-bases the virtual clock at the moment of the
 //! change (`base = (now, v_old(now))`), so tokens neither appear nor vanish;
@@ -46,24 +53,32 @@ pub(crate) struct ParamSlot {
     _pad: [u64; 6],
 }
 
-/// Two slots and the word naming the active one. Zeroed memory is not a
+/// Parameter slots in a block: the active one, and one spare for each of
+/// two writers at once.
+const SLOTS: usize = 3;
+
+/// Three slots and the word naming the active one. Zeroed memory is not a
 /// valid block: [`ParamBlock::init`] writes the first parameters.
 #[repr(C, align(128))]
 #[derive(Debug, Default)]
 pub(crate) struct ParamBlock {
-    /// `generation << 1 | slot`.
+    /// `generation << 2 | slot`.
     active: AtomicU64,
-    /// 0, or the id of the writer (an owner id in a region, 1 in-process).
-    writer: AtomicU32,
+    /// Per slot: 0, or the id of the writer filling it (an owner id in a
+    /// region, 1 in-process).
+    claims: [AtomicU32; SLOTS],
     _pad0: u32,
-    _pad: [u64; 14],
-    slots: [ParamSlot; 2],
+    _pad: [u64; 13],
+    slots: [ParamSlot; SLOTS],
 }
 
 #[cfg(not(shuttle))]
 const _: () = assert!(std::mem::size_of::<ParamSlot>() == 128);
 #[cfg(not(shuttle))]
-const _: () = assert!(std::mem::size_of::<ParamBlock>() == 384);
+const _: () = assert!(std::mem::size_of::<ParamBlock>() == 512);
+
+/// Generations are stored above the slot index (2 bits).
+const GEN_MASK: u64 = INVALID >> 3;
 
 /// A consistent snapshot of the parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +122,14 @@ impl ParamBlock {
         self.active.store(0, Ordering::Release);
     }
 
+    /// A writer that never stops half-way (see the module docs) keeps only
+    /// its own slot: with one writer stopped while claiming a spare, another
+    /// still gets through.
+    #[cfg(test)]
+    fn claim_for_test(&self, me: u32) -> usize {
+        self.claim(me, &|_| true)
+    }
+
     /// The current parameters, validated: a scribbled block is `BadRegion`.
     #[inline]
     pub fn load(&self) -> Result<Params> {
@@ -118,9 +141,18 @@ impl ParamBlock {
     /// instead of travelling through a `Result<Params>`.
     #[inline(always)]
     pub fn with<R>(&self, f: impl FnOnce(&Params) -> R) -> Result<R> {
+        self.with_active(|_, p| f(p))
+    }
+
+    /// [`with`](Self::with), also handing `f` the `active` word the
+    /// parameters were read under.
+    #[inline(always)]
+    fn with_active<R>(&self, f: impl FnOnce(u64, &Params) -> R) -> Result<R> {
         for _ in 0..64 {
             let a = self.active.load(Ordering::Acquire);
-            let slot = &self.slots[(a & 1) as usize];
+            let Some(slot) = self.slots.get((a & 3) as usize) else {
+                break;
+            };
             let rate = slot.rate.load(Ordering::Relaxed);
             let cap = slot.cap.load(Ordering::Relaxed);
             let base_ns = slot.base_ns.load(Ordering::Relaxed);
@@ -133,14 +165,14 @@ impl ParamBlock {
                 slot.tsc[3].load(Ordering::Relaxed),
             ];
             fence(Ordering::Acquire);
-            if slot.gen.load(Ordering::Relaxed) != a >> 1
+            if slot.gen.load(Ordering::Relaxed) != a >> 2
                 || self.active.load(Ordering::Relaxed) != a
             {
                 crate::sync::spin();
                 continue;
             }
             return match validate(rate, cap, base_ns, base_v, tsc_on, tsc) {
-                Some(p) => Ok(f(&p)),
+                Some(p) => Ok(f(a, &p)),
                 None => Err(invalid(rate, cap, base_v, tsc_on, tsc)),
             };
         }
@@ -150,49 +182,85 @@ impl ParamBlock {
         ))
     }
 
-    /// Replaces the parameters by `f(current)` (one writer at a time; `me` is
-    /// the writer's id, `alive` tells whether a recorded writer still lives).
+    /// Replaces the parameters by `f(current)` (see the module docs: `f`
+    /// runs again on the newer parameters if another writer published
+    /// first). `me` is the writer's id (nonzero), `alive` tells whether a
+    /// recorded writer still lives.
     pub fn update(
         &self,
         me: u32,
         alive: &dyn Fn(u32) -> bool,
-        f: impl FnOnce(Params) -> Params,
+        f: impl Fn(Params) -> Params,
     ) -> Result<Params> {
-        let mut spins = 0u32;
-        loop {
-            match self
-                .writer
-                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        let idx = self.claim(me, alive);
+        let r = loop {
+            let (a, cur) = match self.with_active(|a, p| (a, *p)) {
+                Ok(v) => v,
+                Err(e) => break Err(e),
+            };
+            let next = f(cur);
+            let gen = ((a >> 2).wrapping_add(1)) & GEN_MASK;
+            self.slots[idx].write(gen, &next);
+            if self
+                .active
+                .compare_exchange(
+                    a,
+                    (gen << 2) | idx as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
             {
-                Ok(_) => break,
-                Err(holder) => {
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        if !alive(holder)
-                            && self
-                                .writer
-                                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                                .is_ok()
-                        {
-                            break;
-                        }
-                        crate::sync::yield_now();
-                    } else {
-                        crate::sync::spin();
+                break Ok(next);
+            }
+            crate::sync::spin();
+        };
+        let _ = self.claims[idx].compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
+        r
+    }
+
+    /// Claims a slot that is not active for writer `me`: a free one, or one
+    /// whose writer is dead. Both spares claimed by live writers (two
+    /// writers at work, or stopped, at once): waits, in slices, for one of
+    /// them to finish.
+    fn claim(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
+        let mut round = 0u32;
+        loop {
+            let act = (self.active.load(Ordering::Acquire) & 3) as usize;
+            for i in (0..SLOTS).filter(|&i| i != act) {
+                let c = self.claims[i].load(Ordering::Acquire);
+                if (c == 0 || (c != me && !alive(c)))
+                    && self.claims[i]
+                        .compare_exchange(c, me, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    // Published and given back between the two reads? Then
+                    // it is active now: not ours to write.
+                    if (self.active.load(Ordering::Acquire) & 3) as usize != i {
+                        return i;
                     }
+                    let _ = self.claims[i].compare_exchange(
+                        me,
+                        0,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    );
                 }
             }
+            round += 1;
+            if round < 64 {
+                crate::sync::spin();
+            } else if round < 128 {
+                crate::sync::yield_now();
+            } else {
+                // Two writers hold the spares and neither finishes: they are
+                // stopped (or starved); sleep between looks, costing nothing.
+                #[cfg(not(shuttle))]
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                #[cfg(shuttle)]
+                crate::sync::yield_now();
+            }
         }
-        let r = self.load().map(|cur| {
-            let next = f(cur);
-            let a = self.active.load(Ordering::Relaxed);
-            let (gen, idx) = ((a >> 1).wrapping_add(1) & (INVALID >> 2), (a & 1) ^ 1);
-            self.slots[idx as usize].write(gen, &next);
-            self.active.store((gen << 1) | idx, Ordering::Release);
-            next
-        });
-        self.writer.store(0, Ordering::Release);
-        r
     }
 }
 
@@ -304,15 +372,43 @@ mod tests {
             .unwrap();
         assert_eq!(b.load().unwrap(), next);
         assert_eq!(next.gcra.rate(), 7);
-        // A dead writer's lock is taken over.
-        b.writer.store(42, Ordering::Relaxed);
-        b.update(1, &|id| id != 42, |p| p).unwrap();
+        // Dead writers' claims on both spares are taken over; a live
+        // writer's claim holds only its own slot.
+        b.claims[0].store(42, Ordering::Relaxed);
+        b.claims[2].store(43, Ordering::Relaxed);
+        b.update(1, &|id| id != 42 && id != 43, |p| p).unwrap();
+        b.claims[2].store(44, Ordering::Relaxed);
+        b.update(1, &|_| true, |p| p).unwrap();
+        assert_eq!(b.claims[2].load(Ordering::Relaxed), 44);
+        b.claims[2].store(0, Ordering::Relaxed);
         // Garbage is an error, never a panic or a hang.
-        b.slots[1].rate.store(0, Ordering::Relaxed);
-        b.slots[0].rate.store(0, Ordering::Relaxed);
+        for s in &b.slots {
+            s.rate.store(0, Ordering::Relaxed);
+        }
         assert!(b.load().is_err());
         b.active.store(12345, Ordering::Relaxed);
         assert!(b.load().is_err());
+        b.active.store(3, Ordering::Relaxed);
+        assert!(b.load().is_err());
+    }
+
+    #[test]
+    fn a_writer_stopped_with_a_claim_holds_nobody_back() {
+        let b = Box::<ParamBlock>::default();
+        b.init(&params(100));
+        // Writer 7 claimed a spare and stopped there.
+        let held = b.claim_for_test(7);
+        assert_ne!(held, 0, "slot 0 is the active one");
+        for r in 1..10u32 {
+            let next = b
+                .update(9, &|_| true, |p| Params {
+                    gcra: Gcra::based(r, p.gcra.cap() as u32, 1, 1),
+                    ..p
+                })
+                .unwrap();
+            assert_eq!(b.load().unwrap(), next);
+            assert_eq!(b.claims[held].load(Ordering::Relaxed), 7);
+        }
     }
 
     #[test]

@@ -21,25 +21,42 @@
 //! process wakes that front's process and waits for it. Two processes
 //! never wait for each other: each waits only for a front that can go.
 //!
+//! That wait is bounded: a front that another process has found able to go
+//! (`ready_ms[t]`) and that is still not charged
+//! [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS) later has a
+//! process that does not run (stopped, frozen, starved). It is passed over
+//! (see the registry's *Progress*): the region's order skips that process
+//! until it runs again, so the tiers below, and the next front of its own
+//! tier, go on at the bucket's rate; its front keeps its place and is
+//! charged (or forced through) by its own process once it runs.
+//!
 //! # Waking
 //!
 //! A front is woken once when it becomes the region's front of its tier
 //! (`notified[t]` holds the ticket last woken), so that it computes the
 //! instant its tokens will be there and sleeps until then; the process that
-//! charges a front moves on to the next one and wakes it in turn. A front
-//! whose process is dead is reaped before it is woken; after that a front
-//! is probed at most once per reap interval region-wide (at once for a
-//! caller that cannot wait, such as `try_consume`), so a dead front never
-//! holds its tier back for longer than that.
+//! charges a front moves on to the next one and wakes it in turn, and a
+//! drain that defers to a front that can go wakes it (its turn). A rate or
+//! capacity change, a refund or a clock change wakes every front again
+//! (their instants moved). Threads sleep as [`park`](crate::region::park)
+//! says: nothing sleeps on a timer but a front with an instant to wait for
+//! (its tokens, its force-through, the bound on a front it defers to), a
+//! deadline, and one keeper per process on the backstop. A front whose
+//! process is dead is reaped before it is woken; after that a front is
+//! probed at most once per reap interval region-wide (at once for a caller
+//! that cannot wait, such as `try_consume`), so a dead front never holds
+//! its tier back for longer than that.
 //!
 //! # Force-through, region-wide
 //!
 //! A front stalls from its arrival or from the last progress of its tier
-//! (`progress_ms[t]`, region-wide), whichever is later. Because a tier has
-//! one front in the whole region and the stall restarts with each
-//! progress, at most one consume per tier per second goes through into
-//! debt, however many processes and child limiters there are; and none goes
-//! into debt on top of debt.
+//! (`progress_ms[t]`, region-wide), whichever is later, whatever holds it
+//! back: the bucket, or fronts of other processes above it (a wait for a
+//! front elsewhere is bounded, so a stalled front always comes to its own
+//! process's drain). Because a tier has one front in the whole region and
+//! the stall restarts with each progress, at most one consume per tier per
+//! second goes through into debt, however many processes and child
+//! limiters there are; and none goes into debt on top of debt.
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -53,23 +70,31 @@ use super::waiter::{
 };
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::registry::{wake_bit, Registry, GATE_TIERS, REAP_INTERVAL_MS};
+use crate::region::park::{wake_parked, Fronts};
+use crate::region::registry::{
+    bound_now_ns, tier_bit, Registry, GATE_TIERS, HELPER_BIT, PASS_AFTER_NS, REAP_INTERVAL_MS,
+};
 use crate::region::Region;
 use crate::sys::clock::{monotonic_ms, Clock};
 use crate::sys::fork::fork_generation;
-use crate::sys::futex::BITSET_ALL;
+use crate::sys::futex::WaitResult;
 
-/// A waiter wakes at least this often to look for dead processes.
+/// The process's keeper (and its helper) wakes at least this often to look
+/// for dead processes (see [`park`](crate::region::park)).
 #[cfg(not(shuttle))]
 const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
-/// Under the model checker the reap interval is 0; a waiter still sleeps
+/// Under the model checker the reap interval is 0; the keeper still sleeps
 /// between drains (a zero nap would make its wait loop spin).
 #[cfg(shuttle)]
 const BACKSTOP: Duration = Duration::from_millis(1);
 
-/// A front that waits for a higher front elsewhere looks again this often
-/// (that front has been woken and can go: this is a short wait).
-const DEFER_POLL: Duration = Duration::from_millis(5);
+/// [`PASS_AFTER_NS`] in the ms of the `ready_ms` stamps.
+const PASS_AFTER_MS: u32 = (PASS_AFTER_NS / 1_000_000) as u32;
+
+/// The bound clock in ms, mod 2³², never 0 (0 marks "not yet").
+fn bound_ms() -> u32 {
+    ((bound_now_ns() / 1_000_000) as u32).max(1)
+}
 
 /// What one drain found for this process's fronts.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,9 +102,10 @@ pub(crate) struct Drained {
     /// Per tier: the instant (ns, region clock) this process's region front
     /// of that tier may go, if it is the region's front and blocked.
     pub until: [Option<u64>; LEVELS],
-    /// A higher front in another process goes first: this process's fronts
-    /// below it wait for it.
-    pub deferring: bool,
+    /// A higher front in another process can go and goes first: this
+    /// process's fronts below it wait for it until this instant
+    /// ([`bound_now_ns`]), when it is passed over if it has not been charged.
+    pub defer_until: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +124,9 @@ pub(crate) struct LimRoot {
     async_waiting: AtomicU32,
     helper_running: AtomicBool,
     fork_gen: u64,
+    /// Parking: the fronts' marks, which are async, the keeper (see
+    /// [`park`](crate::region::park)).
+    fronts: Fronts,
 }
 
 impl LimRoot {
@@ -125,6 +154,7 @@ impl LimRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
+            fronts: Fronts::default(),
         });
         let any: Arc<dyn std::any::Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
@@ -178,7 +208,7 @@ impl LimRoot {
             }
             q.tiers[tier].push_back(w.clone());
             q.arrivals[tier].push_back(monotonic_ms() as u32);
-            self.republish(&q, tier);
+            self.republish(&q, tier, &mut out);
             self.drain(&mut q, &mut out, false);
             w
         };
@@ -186,7 +216,11 @@ impl LimRoot {
         w
     }
 
-    fn republish(&self, q: &Queues, tier: usize) {
+    /// Publishes `tier`'s count and front (under the lock) and keeps the
+    /// front's parking mark in step (see the scheduler's twin in
+    /// `scheduler/root.rs`): a new front is woken to move to the region
+    /// word, the helper told when an async waiter becomes a front.
+    fn republish(&self, q: &Queues, tier: usize, out: &mut Wakeups) {
         match (q.tiers[tier].front(), q.arrivals[tier].front()) {
             (Some(w), Some(&at)) => self.reg().publish(
                 tier,
@@ -198,56 +232,97 @@ impl LimRoot {
             ),
             _ => self.reg().publish(tier, 0, 0, 0, 0, None),
         }
+        let to = self.fronts.front_is(tier, q.tiers[tier].front());
+        if let Some(w) = to.waiter {
+            out.parked.push(w.clone());
+        }
+        out.helper |= to.helper;
     }
 
-    fn pop_front(&self, q: &mut Queues, tier: usize) -> Option<Arc<Waiter>> {
-        let w = q.tiers[tier].pop_front()?;
-        q.arrivals[tier].pop_front();
+    /// Takes the waiter at `pos` of `tier`'s queue out (under the lock):
+    /// publication, the new front's mark, the keeper role (handed to another
+    /// front: the new front of this tier is woken anyway; else the highest
+    /// other one is).
+    fn take_out(
+        &self,
+        q: &mut Queues,
+        tier: usize,
+        pos: usize,
+        out: &mut Wakeups,
+    ) -> Option<Arc<Waiter>> {
+        let w = q.tiers[tier].remove(pos)?;
+        q.arrivals[tier].remove(pos);
         if w.is_async {
             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        self.republish(q, tier);
+        self.republish(q, tier, out);
+        let fronts = std::array::from_fn(|t| q.tiers[t].front());
+        if let Some(f) = self.fronts.left(&w, tier, fronts) {
+            out.parked.push(f.clone());
+        }
         Some(w)
+    }
+
+    fn pop_front(&self, q: &mut Queues, tier: usize, out: &mut Wakeups) -> Option<Arc<Waiter>> {
+        self.take_out(q, tier, 0, out)
     }
 
     /// Blocks until `w` is charged (`Ok(forced)`), the bucket is found
     /// corrupt, or the deadline passes (its place is removed).
+    ///
+    /// The thread sleeps where [`park`](crate::region::park) says, without a
+    /// timeout unless it has an instant to wait for: as the region's front
+    /// of its tier, the instant its tokens are there (or it is forced
+    /// through), or the instant a higher front elsewhere that can go is
+    /// passed over if not charged by then; its deadline; and, for the one
+    /// keeper per process, the backstop.
     pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<bool> {
         let reg = self.reg();
         loop {
-            let seq = reg.my_seq();
+            let seqs = w.park.seqs(reg);
             if let Some(r) = self.outcome(w) {
                 return r;
             }
-            let mut nap = BACKSTOP;
+            let mut nap: Option<Duration> = None;
+            let at_most = |nap: &mut Option<Duration>, d: Duration| {
+                *nap = Some(nap.map_or(d, |n| n.min(d)));
+            };
             if let Some(d) = deadline {
                 let now = Instant::now();
                 if now >= d {
                     return self.cancel(w);
                 }
-                nap = nap.min(d - now);
+                at_most(&mut nap, d - now);
             }
             let (drained, clock) = self.drain_now();
             if w.state() != WAITING {
                 continue;
             }
-            if self.is_my_region_front(w) {
+            if w.park.is_front() && self.is_my_region_front(w) {
                 if let Some(until) = drained.until[w.tier] {
-                    let left = Duration::from_nanos(until.saturating_sub(clock.now_ns()));
-                    nap = nap.min(left);
-                } else if drained.deferring {
-                    nap = nap.min(DEFER_POLL);
+                    at_most(
+                        &mut nap,
+                        Duration::from_nanos(until.saturating_sub(clock.now_ns())),
+                    );
+                } else if let Some(d) = drained.defer_until {
+                    at_most(
+                        &mut nap,
+                        Duration::from_nanos(d.saturating_sub(bound_now_ns())),
+                    );
                 }
             }
-            if nap.is_zero() {
+            let keeper = self.fronts.keeps(w);
+            let backstop = keeper && nap.is_none_or(|n| n > BACKSTOP);
+            if backstop {
+                nap = Some(BACKSTOP);
+            }
+            if nap.is_some_and(|n| n.is_zero()) {
                 continue;
             }
             if let Clock::Tsc(c) = clock {
                 self.check_clock(&c);
             }
-            let t0 = Instant::now();
-            reg.sleep(seq, nap, wake_bit(w.ticket));
-            if t0.elapsed() >= BACKSTOP {
+            if w.park.sleep(reg, seqs, w.tier, nap) == WaitResult::TimedOut && backstop {
                 let _ = reg.maybe_reap(&mut |_, _| {});
             }
         }
@@ -284,12 +359,7 @@ impl LimRoot {
             }
             let tier = w.tier;
             if let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
-                q.tiers[tier].remove(pos);
-                q.arrivals[tier].remove(pos);
-                if w.is_async {
-                    self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-                }
-                self.republish(&q, tier);
+                self.take_out(&mut q, tier, pos, &mut out);
                 if pos == 0 {
                     // The tier's front left: the next one starts afresh.
                     self.bucket.state().progress_ms[tier]
@@ -329,10 +399,23 @@ impl LimRoot {
     }
 
     fn wake(&self, mut out: Wakeups) {
-        if out.bits != 0 {
-            self.reg().wake(self.reg().me().idx, out.bits);
+        let reg = self.reg();
+        if !out.parked.is_empty() {
+            wake_parked(reg, out.parked.iter().map(|w| (&w.park, w.tier)));
+        }
+        if out.helper {
+            reg.wake(reg.me().idx, HELPER_BIT);
         }
         out.wake_local();
+    }
+
+    /// The bucket or its parameters changed under the fronts (a rate or
+    /// capacity change, a refund): every region front's instant may have
+    /// moved, so each is woken again by the next drain to compute its own.
+    pub fn fronts_moved(&self) {
+        for n in &self.bucket.state().notified {
+            n.store(0, Ordering::SeqCst);
+        }
     }
 
     /// The region-wide drain (see the module docs).
@@ -344,7 +427,7 @@ impl LimRoot {
                 // A scribbled parameter block: fail this process's waiters
                 // rather than leave them waiting on garbage.
                 for tier in 0..LEVELS {
-                    while let Some(w) = self.pop_front(q, tier) {
+                    while let Some(w) = self.pop_front(q, tier, out) {
                         w.corrupt[0].store(u64::MAX, Ordering::Relaxed);
                         w.finish(CORRUPT, out, true);
                     }
@@ -356,6 +439,7 @@ impl LimRoot {
         let st = self.bucket.state();
         let reg = self.reg();
         let me = reg.me().idx;
+        reg.progress();
         'tiers: for tier in (0..LEVELS).rev() {
             for _ in 0..1024 {
                 if reg.gate() & (1 << tier) == 0 {
@@ -379,12 +463,12 @@ impl LimRoot {
                         .filter(|w| w.ticket == f.ticket)
                         .cloned()
                     else {
-                        self.republish(q, tier); // our publication lagged
+                        self.republish(q, tier, out); // our publication lagged
                         continue;
                     };
                     match step(&g, &st.tat, w.n, now, since) {
                         Step::Charged(forced) => {
-                            self.pop_front(q, tier);
+                            self.pop_front(q, tier, out);
                             st.progress_ms[tier].store(now_ms, Ordering::SeqCst);
                             self.bucket.counters().completed[tier].fetch_add(1, Ordering::Relaxed);
                             if forced {
@@ -404,7 +488,7 @@ impl LimRoot {
                             continue 'tiers; // blocked: blocks only its own tier
                         }
                         Step::Corrupt(tat, v) => {
-                            self.pop_front(q, tier);
+                            self.pop_front(q, tier, out);
                             w.corrupt[0].store(tat, Ordering::Relaxed);
                             w.corrupt[1].store(v, Ordering::Relaxed);
                             w.finish(CORRUPT, out, true);
@@ -426,12 +510,43 @@ impl LimRoot {
                     continue;
                 }
                 if first {
+                    st.ready_ms[tier].store(0, Ordering::SeqCst);
                     st.notified[tier].store(tag, Ordering::SeqCst);
-                    reg.wake(f.idx, wake_bit(f.ticket));
+                    reg.wake(f.idx, tier_bit(tier));
                 }
                 if goes {
-                    // It goes before everything below it.
-                    found.deferring = true;
+                    // It goes before everything below it, within the bound:
+                    // a front that could go for that long and was not
+                    // charged is passed over (alive is not progress); its
+                    // process keeps its place and charges it when it runs.
+                    let now_ms = bound_ms();
+                    let since = match st.ready_ms[tier].load(Ordering::SeqCst) {
+                        0 => match st.ready_ms[tier].compare_exchange(
+                            0,
+                            now_ms,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        ) {
+                            Ok(_) => now_ms,
+                            Err(cur) => cur,
+                        },
+                        t => t,
+                    };
+                    let waited = now_ms.wrapping_sub(since);
+                    if (PASS_AFTER_MS..(1 << 31)).contains(&waited) {
+                        reg.pass_over(f.idx);
+                        reg.wake(f.idx, tier_bit(tier));
+                        continue; // the next front of this tier, in order
+                    }
+                    if !first {
+                        // Its turn: make sure its process looks (a wake to a
+                        // process that is not running is only a word bump).
+                        reg.wake(f.idx, tier_bit(tier));
+                    }
+                    found.defer_until = Some(
+                        bound_now_ns()
+                            + u64::from(PASS_AFTER_MS - waited.min(PASS_AFTER_MS)) * 1_000_000,
+                    );
                     break 'tiers;
                 }
                 continue 'tiers;
@@ -445,6 +560,7 @@ impl LimRoot {
     fn check_clock(&self, c: &crate::sys::clock::TscClock) {
         if super::params::clock_check_due() && c.check_agrees().is_err() {
             self.bucket.demote_clock();
+            self.fronts_moved();
         }
     }
 
@@ -493,19 +609,27 @@ fn helper(weak: Weak<LimRoot>) {
         let reg = root.reg();
         let seq = reg.my_seq();
         let (d, clock) = root.drain_now();
+        // The instants of the async fronts it stands in for, and of a
+        // deferral; its own backstop otherwise.
+        let bits = root.fronts.helper_bits();
         let now = clock.now_ns();
         let mut nap = BACKSTOP;
-        for u in d.until.iter().flatten() {
-            nap = nap.min(Duration::from_nanos(u.saturating_sub(now)));
+        for (t, u) in d.until.iter().enumerate() {
+            if let Some(u) = u.filter(|_| root.fronts.async_at(1 << t)) {
+                nap = nap.min(Duration::from_nanos(u.saturating_sub(now)));
+            }
         }
-        if d.deferring {
-            nap = nap.min(DEFER_POLL);
+        if let Some(u) = d.defer_until.filter(|_| root.fronts.async_at(u32::MAX)) {
+            nap = nap.min(Duration::from_nanos(u.saturating_sub(bound_now_ns())));
         }
         if let Clock::Tsc(c) = clock {
             root.check_clock(&c);
         }
-        if !nap.is_zero() {
-            reg.sleep(seq, nap, BITSET_ALL);
+        if !nap.is_zero()
+            && reg.sleep(seq, Some(nap), bits) == WaitResult::TimedOut
+            && nap == BACKSTOP
+        {
+            let _ = reg.maybe_reap(&mut |_, _| {});
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! **Layout** (object area of a `Limiter` region, revision 5, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
-//! 128][ParamBlock: 384]`. The state line holds `tat` (the bucket, see
+//! 128][ParamBlock: 512]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
 //! last woken and the time (ms) the tier last made progress; the counters
 //! line what every process adds up; the parameter block the rate, the
@@ -28,7 +28,8 @@ use crate::sys::clock::{calibrate, Clock};
 
 /// Revision of this object's layout, stored in the header params (5: the
 /// virtual clock starts at `V_BIAS`, so a capacity change can move it
-/// down without going below 0; see [`bucket`](super::bucket)).
+/// down without going below 0, see [`bucket`](super::bucket); parameter
+/// blocks of three slots published by CAS; `ready_ms` per tier).
 pub(crate) const OBJECT_REV: u64 = 5;
 
 /// The limiter's shared state line.
@@ -45,7 +46,13 @@ pub(crate) struct LimState {
     /// departure of a front; a front stalls from then (or its arrival).
     pub(crate) progress_ms: [AtomicU32; LEVELS],
     _pad1: AtomicU32,
-    _pad: [u64; 6],
+    /// Per tier: when (ms of [`bound_now_ns`](crate::region::registry::bound_now_ns),
+    /// mod 2³², never 0) another process first found the front last woken
+    /// (`notified`) able to go; 0: not yet. A front that can go and is not
+    /// charged within the bound is passed over.
+    pub(crate) ready_ms: [AtomicU32; LEVELS],
+    _pad2: AtomicU32,
+    _pad: [u64; 2],
 }
 
 /// Counters every process adds to.
@@ -195,7 +202,7 @@ impl SharedBucket {
     }
 
     /// Replaces the parameters for every process (see `params.rs`).
-    pub fn update_params(&self, f: impl FnOnce(Params) -> Params) -> Result<Params> {
+    pub fn update_params(&self, f: impl Fn(Params) -> Params) -> Result<Params> {
         self.params()
             .update(self.reg.me().owner, &|id| self.reg.owner_alive(id), f)
     }
@@ -228,7 +235,7 @@ impl SharedBucket {
             self.reg.waiter_counts(),
             processes,
             self.reg.stall_ns(),
-            self.reg.wakes(),
+            (self.reg.wakes(), self.reg.passes()),
             clock,
         )
     }
@@ -242,7 +249,7 @@ pub(crate) fn shared_stats(
     waiters: [u64; LEVELS],
     processes: u32,
     stall_ns: u64,
-    wakes: u64,
+    (wakes, passed_over): (u64, u64),
     clock: Clock,
 ) -> SharedLimiterStats {
     SharedLimiterStats {
@@ -252,6 +259,7 @@ pub(crate) fn shared_stats(
         processes,
         stall_ns,
         wakes,
+        passed_over,
         tsc: clock.tsc(),
     }
 }

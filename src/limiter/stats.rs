@@ -78,6 +78,10 @@ pub struct SharedLimiterStats {
     /// asleep there (a deferring drain or a pump), by any process. A wake
     /// with nobody asleep makes no syscall and is not counted.
     pub wakes: u64,
+    /// Counter: processes passed over because they made no progress while
+    /// the region waited for them (a front that could go and was not
+    /// charged within the bound: a stopped or frozen process).
+    pub passed_over: u64,
     /// The region's TSC calibration, which every process uses for its
     /// clock; `None` if the region uses `CLOCK_MONOTONIC`.
     pub tsc: Option<crate::sys::clock::TscClock>,

@@ -80,7 +80,7 @@ impl RegionView {
             waiters,
             self.alive_processes()?,
             reg.stall_ns(),
-            wakes,
+            (wakes, reg.passes()),
             params.clock,
         );
         let mut queues = [LimiterQueueStats::default(); LEVELS];

@@ -9,6 +9,7 @@ use std::task::Waker;
 
 use super::bucket::{Gcra, Mode, Refused};
 use super::{STALL_TICKS, TICK_NS};
+use crate::region::park::{Park, Parked};
 
 pub(crate) const WAITING: u32 = 0;
 pub(crate) const GRANTED: u32 = 1;
@@ -38,6 +39,9 @@ pub(crate) struct Waiter {
     pub is_async: bool,
     /// The task to wake on a result (async waiters only).
     pub waker: Mutex<Option<Waker>>,
+    /// Where its thread sleeps at a shared root (see
+    /// [`park`](crate::region::park)).
+    pub park: Park,
 }
 
 impl Waiter {
@@ -51,6 +55,7 @@ impl Waiter {
             corrupt: [AtomicU64::new(0), AtomicU64::new(0)],
             is_async,
             waker: Mutex::new(None),
+            park: Park::new(),
         }
     }
 
@@ -74,12 +79,29 @@ impl Waiter {
     }
 }
 
+impl Parked for Waiter {
+    fn park(&self) -> &Park {
+        &self.park
+    }
+    fn is_async(&self) -> bool {
+        self.is_async
+    }
+    /// Its address: unique while it lives.
+    fn id(&self) -> u64 {
+        self as *const Waiter as usize as u64
+    }
+}
+
 /// What to wake once the lock is released (wakers never run under it).
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     tasks: Vec<Waker>,
-    /// Futex bits of this process's threads at a shared root.
-    pub bits: u32,
+    /// This process's threads at a shared root (parked: see
+    /// [`park`](crate::region::park)).
+    pub parked: Vec<Arc<Waiter>>,
+    /// The process's helper thread must look again (the tiers it stands in
+    /// for changed).
+    pub helper: bool,
     threads: Vec<Arc<Waiter>>,
 }
 
@@ -94,7 +116,7 @@ impl Wakeups {
                 self.tasks.push(t);
             }
         } else if shared {
-            self.bits |= crate::region::registry::wake_bit(w.ticket);
+            self.parked.push(w.clone());
         } else {
             self.threads.push(w.clone());
         }

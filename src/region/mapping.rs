@@ -433,6 +433,27 @@ impl Mapping {
         }
     }
 
+    /// Records the calling model thread as one of this mapping's process's
+    /// threads (for stops and deaths; see `sys::futex::model`).
+    #[doc(hidden)]
+    pub fn model_join(&self) {
+        sys::futex::model::join_process(self.map.as_ptr() as usize);
+    }
+
+    /// Stops this mapping's process: its threads are not scheduled from
+    /// their next step until [`model_cont`](Self::model_cont). It stays
+    /// alive (its liveness lock held).
+    #[doc(hidden)]
+    pub fn model_stop(&self) {
+        sys::futex::model::stop(self.map.as_ptr() as usize);
+    }
+
+    /// Continues this mapping's process after [`model_stop`](Self::model_stop).
+    #[doc(hidden)]
+    pub fn model_cont(&self) {
+        sys::futex::model::cont(self.map.as_ptr() as usize);
+    }
+
     /// Drops the registration without parking it: its liveness lock
     /// closes, and the kernel says the process is dead.
     fn model_drop_liveness(&self) {

@@ -35,6 +35,8 @@ pub mod layout;
 #[doc(hidden)]
 pub mod mapping;
 #[doc(hidden)]
+pub mod park;
+#[doc(hidden)]
 pub mod proc_table;
 #[doc(hidden)]
 pub mod registry;

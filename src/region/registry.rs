@@ -16,8 +16,9 @@
 //!   next ticket when it queues, so tickets order waiters of one tier
 //!   across processes (FIFO);
 //! - the **designee** word (the one waiter, in any process, that the next
-//!   freed capacity is for) with the time it was designated, and the
-//!   lottery's generator, for policies that use them;
+//!   freed capacity is for) with the time it was designated and the time
+//!   it was last offered capacity, and the lottery's generator, for
+//!   policies that use them;
 //! - the region's link to a cluster-wide budget: which process is its
 //!   agent (an owner id, taken over when that process is found dead) and the
 //!   lease it holds, under a seqlock;
@@ -27,17 +28,19 @@
 //! Each process publishes, in its own process-table entry, per tier: how
 //! many waiters it has there and the ticket of its oldest (one word,
 //! `obj[t]`), that oldest waiter's cap and need (`obj[14 + t]`), and an
-//! *alternate* (one word, `obj[8..12]` and `obj[22..25]`): the policy's choice of a later
-//! waiter that may be admitted when the oldest is not (the scheduler's: the
-//! oldest of those whose cap, net of their need, is the largest, if larger
-//! than the oldest's), with its ticket and that net cap. Only the process
-//! itself writes its entry's words (under its own lock), and a reaper after
-//! its death. So the region's queue of tier `t` is the merge of every
+//! *alternate* (one word, `obj[8..12]` and `obj[22..25]`): the policy's
+//! choice of a later waiter that may be admitted when the oldest is not
+//! (the scheduler's: the oldest of those whose cap, net of their need, is
+//! the largest, if larger than the oldest's), with its ticket and that net
+//! cap; and its progress count (`obj[12]`). Only the process itself writes
+//! those words (under its own lock), and a reaper after its death; the one
+//! word another process writes is its passed-over mark (`obj[13]`, see
+//! *Progress*). So the region's queue of tier `t` is the merge of every
 //! process's local queue, in ticket order, and its front is the process
-//! whose published oldest ticket is the oldest; the oldest waiter that a
-//! policy admits is found among the oldest and the alternates, so a waiter
-//! queued behind one its process's other handle caps is not hidden from
-//! the region.
+//! whose published oldest ticket is the oldest (among those not passed
+//! over); the oldest waiter that a policy admits is found among the oldest
+//! and the alternates, so a waiter queued behind one its process's other
+//! handle caps is not hidden from the region.
 //!
 //! # Ordering and liveness
 //!
@@ -55,16 +58,37 @@
 //! - Reaping frees nothing of the object by itself: the object passes a
 //!   `release` callback (the scheduler frees the dead process's cells).
 //!
+//! # Progress, not liveness
+//!
+//! A process can be alive and not run (SIGSTOP, a debugger, a cgroup
+//! freezer, swap, a CPU quota), so no wait on another process's action is
+//! unbounded. Each process counts its own progress: every serve or drain of
+//! its threads bumps `obj[12]` ([`Registry::progress`]). A process that
+//! waited [`PASS_AFTER_NS`] (20 ms, one reap interval) for another's action
+//! (a designation offered and not taken, a Limiter front that can go and is
+//! not charged) and found it alive passes it over
+//! ([`Registry::pass_over`]): it writes `obj[13] = FLAG | progress`, and
+//! until that process makes progress again the region's order
+//! ([`Registry::front`]) skips it. Its waiters keep their tickets: when it
+//! runs again its first serve bumps the count, which lifts the mark, and
+//! its waiters are back in their places. "Not running" is never read from
+//! `/proc` (a frozen cgroup shows `S` or `D`, not `T`): no progress within
+//! the bound is what counts. A stopped process loses the time it is
+//! stopped; nobody else does. The bound is measured on [`bound_now_ns`]
+//! (the model checker's own clock under `--cfg shuttle`).
+//!
 //! # Waking
 //!
-//! Every thread of a process that waits in the region sleeps on the futex
-//! word of its process's entry, tagged with a bit chosen from its ticket
-//! (`FUTEX_WAIT_BITSET`); a waker bumps the word and wakes the bit of the
-//! waiter it means, so one grant wakes one thread, not the process. The
-//! process's helper thread (for async waiters) sleeps with every bit.
-//! Sleepers count themselves in `obj[SLEEPERS]` before re-checking, and a
-//! waker bumps the word before reading the count (both SeqCst): a wake that
-//! finds nobody asleep makes no syscall, and none is lost.
+//! A process's waiters sleep as [`park`](super::park) says: its front of
+//! each tier on the futex word of its process's entry under its tier's bit
+//! ([`tier_bit`], `FUTEX_WAIT_BITSET`), its other waiters on words of their
+//! own, its helper thread under [`HELPER_BIT`] and the bits of the tiers
+//! whose front is async. A waker bumps the word and wakes the bits it means,
+//! so a designation or a grant wakes one thread, not the process. Sleepers
+//! on the region word count themselves in `obj[SLEEPERS]` before
+//! re-checking, and a waker bumps the word before reading the count (both
+//! SeqCst): a wake that finds nobody asleep makes no syscall, and none is
+//! lost.
 //!
 //! # Stall time
 //!
@@ -84,23 +108,33 @@ use super::proc_table::{ProcEntry, ProcId};
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::sys::clock::{monotonic_ms, monotonic_ns};
-use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, BITSET_ALL};
+use crate::sys::futex::{futex_wait_bitset, futex_wake_bitset, WaitResult, BITSET_ALL};
 
 /// Process-entry word counting the process's threads asleep on its futex
 /// word.
 pub const SLEEPERS: usize = 7;
+/// Process-entry word: the process's progress count, bumped by its own
+/// threads each time one of them moves the region's queue (see
+/// [`Registry::progress`]).
+const PROGRESS: usize = 12;
+/// Process-entry word: [`PASSED_FLAG`]` | p` once another process passed
+/// this one over while its progress count read `p` (0: never).
+const PASSED: usize = 13;
+const PASSED_FLAG: u64 = 1 << 63;
 /// First process-entry word of the per-tier `cap << 32 | need` words.
 const FRONT_WORDS: usize = 14;
 /// The process-entry word free for the object's own use (the scheduler's
 /// count of cells held); `obj[25..28]` are the object's too.
 pub const OBJ_FREE: usize = FRONT_WORDS + LEVELS;
 /// The process-entry word of each tier's alternate (see the module docs):
-/// four words of the entry's first line (`obj[12..14]` are left free there)
+/// four words of the entry's first line (`obj[12..14]` are the progress
+/// count and the passed-over mark)
 /// and three after [`OBJ_FREE`]. `valid << 63 | net cap << 32 | ticket`.
 const ALT_WORDS: [usize; LEVELS] = [8, 9, 10, 11, 22, 23, 24];
 
 const _: () = assert!(SLEEPERS >= LEVELS && SLEEPERS < ALT_WORDS[0]);
-const _: () = assert!(ALT_WORDS[3] < 12 && ALT_WORDS[4] > OBJ_FREE);
+const _: () = assert!(ALT_WORDS[3] < PROGRESS && ALT_WORDS[4] > OBJ_FREE);
+const _: () = assert!(SLEEPERS < PROGRESS && PROGRESS < PASSED && PASSED < FRONT_WORDS);
 const _: () = assert!(ALT_WORDS[LEVELS - 1] < crate::region::OBJ_WORDS);
 
 /// An alternate's valid bit.
@@ -134,12 +168,38 @@ pub const REAP_INTERVAL_MS: u64 = 20;
 #[cfg(shuttle)]
 pub const REAP_INTERVAL_MS: u64 = 0;
 
-/// The futex bit a waiter with `ticket` sleeps under (bit 31 is left to
-/// "everyone", see [`BITSET_ALL`]).
+/// How long a wait on another process's action may last before the region
+/// moves on without it: a designation notified and not taken, a Limiter
+/// front that can go and is not charged. One reap interval (20 ms): a
+/// stopped process then costs the others no more than a dead one, and the
+/// bound is a hundred times a wake-up's latency on an idle machine, so a
+/// process that runs is passed over only when it has been denied the CPU
+/// for that long (it keeps its place; see [`Registry::pass_over`]).
+pub const PASS_AFTER_NS: u64 = 20_000_000;
+
+/// The clock the bounds on other processes' progress are measured on:
+/// `CLOCK_MONOTONIC` (ns), or, under the model checker, the model's clock,
+/// which moves only when a test says time passes (a stopped process is
+/// stopped "for a while").
 #[inline]
-pub fn wake_bit(ticket: u32) -> u32 {
-    1 << (ticket % 31)
+pub fn bound_now_ns() -> u64 {
+    #[cfg(shuttle)]
+    return crate::sys::futex::model::now_ns();
+    #[cfg(not(shuttle))]
+    monotonic_ns()
 }
+
+/// The futex bit of a process's front waiter of `tier` (see
+/// [`park`](super::park)): the one thread of the process a designation or a
+/// Limiter front's turn at that tier wakes.
+#[inline]
+pub fn tier_bit(tier: usize) -> u32 {
+    1 << tier
+}
+
+/// The futex bit of a process's helper thread (it stands in for the
+/// process's async waiters).
+pub const HELPER_BIT: u32 = 1 << 30;
 
 #[repr(C, align(128))]
 struct GateLine {
@@ -171,7 +231,12 @@ struct DispatchLine {
     strict: AtomicU64,
     /// Monotonic ns of the last liveness probe of a stalled designee.
     last_probe_ns: AtomicU64,
-    _pad: [u64; 2],
+    /// [`bound_now_ns`] when the designee was last offered capacity
+    /// (notified) or started taking it: a designation not taken within
+    /// [`PASS_AFTER_NS`] of it is passed over.
+    offered_ns: AtomicU64,
+    /// Counter: processes passed over (see [`Registry::pass_over`]).
+    passes: AtomicU64,
 }
 
 /// The region's link to a cluster-wide budget (see the `cluster` module):
@@ -264,6 +329,12 @@ impl RegistryArea {
             d.reaped.load(Ordering::Relaxed),
             d.strict.load(Ordering::Relaxed),
         )
+    }
+
+    /// Counter: processes passed over because they made no progress while
+    /// the region waited for them (a stopped or frozen process).
+    pub fn passes(&self) -> u64 {
+        self.dispatch.passes.load(Ordering::Relaxed)
     }
 
     /// The region's cluster lease, as its agent last recorded it (a
@@ -779,14 +850,17 @@ impl Registry {
 
     /// The region's front of `tier` among waiters that `admit` accepts: the
     /// oldest such published waiter (a front or an alternate), in any
-    /// process. Dead processes are not filtered here (see
-    /// [`alive`](Self::alive)).
+    /// process that is not passed over (see [`pass_over`](Self::pass_over)).
+    /// Dead processes are not filtered here (see [`alive`](Self::alive)).
     pub fn front(&self, tier: usize, admit: impl Fn(&Front) -> bool) -> Option<Front> {
         let mut best: Option<(u32, Front)> = None;
         for idx in self.waiting_processes() {
             let Some(f) = self.front_of(idx, tier) else {
                 continue;
             };
+            if self.passed(idx) {
+                continue;
+            }
             let f = if admit(&f) {
                 f
             } else {
@@ -801,6 +875,21 @@ impl Registry {
             }
         }
         best.map(|(_, f)| f)
+    }
+
+    /// The tiers of `tiers` (gate bits) where a waiter of a process that is
+    /// not passed over waits: what a caller at those tiers defers to.
+    pub fn unpassed_tiers(&self, tiers: u64) -> u64 {
+        let mut out = 0;
+        let mut t = tiers & GATE_TIERS;
+        while t != 0 {
+            let tier = t.trailing_zeros() as usize;
+            t &= t - 1;
+            if self.front(tier, |_| true).is_some() {
+                out |= 1 << tier;
+            }
+        }
+        out
     }
 
     /// Waiters published per tier, summed over the live processes that
@@ -846,6 +935,33 @@ impl Registry {
         ok
     }
 
+    /// Records that the designee is offered capacity now (it is about to be
+    /// notified, or its process starts taking): the start of the bound on
+    /// its coming (see [`offer_overdue`](Self::offer_overdue)). Written
+    /// before the designation word changes, so that whoever sees the new
+    /// state sees this time or a later one.
+    pub fn offer(&self) {
+        self.d().offered_ns.store(bound_now_ns(), Ordering::SeqCst);
+    }
+
+    /// Renews the offer while this process takes for its designee (a take
+    /// of many cells lasts a while: it makes progress all along). Nothing
+    /// if the designation is not this process's, taking.
+    pub fn refresh_offer_if_taking(&self) {
+        if self
+            .designee()
+            .is_some_and(|d| d.taking && d.idx == self.me.idx)
+        {
+            self.offer();
+        }
+    }
+
+    /// True once the designee has been offered capacity [`PASS_AFTER_NS`]
+    /// ago or more without taking it.
+    pub fn offer_overdue(&self) -> bool {
+        bound_now_ns().saturating_sub(self.d().offered_ns.load(Ordering::SeqCst)) >= PASS_AFTER_NS
+    }
+
     /// Replaces designee `from` (exactly as read) by `to` (`None`: nobody).
     pub fn swap_designee(&self, from: &Designee, to: Option<&Designee>) -> bool {
         self.d()
@@ -863,6 +979,57 @@ impl Registry {
     /// alternate of its tier: the waiter has not left).
     pub fn still_front(&self, d: &Designee) -> bool {
         self.published(d.idx, d.tier, d.ticket).is_some()
+    }
+
+    // ---- progress, not liveness ----------------------------------------
+
+    /// Records that this process makes progress: one of its threads is
+    /// moving the region's queue (every serve or drain starts here). Returns
+    /// true if another process had passed it over since its last progress
+    /// (it ran again after a stop): its waiters are back in the region's
+    /// order from now on.
+    pub fn progress(&self) -> bool {
+        let e = self.my_entry();
+        let p = e.obj[PROGRESS].fetch_add(1, Ordering::SeqCst);
+        e.obj[PASSED].load(Ordering::SeqCst) == PASSED_FLAG | p
+    }
+
+    /// True if process `idx` was passed over and has made no progress since
+    /// (never this process).
+    pub fn passed(&self, idx: u32) -> bool {
+        if idx == self.me.idx {
+            return false;
+        }
+        let Some(e) = self.entry(idx) else {
+            return false;
+        };
+        let m = e.obj[PASSED].load(Ordering::SeqCst);
+        m & PASSED_FLAG != 0 && m == PASSED_FLAG | e.obj[PROGRESS].load(Ordering::SeqCst)
+    }
+
+    /// Passes process `idx` over: it was waited for (its designation, its
+    /// Limiter front) for [`PASS_AFTER_NS`] and made no progress. Until it
+    /// makes progress again, the region's order ([`front`](Self::front))
+    /// skips its waiters; they keep their tickets, so once it runs again
+    /// they are served in their place. The caller then wakes the thread it
+    /// waited for, so that it looks at the region as soon as it runs (a
+    /// wake sent while it is stopped still moves its futex word, which a
+    /// stopped sleeper finds changed when its wait restarts).
+    pub fn pass_over(&self, idx: u32) {
+        if idx == self.me.idx {
+            return;
+        }
+        let Some(e) = self.entry(idx) else {
+            return;
+        };
+        let p = e.obj[PROGRESS].load(Ordering::SeqCst);
+        e.obj[PASSED].store(PASSED_FLAG | p, Ordering::SeqCst);
+        self.d().passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counter: processes passed over.
+    pub fn passes(&self) -> u64 {
+        self.area().passes()
     }
 
     // ---- lottery -------------------------------------------------------
@@ -913,26 +1080,44 @@ impl Registry {
     }
 
     /// Wakes the sleepers of process `idx` tagged with a bit of `bits`
-    /// ([`wake_bit`] of a ticket, or [`BITSET_ALL`]). No syscall when
-    /// nobody sleeps there.
+    /// ([`tier_bit`], [`HELPER_BIT`], or [`BITSET_ALL`]): bumps its futex
+    /// word, then wakes. No syscall when nobody sleeps there.
     pub fn wake(&self, idx: u32, bits: u32) {
         let Some(e) = self.entry(idx) else { return };
         e.futex.fetch_add(1, Ordering::SeqCst);
+        self.wake_bumped(e, bits);
+    }
+
+    /// Bumps this process's futex word (a waker of its own threads, before
+    /// it reads where they sleep: see [`park`](super::park)).
+    pub fn bump_mine(&self) {
+        self.my_entry().futex.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Wakes this process's sleepers under `bits`, the word already bumped
+    /// ([`bump_mine`](Self::bump_mine)).
+    pub fn wake_mine(&self, bits: u32) {
+        self.wake_bumped(self.my_entry(), bits);
+    }
+
+    fn wake_bumped(&self, e: &ProcEntry, bits: u32) {
         if e.obj[SLEEPERS].load(Ordering::SeqCst) == 0 {
             return;
         }
-        if futex_wake_bitset(&e.futex, i32::MAX, bits | (1 << 31)) > 0 {
+        if futex_wake_bitset(&e.futex, i32::MAX, bits) > 0 {
             self.d().wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Sleeps on this process's futex word, tagged `bits`, until woken or
-    /// `timeout`, unless the word moved past `seq` already.
-    pub fn sleep(&self, seq: u32, timeout: Duration, bits: u32) {
+    /// `timeout` (none: until woken), unless the word moved past `seq`
+    /// already.
+    pub fn sleep(&self, seq: u32, timeout: Option<Duration>, bits: u32) -> WaitResult {
         let e = self.my_entry();
         e.obj[SLEEPERS].fetch_add(1, Ordering::SeqCst);
-        futex_wait_bitset(&e.futex, seq, Some(timeout), bits);
+        let r = futex_wait_bitset(&e.futex, seq, timeout, bits);
         e.obj[SLEEPERS].fetch_sub(1, Ordering::SeqCst);
+        r
     }
 
     // ---- the cluster agent ----------------------------------------------
@@ -1133,10 +1318,9 @@ mod tests {
     }
 
     #[test]
-    fn wake_bits_leave_bit_31_free() {
-        for t in [0u32, 30, 31, 62, u32::MAX] {
-            assert_ne!(wake_bit(t), 1 << 31);
-            assert_eq!(wake_bit(t).count_ones(), 1);
-        }
+    fn tier_bits_and_the_helper_bit_are_distinct() {
+        let all = (0..LEVELS).fold(0, |m, t| m | tier_bit(t));
+        assert_eq!(all.count_ones() as usize, LEVELS);
+        assert_eq!(all & HELPER_BIT, 0);
     }
 }

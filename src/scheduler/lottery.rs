@@ -6,7 +6,10 @@
 //! - One draw in [`LOTTERY_ODDS`] is a *lottery draw*: a tier is chosen
 //!   uniformly among the seven. If that tier is backlogged it is served, and
 //!   the pick bypasses its per-priority cap (never the overall max) and, in a
-//!   region, the deference to higher-priority waiters in other processes.
+//!   region, the deference to higher-priority waiters in other processes:
+//!   it gets the next freed units it needs. It closes no tier above it (what
+//!   is free beyond its need stays open to them), and a pick whose process
+//!   does not come for them is passed over (`root.rs`).
 //! - Otherwise, and when the lottery lands on an empty tier, the highest
 //!   backlogged tier whose cap admits another task is served ("unused tiers
 //!   never inflate lower-priority throughput").

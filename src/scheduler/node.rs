@@ -55,8 +55,9 @@ const QUEUED_ALL: u64 = 0x7f << QUEUED_SHIFT;
 const DISPOSED: u64 = 1 << 39;
 
 /// How often an in-process waiter held back by its cap alone draws the
-/// lottery while nothing is released (the shared scheduler's waiters draw
-/// on their backstop wake, every [`BACKSTOP`](super::root::BACKSTOP) alike).
+/// lottery while nothing is released (at a shared root the keeper of each
+/// process draws on its backstop wake, every
+/// [`BACKSTOP`](super::root::BACKSTOP) alike).
 const LOTTERY_TICK: std::time::Duration = super::root::BACKSTOP;
 
 /// Queued bits of tiers at or above `tier`, in the state word.
@@ -348,13 +349,15 @@ impl Node {
 
     #[inline(never)]
     fn shared_fast(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
-        // Barging within a tier is allowed (bounded: see root.rs); waiters
-        // above, a strict hand-off or a disposed handle send the caller to
-        // the slow path.
-        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0
-            || self.disposed.load(Ordering::Relaxed)
-        {
+        // Barging within a tier is allowed (bounded: see root.rs); a
+        // disposed handle goes the slow way, and so do waiters above or a
+        // strict hand-off, unless they belong to processes that are passed
+        // over or the hand-off lets this tier through (`root.rs`).
+        if self.disposed.load(Ordering::Relaxed) {
             return None;
+        }
+        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0 {
+            return root.fast_beside_waiters(tier, n, self.caps[tier]);
         }
         root.take(n, self.caps[tier])
     }
@@ -562,8 +565,8 @@ impl Node {
                 // Held back by its cap alone, with capacity free under the
                 // max: only a lottery pick can admit it, and dispatch runs
                 // on releases, which an idle scheduler has none of. Draw
-                // every LOTTERY_TICK meanwhile (a shared scheduler's
-                // waiters draw on their backstop wake alike).
+                // every LOTTERY_TICK meanwhile (at a shared root each
+                // process's keeper draws on its backstop wake alike).
                 let cap_bound = self.held_by_cap_only(st, w);
                 if cap_bound {
                     timeout = Some(timeout.map_or(LOTTERY_TICK, |t| t.min(LOTTERY_TICK)));
@@ -736,7 +739,7 @@ impl Node {
 
     /// Draws the lottery if a front waiter is held back by its cap alone
     /// (capacity free under the max): the in-process twin of a shared
-    /// waiter's backstop draw.
+    /// root's backstop draw (its keeper's).
     fn tick_lottery(&self) {
         let Level::Local(st) = &self.level else {
             return;

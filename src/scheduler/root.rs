@@ -25,6 +25,41 @@
 //!
 //! A non-lottery designee is replaced when a waiter of a higher tier that
 //! its cap admits shows up (priority first), unless it is already taking.
+//! A lottery pick is not: the lottery gives its tier a turn at the next
+//! freed units it needs. It does not close the tiers above it: under a
+//! strict hand-off a caller above the pick still takes what is free beyond
+//! the pick's need, and a pick that does not come is passed over like any
+//! designee (below).
+//!
+//! # Alive is not progress
+//!
+//! A designee of another process that was offered capacity (woken, or
+//! taking) and has not taken it within
+//! [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS) (20 ms, one
+//! reap interval), while what it needs is free, is passed over: if its
+//! process is dead it is reaped; if it is alive (stopped, frozen, starved
+//! of CPU) its process is marked passed over, the designation goes to the
+//! next waiter in the region's order, and its waiter keeps its ticket. A
+//! long weighted take renews the offer as it goes, so a take that runs is
+//! never passed over. When that process runs again, its first serve lifts
+//! the mark and ends a designation that went to a younger waiter of the
+//! tier meanwhile, so its waiter is served in its place. Waiters of a
+//! process passed over close neither `try_acquire` nor the fast path of the
+//! tiers below them. Whoever moves the queue checks (releases on the same
+//! turns as the fairness check below, waiters and `try_acquire` on every
+//! serve, each process's keeper on its backstop).
+//!
+//! # Waiting costs nothing
+//!
+//! A blocked thread sleeps without a timeout (its deadline aside) where
+//! [`park`](crate::region::park) says: its process's front of its tier on
+//! the region word under its tier's bit (a designation wakes exactly it),
+//! any other waiter on its own word (a grant by its own process wakes
+//! exactly it, and it moves to the region word when it becomes the front).
+//! One front per process, the keeper, sleeps with the backstop and does the
+//! rounds: reaping, passing over, the lottery's draws for waiters only a
+//! pick can admit. The helper thread wakes only for the tiers whose front
+//! is async.
 //!
 //! # Barging, bounded (eventual fairness)
 //!
@@ -48,17 +83,17 @@
 //!
 //! A designee whose process died is found by the liveness check before any
 //! designation, by a probe when it has been woken but has not come for free
-//! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), and by the
-//! backstop wake of every other waiter ([`BACKSTOP`] =
-//! [`REAP_INTERVAL_MS`]), which reaps whether or not the table is full: a
-//! dead process may hold a waiter back without filling it (a designation
-//! it was taking for, a running count it left one too high for a capped
-//! waiter). Reaping it clears its publication and its designation, so
-//! nobody waits on a dead waiter for more than one reap interval. A failed
-//! `try_acquire` is a slow path of the same kind: it reaps (rate-limited
-//! region-wide, [`REAP_INTERVAL_MS`]), so a process that only polls gets
-//! back what dead holders left within one reap interval of its first
-//! failed try.
+//! capacity within [`PROBE_AFTER`] (at once for `try_acquire`), when it is
+//! due to be passed over, and by the backstop wake of each process's keeper
+//! ([`BACKSTOP`] = [`REAP_INTERVAL_MS`]), which reaps whether or not the
+//! table is full: a dead process may hold a waiter back without filling it
+//! (a designation it was taking for, a running count it left one too high
+//! for a capped waiter). Reaping it clears its publication and its
+//! designation, so nobody waits on a dead waiter for more than one reap
+//! interval. A failed `try_acquire` is a slow path of the same kind: it
+//! reaps (rate-limited region-wide, [`REAP_INTERVAL_MS`]), so a process
+//! that only polls gets back what dead holders left within one reap
+//! interval of its first failed try.
 //!
 //! # Waiters of several handles
 //!
@@ -83,16 +118,19 @@ use super::shared::SharedSlots;
 use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
+use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
-    wake_bit, Designee, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, REAP_INTERVAL_MS,
+    tier_bit, Designee, Front, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, HELPER_BIT,
+    REAP_INTERVAL_MS,
 };
 use crate::region::Region;
 use crate::sys::clock::monotonic_ns;
 use crate::sys::fork::fork_generation;
-use crate::sys::futex::BITSET_ALL;
+use crate::sys::futex::WaitResult;
 
-/// A waiter (and the helper thread) wakes at least this often to look for
-/// dead processes and stalled designees.
+/// The process's keeper (and its helper thread) wakes at least this often
+/// to look for dead processes and designees that do not come (see
+/// [`park`](crate::region::park)).
 pub const BACKSTOP: Duration = Duration::from_millis(REAP_INTERVAL_MS);
 
 /// How long a designee may be overtaken by fresh arrivals before every
@@ -220,6 +258,9 @@ pub(crate) struct SharedRoot {
     /// True while the helper thread runs.
     helper_running: AtomicBool,
     fork_gen: u64,
+    /// Parking: the fronts' marks, which are async (the helper sleeps under
+    /// their tiers' bits), the keeper (see [`park`](crate::region::park)).
+    fronts: Fronts,
 }
 
 impl SharedRoot {
@@ -248,6 +289,7 @@ impl SharedRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
+            fronts: Fronts::default(),
         });
         let any: Arc<dyn Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
@@ -319,11 +361,13 @@ impl SharedRoot {
             // release in FAIR_CHECK_EVERY per thread: a designee that finds
             // its slot taken closes the fast paths itself once it is due,
             // and this catches one that has not run since it was woken.
+            // On the same turns it looks whether a designee that was
+            // notified has come within the bound (a stopped process).
             if d.taking
                 || (d.idx != reg.me().idx
                     && d.notified
                     && reg.gate() & GATE_STRICT == 0
-                    && !(fair_check_turn() && fair_due(reg)))
+                    && !(fair_check_turn() && (fair_due(reg) || reg.offer_overdue())))
             {
                 return;
             }
@@ -363,7 +407,7 @@ impl SharedRoot {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
             }
             q.push(w.clone(), self.slots.max());
-            self.republish(&q, tier);
+            self.republish(&q, tier, &mut out);
             self.serve(&mut q, &mut out, false);
             w
         };
@@ -373,44 +417,52 @@ impl SharedRoot {
 
     /// Blocks until `w` is granted (its slots), failed (disposed) or the
     /// deadline passes (timeout; its place is removed).
+    ///
+    /// The thread sleeps without a timeout (its deadline aside) where
+    /// [`park`](crate::region::park) says: on the region word as its tier's
+    /// front, else on its own word. One front per process, the keeper,
+    /// sleeps with the backstop instead and does the rounds when it fires.
     pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
         let reg = self.reg();
         loop {
-            let seq = reg.my_seq();
+            let seqs = w.park.seqs(reg);
             match w.state() {
                 GRANTED => return Ok(w.take_slots()),
                 FAILED => return Err(Error::Disposed),
                 _ => {}
             }
-            let nap = match deadline {
+            let left = match deadline {
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return self.cancel(w);
                     }
-                    (d - now).min(BACKSTOP)
+                    Some(d - now)
                 }
-                None => BACKSTOP,
+                None => None,
             };
             self.serve_now(false);
             if w.state() != WAITING {
                 continue;
             }
-            let t0 = monotonic_ns();
-            reg.sleep(seq, nap, wake_bit(w.ticket));
-            if monotonic_ns().saturating_sub(t0) >= nap.as_nanos() as u64 {
+            let keeper = self.fronts.keeps(w);
+            let backstop = keeper && left.is_none_or(|l| l > BACKSTOP);
+            let nap = if backstop { Some(BACKSTOP) } else { left };
+            if w.park.sleep(reg, seqs, w.tier(), nap) == WaitResult::TimedOut && backstop {
                 self.on_backstop();
             }
         }
     }
 
-    /// A backstop wake: a waiter (or the helper) slept a whole backstop
-    /// period, and what holds it back may be a dead process's: cells it
-    /// held (a full table), a running count it left one too high (it died
+    /// A backstop wake: the keeper (or the helper) slept a whole backstop
+    /// period, and what holds the queue back may be a dead process's: cells
+    /// it held (a full table), a running count it left one too high (it died
     /// between its count and its cell: capped waiters are refused while the
     /// table is not full), or a designation it was taking for (which no
     /// other process ends). So reap, whether the table is full or not (at
-    /// most once per reap interval, region-wide).
+    /// most once per reap interval, region-wide). A designee that was
+    /// offered capacity and has not come is passed over by the serve that
+    /// follows.
     fn on_backstop(&self) {
         if self.slots.maybe_reap() > 0 {
             self.serve_now(false);
@@ -429,7 +481,7 @@ impl SharedRoot {
                 FAILED => return Err(Error::Disposed),
                 _ => {}
             }
-            self.remove(&mut q, w, true);
+            self.remove(&mut q, w, true, &mut out);
             w.fail();
             self.serve(&mut q, &mut out, false);
             Err(Error::Timeout)
@@ -440,17 +492,12 @@ impl SharedRoot {
 
     /// Takes `w` out of its queue (under the lock): counters, publication,
     /// and a designation naming it.
-    fn remove(&self, q: &mut RootQueues, w: &Arc<Waiter>, cancelled: bool) {
+    fn remove(&self, q: &mut RootQueues, w: &Arc<Waiter>, cancelled: bool, out: &mut Wakeups) {
         let tier = w.tier();
         let Some(pos) = q.tiers[tier].iter().position(|x| Arc::ptr_eq(x, w)) else {
             return;
         };
-        q.take_at(tier, pos, self.slots.max());
-        w.counters.left(tier, cancelled);
-        if w.is_async {
-            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.republish(q, tier);
+        self.take_out(q, tier, pos, cancelled, out);
         let reg = self.reg();
         if let Some(d) = reg.designee() {
             if d.idx == reg.me().idx && d.tier == tier && d.ticket == w.ticket && !d.taking {
@@ -468,7 +515,7 @@ impl SharedRoot {
                 let doomed: Vec<Arc<Waiter>> =
                     q.tiers[tier].iter().filter(|w| pred(w)).cloned().collect();
                 for w in doomed {
-                    self.remove(&mut q, &w, true);
+                    self.remove(&mut q, &w, true, &mut out);
                     w.fail();
                     out.add(&w, true);
                 }
@@ -478,7 +525,34 @@ impl SharedRoot {
         self.wake(out);
     }
 
-    fn republish(&self, q: &RootQueues, tier: usize) {
+    /// Takes the waiter at `pos` of `tier`'s queue out (under the lock):
+    /// counters, publication, the new front's mark, the keeper role.
+    fn take_out(
+        &self,
+        q: &mut RootQueues,
+        tier: usize,
+        pos: usize,
+        cancelled: bool,
+        out: &mut Wakeups,
+    ) -> Option<Arc<Waiter>> {
+        let w = q.take_at(tier, pos, self.slots.max())?;
+        w.counters.left(tier, cancelled);
+        if w.is_async {
+            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.republish(q, tier, out);
+        let fronts = std::array::from_fn(|t| q.tiers[t].front());
+        if let Some(f) = self.fronts.left(&w, tier, fronts) {
+            out.add_parked(f);
+        }
+        Some(w)
+    }
+
+    /// Publishes `tier`'s count and front (under the lock) and keeps the
+    /// front's parking mark in step: a waiter that just became the front is
+    /// woken to move to the region word; the helper is told when an async
+    /// waiter becomes a front.
+    fn republish(&self, q: &RootQueues, tier: usize, out: &mut Wakeups) {
         let dq = &q.tiers[tier];
         match dq.front() {
             Some(w) => self.reg().publish(
@@ -491,6 +565,11 @@ impl SharedRoot {
             ),
             None => self.reg().publish(tier, 0, 0, 0, 0, None),
         }
+        let to = self.fronts.front_is(tier, dq.front());
+        if let Some(w) = to.waiter {
+            out.add_parked(w);
+        }
+        out.helper |= to.helper;
     }
 
     // ---- serving -----------------------------------------------------------
@@ -506,10 +585,57 @@ impl SharedRoot {
     }
 
     fn wake(&self, mut out: Wakeups) {
-        if out.bits != 0 {
-            self.reg().wake(self.reg().me().idx, out.bits);
+        let reg = self.reg();
+        if out.parked.is_some() {
+            wake_parked(reg, out.parked().map(|w| (&w.park, w.tier())));
+        }
+        if out.helper {
+            reg.wake(reg.me().idx, HELPER_BIT);
         }
         out.wake_tasks();
+    }
+
+    /// Passes over the designee `d` of another process: it was offered
+    /// capacity [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS)
+    /// ago, its process is alive and has not come for it (stopped, frozen,
+    /// starved of CPU). Its process is skipped by the region's order until
+    /// it makes progress again; its waiter keeps its ticket, so it is
+    /// served in its place once it runs again.
+    fn pass(&self, d: &Designee) {
+        let reg = self.reg();
+        reg.pass_over(d.idx);
+        if reg.swap_designee(d, None) {
+            reg.clear_strict();
+        }
+        reg.wake(d.idx, tier_bit(d.tier));
+    }
+
+    /// Whether free capacity would let designee `d` (its published front
+    /// `f`) in now: what is free covers its need and, unless it is a
+    /// lottery pick, its cap admits it.
+    fn room_for(&self, d: &Designee, f: &Front) -> bool {
+        self.slots.free() >= u64::from(f.need)
+            && (d.lottery || f.cap >= self.slots.max() || (self.fits())(f.need, f.cap))
+    }
+
+    /// This process ran again after being passed over: a designation that
+    /// went meanwhile to a younger waiter of a tier where this process has
+    /// an older one goes back to the region's order (so that this process's
+    /// waiter is served in its place). Lottery picks and takes in progress
+    /// are left alone; higher tiers outrank as always.
+    fn reclaim_place(&self, q: &RootQueues) {
+        let reg = self.reg();
+        let Some(d) = reg.designee() else { return };
+        if d.taking || d.lottery || d.idx == reg.me().idx {
+            return;
+        }
+        let fits = self.fits();
+        let older = q.tiers[d.tier].front().is_some_and(|w| {
+            reg.age(d.tier, w.ticket) > reg.age(d.tier, d.ticket) && fits(w.need, w.cap)
+        });
+        if older {
+            self.end_designation(&d);
+        }
     }
 
     fn end_designation(&self, d: &Designee) {
@@ -524,8 +650,16 @@ impl SharedRoot {
     fn serve(&self, q: &mut RootQueues, out: &mut Wakeups, eager_probe: bool) {
         let reg = self.reg();
         let me = reg.me().idx;
+        if reg.progress() {
+            self.reclaim_place(q);
+        }
         for _ in 0..SERVE_ROUNDS {
-            let Some(d) = reg.designee() else {
+            let designee = reg.designee();
+            // (Traces print only what was read: a read of the region is a
+            // step of the model, which would change the replayed schedule.)
+            #[cfg(shuttle)]
+            crate::sys::futex::model::trace(format_args!("serve: designee {designee:?}"));
+            let Some(d) = designee else {
                 if reg.gate() & GATE_TIERS == 0 {
                     reg.clear_strict();
                     return;
@@ -547,13 +681,24 @@ impl SharedRoot {
             if d.taking {
                 // Its process is taking cells for it now; unless that process
                 // died in the middle (then it is reaped, which frees what it
-                // took and clears the designation).
-                if d.idx != me
-                    && (eager_probe || reg.probe_due(PROBE_INTERVAL_NS))
-                    && !reg.alive(d.idx)
-                {
-                    let _ = self.slots.reap();
-                    continue;
+                // took and clears the designation), or stopped in the middle
+                // for longer than the bound while capacity it could use is
+                // free, or after its waiter left (granted, the designation
+                // not ended yet): then it is passed over (if it took cells,
+                // it grants them when it runs again).
+                if d.idx != me {
+                    if (eager_probe || reg.probe_due(PROBE_INTERVAL_NS)) && !reg.alive(d.idx) {
+                        let _ = self.slots.reap();
+                        continue;
+                    }
+                    if reg.offer_overdue()
+                        && reg
+                            .front_of(d.idx, d.tier)
+                            .is_none_or(|f| f.ticket != d.ticket || self.room_for(&d, &f))
+                    {
+                        self.pass(&d);
+                        continue;
+                    }
                 }
                 return;
             }
@@ -566,7 +711,7 @@ impl SharedRoot {
                 let Some(named) = dq.iter().position(|w| w.ticket == d.ticket) else {
                     // Our waiter left (or our publication is stale): pass on.
                     self.end_designation(&d);
-                    self.republish(q, d.tier);
+                    self.republish(q, d.tier, out);
                     continue;
                 };
                 // A lottery pick is the waiter named. Otherwise the oldest
@@ -590,6 +735,7 @@ impl SharedRoot {
                 };
                 let w = dq[pos].clone();
                 let taking = Designee { taking: true, ..d };
+                reg.offer();
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
                 }
@@ -602,14 +748,9 @@ impl SharedRoot {
                         self.slots
                             .mapping()
                             .model_death_point("taken for a waiter, not granted");
-                        q.take_at(d.tier, pos, self.slots.max());
-                        w.counters.left(d.tier, false);
-                        if w.is_async {
-                            self.async_waiting.fetch_sub(1, Ordering::SeqCst);
-                        }
+                        self.take_out(q, d.tier, pos, false, out);
                         w.grant(slots);
                         out.add(&w, true);
-                        self.republish(q, d.tier);
                         self.end_designation(&taking);
                         continue;
                     }
@@ -663,6 +804,18 @@ impl SharedRoot {
                 let _ = self.slots.reap();
                 continue;
             }
+            // Alive is not progress: offered capacity it could use and not
+            // come within the bound, it is passed over (dead: reaped).
+            #[cfg(shuttle)]
+            crate::sys::futex::model::trace(format_args!("serve: remote front {front:?}"));
+            if d.notified && reg.offer_overdue() && self.room_for(&d, &front) {
+                if !reg.alive(d.idx) {
+                    let _ = self.slots.reap();
+                } else {
+                    self.pass(&d);
+                }
+                continue;
+            }
             if waited >= fair_after_ns() {
                 reg.set_strict();
             }
@@ -671,10 +824,11 @@ impl SharedRoot {
                     notified: true,
                     ..d
                 };
+                reg.offer();
                 if !reg.swap_designee(&d, Some(&n)) {
                     continue;
                 }
-                reg.wake(d.idx, wake_bit(d.ticket));
+                reg.wake(d.idx, tier_bit(d.tier));
             }
             return;
         }
@@ -752,23 +906,20 @@ impl SharedRoot {
     // ---- non-blocking ------------------------------------------------------
 
     /// `try_acquire` at the root: takes `need` only if no waiter at `tier` or
-    /// above waits anywhere (after reaping dead ones) and capacity is free.
-    /// A take that finds no room reaps dead holders (if a scan is due,
-    /// region-wide) and takes again if that freed anything.
+    /// above waits anywhere (after reaping dead ones; waiters of processes
+    /// passed over do not count) and capacity is free. A take that finds no
+    /// room reaps dead holders (if a scan is due, region-wide) and takes
+    /// again if that freed anything.
     pub fn try_take(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
-        // A strict hand-off holds back the tiers at or below a non-lottery
-        // designee's (a lottery pick holds back every tier).
-        let blocked = |g: u64| {
-            g & at_or_above(tier) != 0
-                || (g & GATE_STRICT != 0
-                    && self
-                        .reg()
-                        .designee()
-                        .is_none_or(|d| d.lottery || d.tier >= tier))
+        let blocked = || {
+            let g = self.reg().gate();
+            let waiting = g & at_or_above(tier);
+            (waiting != 0 && self.reg().unpassed_tiers(waiting) != 0)
+                || (g & GATE_STRICT != 0 && !self.strict_lets_through(tier, need))
         };
-        if blocked(self.reg().gate()) {
+        if blocked() {
             self.serve_now(true);
-            if blocked(self.reg().gate()) {
+            if blocked() {
                 return None;
             }
         }
@@ -782,6 +933,48 @@ impl SharedRoot {
             self.pass_on_after_backoff();
         }
         got
+    }
+
+    /// The fast path of an acquire at `tier` when waiters above it are
+    /// published or a hand-off is strict (cold): it goes on only if every
+    /// waiter above belongs to a process passed over (a stopped process
+    /// holds nobody back), and a strict hand-off lets `tier` through.
+    #[cold]
+    #[inline(never)]
+    pub fn fast_beside_waiters(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
+        let reg = self.reg();
+        let g = reg.gate();
+        let waiting = g & above(tier);
+        if waiting != 0 && reg.unpassed_tiers(waiting) != 0 {
+            return None;
+        }
+        if g & GATE_STRICT != 0 && !self.strict_lets_through(tier, need) {
+            return None;
+        }
+        self.take(need, cap)
+    }
+
+    /// Under a strict hand-off (fast paths closed for the designee), whether
+    /// a caller at `tier` needing `need` may take all the same: only above
+    /// the designee's tier, and past a lottery pick only from what is free
+    /// beyond the pick's own need. A lottery pick gives its tier a turn at
+    /// the next freed units it needs; it does not close the tiers above it.
+    fn strict_lets_through(&self, tier: usize, need: u32) -> bool {
+        let reg = self.reg();
+        let Some(d) = reg.designee() else {
+            return false; // a stale strict bit: the slow path clears it
+        };
+        if d.tier >= tier {
+            return false;
+        }
+        if !d.lottery {
+            return true;
+        }
+        let theirs = reg
+            .front_of(d.idx, d.tier)
+            .filter(|f| f.ticket == d.ticket)
+            .map_or(0, |f| f.need);
+        self.slots.free() >= u64::from(theirs) + u64::from(need)
     }
 
     /// A take that failed after counting itself in `held` gave the count
@@ -894,9 +1087,9 @@ fn helper(weak: Weak<SharedRoot>) {
         let reg = root.reg();
         let seq = reg.my_seq();
         root.serve_now(false);
-        let t0 = monotonic_ns();
-        reg.sleep(seq, BACKSTOP, BITSET_ALL);
-        if monotonic_ns().saturating_sub(t0) >= BACKSTOP.as_nanos() as u64 {
+        // Woken under its own bit, and for the tiers whose front is async
+        // (a designation there is for a task it stands in for).
+        if reg.sleep(seq, Some(BACKSTOP), root.fronts.helper_bits()) == WaitResult::TimedOut {
             root.on_backstop();
         }
     }

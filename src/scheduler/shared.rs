@@ -25,7 +25,9 @@
 //! one too high (never too low) until it is reaped, when its entry and its
 //! count go away together: right or repairable at reap, as the design asks.
 //! Capped admissions take a small cap lock around "sum, compare, take", so
-//! two of them never both see the same count.
+//! two of them never both see the same count; it is taken in bounded
+//! slices, and a holder that makes no progress (dead, or stopped) is taken
+//! over without losing that property (see [`SharedSlots::take_capped`]).
 //!
 //! **A take never counts itself as taken.** A take adds its `n` to `held`
 //! before it looks for cells, so the running count it reads while it looks
@@ -92,7 +94,9 @@ use std::sync::Arc;
 use super::stats::SharedStats;
 use super::waiter::{Slots, SlotsView};
 use crate::error::{Error, Result};
-use crate::region::registry::{Registry, GATE_COUNTING, GATE_SHRINKING, OBJ_FREE, REGISTRY_SIZE};
+use crate::region::registry::{
+    bound_now_ns, Registry, GATE_COUNTING, GATE_SHRINKING, OBJ_FREE, REGISTRY_SIZE,
+};
 use crate::region::{Mapping, ObjectKind, ObjectSpec, Region};
 
 /// The largest global max a shared scheduler supports (one owner cell per slot).
@@ -100,8 +104,17 @@ pub const MAX_SHARED_SLOTS: u32 = 65_536;
 
 /// Revision of this object's layout, stored in the header params (4: free
 /// cells of the counting era are [`FREE_COUNTED`], the header's blocked
-/// count is exact under its ceiling lock).
+/// count is exact under its ceiling lock, the cap lock is a 64-bit word
+/// with a generation).
 pub(crate) const OBJECT_REV: u64 = 4;
+
+/// A cap lock held this long by a holder whose acquisition did not change
+/// (no progress) is taken over, even from a live holder (see
+/// [`SharedSlots::take_capped`]). The critical section is a few hundred
+/// nanoseconds when its holder runs; 2 ms is longer than a run queue's
+/// usual wait and short against anything a caller notices, and being
+/// robbed costs a holder only a retry.
+const LOCK_TAKEOVER_NS: u64 = 2_000_000;
 
 /// Process-entry word holding the cells this process holds (`held`).
 const HELD: usize = OBJ_FREE;
@@ -142,9 +155,8 @@ pub(crate) const BLOCKED: u32 = 0x7fff_ffff;
 pub(crate) struct SchedHeader {
     /// Global max; written once at initialisation.
     pub(crate) max: AtomicU32,
-    /// The cap lock: 0, or the owner id of the process admitting a capped
-    /// task (see [`SharedSlots::take_capped`]).
-    cap_lock: AtomicU32,
+    /// Unused (revision 3's cap lock).
+    _was_cap_lock: AtomicU32,
     /// Counter: cells freed on behalf of dead processes.
     pub(crate) reclaimed: AtomicU64,
     /// 1 once a scan after counting started found no uncounted cell.
@@ -159,7 +171,11 @@ pub(crate) struct SchedHeader {
     /// The ceiling lock: 0, or the owner id of the process moving cells in
     /// or out of service (see [`SharedSlots::set_ceiling`]).
     ceiling_lock: AtomicU32,
-    _pad: [u64; 12],
+    /// The cap lock: `generation << 32 | holder`, the holder the owner id of
+    /// the process admitting a capped task (0: free); the generation
+    /// changes with every acquisition (see [`SharedSlots::take_capped`]).
+    cap_lock: AtomicU64,
+    _pad: [u64; 11],
 }
 
 #[cfg(not(shuttle))]
@@ -509,6 +525,11 @@ impl SharedSlots {
         let mut got = Vec::with_capacity(n as usize);
         for i in 0..n {
             let provisional = counted * u64::from(n - i);
+            // A long take is progress: its designation (if it takes for one)
+            // is not passed over while it runs (see `root.rs`).
+            if i % 1024 == 1023 {
+                self.reg.refresh_offer_if_taking();
+            }
             match self.take_cell(owner, provisional, early_exit) {
                 Some(c) => got.push(c),
                 None => {
@@ -526,49 +547,105 @@ impl SharedSlots {
     /// `cap` (a per-priority cap below the max). Capped admissions take the
     /// region's cap lock, so two of them never both see the same count;
     /// uncapped takes do not need it (a capped admission that saw room is
-    /// ordered before them). The lock's holder is recorded by owner id: a
-    /// process that dies holding it is found dead by the next contender and
-    /// the lock taken over (the critical section changes nothing that needs
-    /// repair: `held` and the cells are exact on their own).
+    /// ordered before them).
+    ///
+    /// **Bounded.** A contender spins in slices; between slices it looks at
+    /// the lock word. A holder that died is found dead and the lock taken
+    /// over at once; a holder whose acquisition (the word, generation
+    /// included) has not moved for [`LOCK_TAKEOVER_NS`] makes no progress
+    /// (stopped, frozen, starved) and the lock is taken over from it too.
+    /// That is safe because a holder checks, after its take, that the lock
+    /// is still its own acquisition: if it was taken over, its decision may
+    /// rest on a count the new holder did not see, so it gives the cells
+    /// back and tries again. (Its take comes before its check; the takeover
+    /// comes before the new holder's count. Either the check sees the
+    /// takeover, or the new holder's count sees the take.) The critical
+    /// section changes nothing that needs repair: `held` and the cells are
+    /// exact on their own.
     pub fn take_capped(&self, need: u32, cap: u32) -> Option<Slots> {
-        let lock = &self.header().cap_lock;
-        let me = self.owner();
-        let mut spins = 0u32;
         loop {
-            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(holder) => {
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        if holder != me
-                            && !self.reg.owner_alive(holder)
-                            && lock
-                                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                                .is_ok()
-                        {
-                            break;
-                        }
-                        crate::sync::yield_now();
-                    } else {
-                        crate::sync::spin();
-                    }
-                }
+            let mine = self.lock_cap();
+            #[cfg(shuttle)]
+            self.mapping().model_death_point("cap lock held");
+            #[cfg(shuttle)]
+            let watch = self.model_watch_held();
+            let running = self.running();
+            #[cfg(shuttle)]
+            self.model_check_count(watch, running);
+            let r = if running + u64::from(need) <= u64::from(cap) {
+                self.take(need)
+            } else {
+                None
+            };
+            // The check and the release are one CAS: it succeeds only if the
+            // lock is still this acquisition (and never clobbers a takeover).
+            if self
+                .header()
+                .cap_lock
+                .compare_exchange(
+                    mine,
+                    mine & !u64::from(u32::MAX),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return r;
+            }
+            // Taken over while this thread did not run: undo and retry.
+            if let Some(s) = r {
+                self.give(&s);
             }
         }
-        #[cfg(shuttle)]
-        self.mapping().model_death_point("cap lock held");
-        #[cfg(shuttle)]
-        let watch = self.model_watch_held();
-        let running = self.running();
-        #[cfg(shuttle)]
-        self.model_check_count(watch, running);
-        let r = if running + u64::from(need) <= u64::from(cap) {
-            self.take(need)
-        } else {
-            None
-        };
-        lock.store(0, Ordering::Release);
-        r
+    }
+
+    /// Acquires the cap lock (see [`take_capped`](Self::take_capped));
+    /// returns the lock word this acquisition wrote.
+    fn lock_cap(&self) -> u64 {
+        let lock = &self.header().cap_lock;
+        let me = u64::from(self.owner());
+        let next = |w: u64| ((w >> 32).wrapping_add(1) << 32) | me;
+        // The word a slice started with, and when it was first seen.
+        let mut seen: Option<(u64, u64)> = None;
+        let mut spins = 0u32;
+        loop {
+            let cur = lock.load(Ordering::SeqCst);
+            let holder = cur as u32;
+            if holder == 0 {
+                if lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return next(cur);
+                }
+                continue;
+            }
+            spins += 1;
+            if spins % 64 != 0 {
+                crate::sync::spin();
+                continue;
+            }
+            // End of a slice: does the holder get anywhere?
+            let now = bound_now_ns();
+            let stuck = match seen {
+                Some((w, since)) if w == cur => {
+                    now.saturating_sub(since) >= LOCK_TAKEOVER_NS
+                        || (u64::from(holder) != me && !self.reg.owner_alive(holder))
+                }
+                _ => {
+                    seen = Some((cur, now));
+                    u64::from(holder) != me && !self.reg.owner_alive(holder)
+                }
+            };
+            if stuck
+                && lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return next(cur);
+            }
+            crate::sync::yield_now();
+        }
     }
 
     /// Claims `cell` for `owner` if it is free for it: a counted owner
@@ -1050,6 +1127,7 @@ impl SharedSlots {
             stall_ns: self.reg.stall_ns(),
             wakes: self.reg.wakes(),
             fair_handoffs: self.reg.strict_handoffs(),
+            passed_over: self.reg.passes(),
         }
     }
 }
@@ -1079,6 +1157,8 @@ pub struct ModelState {
     pub blocked_count: u32,
     /// The effective ceiling.
     pub ceiling: u32,
+    /// The owner id holding the cap lock (0: free).
+    pub cap_lock: u32,
 }
 
 #[cfg(shuttle)]
@@ -1146,6 +1226,7 @@ impl SharedSlots {
             blocked: cells.iter().filter(|&&v| v == BLOCKED).count() as u32,
             blocked_count: self.header().blocked.load(Ordering::SeqCst),
             ceiling: self.ceiling(),
+            cap_lock: self.header().cap_lock.load(Ordering::SeqCst) as u32,
         }
     }
 }

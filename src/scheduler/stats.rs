@@ -60,6 +60,10 @@ pub struct SharedStats {
     /// a waiter overtaken for [`FAIR_AFTER`](super::FAIR_AFTER) got the next
     /// freed slot.
     pub fair_handoffs: u64,
+    /// Counter: processes passed over because they made no progress while
+    /// the region waited for them (a designee offered capacity that did not
+    /// come within the bound: a stopped or frozen process).
+    pub passed_over: u64,
 }
 
 /// A snapshot of one scheduler. Allocates nothing on the acquire path; built

@@ -93,6 +93,7 @@ impl RegionView {
             stall_ns: reg.stall_ns(),
             wakes,
             fair_handoffs: strict,
+            passed_over: reg.passes(),
         })
     }
 

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::task::Waker;
 
 use crate::priority::{Priority, LEVELS};
+use crate::region::park::{Park, Parked};
 
 pub(crate) const WAITING: u32 = 0;
 pub(crate) const GRANTED: u32 = 1;
@@ -199,6 +200,9 @@ pub(crate) struct Waiter {
     pub slots: Mutex<Option<Slots>>,
     /// The task to wake on grant or failure (async waiters only).
     pub waker: Mutex<Option<Waker>>,
+    /// Where its thread sleeps at a shared root (see
+    /// [`park`](crate::region::park)).
+    pub park: Park,
 }
 
 impl Waiter {
@@ -223,6 +227,7 @@ impl Waiter {
             is_async,
             slots: Mutex::new(None),
             waker: Mutex::new(None),
+            park: Park::new(),
         }
     }
 
@@ -266,14 +271,32 @@ impl Waiter {
     }
 }
 
+impl Parked for Waiter {
+    fn park(&self) -> &Park {
+        &self.park
+    }
+    fn is_async(&self) -> bool {
+        self.is_async
+    }
+    /// Its address: unique while it lives.
+    fn id(&self) -> u64 {
+        self as *const Waiter as usize as u64
+    }
+}
+
 /// What to wake once the lock is released.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     /// Async tasks.
     pub tasks: Vec<Waker>,
-    /// Futex bits of this process's threads blocked at a shared root (they
-    /// sleep on the process's futex word in the region).
-    pub bits: u32,
+    /// This process's threads blocked at a shared root (parked: see
+    /// [`park`](crate::region::park)), the first without an allocation.
+    pub parked: Option<std::sync::Arc<Waiter>>,
+    /// More of them.
+    pub more_parked: Vec<std::sync::Arc<Waiter>>,
+    /// The process's helper thread must look again (the tiers it stands in
+    /// for changed).
+    pub helper: bool,
     /// Threads blocked at an in-process level (each sleeps on its waiter's
     /// state word).
     pub threads: Vec<std::sync::Arc<Waiter>>,
@@ -289,10 +312,25 @@ impl Wakeups {
                 self.tasks.push(t);
             }
         } else if shared {
-            self.bits |= crate::region::registry::wake_bit(w.ticket);
+            self.add_parked(w);
         } else {
             self.threads.push(w.clone());
         }
+    }
+
+    /// Adds a thread blocked at a shared root to wake (granted, or it has a
+    /// new role: its tier's front, the keeper).
+    pub fn add_parked(&mut self, w: &std::sync::Arc<Waiter>) {
+        if self.parked.is_none() {
+            self.parked = Some(w.clone());
+        } else {
+            self.more_parked.push(w.clone());
+        }
+    }
+
+    /// The threads to wake at a shared root.
+    pub fn parked(&self) -> impl Iterator<Item = &std::sync::Arc<Waiter>> + Clone {
+        self.parked.iter().chain(self.more_parked.iter())
     }
 
     /// Wakes the in-process threads and the tasks (not the shared bits:

@@ -230,10 +230,26 @@ pub mod model {
     //!   ([`death_point`]), its running thread unwinding from there. A test
     //!   runs each model thread under `catch_unwind` and treats `Died` as the
     //!   thread's end.
+    //! - **Stops.** A process can be stopped ([`stop`]) and continued
+    //!   ([`cont`]): while it is stopped its threads are not scheduled. Every
+    //!   atomic operation and lock of the crate's protocols is a step where a
+    //!   thread of a stopped process parks ([`stop_gate`]; model threads say
+    //!   which process they belong to with [`join_process`]), so a stop lands
+    //!   between any two steps; a stopped thread asleep here stays asleep
+    //!   (a wake marks it woken; it runs on only once continued).
+    //! - **Time.** The bounds on other processes' progress (a designation
+    //!   not taken, a front not charged, a lock holder that does not move)
+    //!   are measured on a model clock ([`now_ns`]) that moves only when a
+    //!   test says time passes ([`advance`]): a process stopped "for a
+    //!   while" is one the test stopped and then advanced the clock for.
+    //!   Waiters' own timeouts are the timeouts above.
+    //! - **Private words.** A word in process memory (a waiter's own word)
+    //!   is keyed by its address; its sleeper counts as a sleeper of the
+    //!   process its thread belongs to, for deaths and stops alike.
 
     use super::WaitResult;
-    use shuttle::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::atomic::{AtomicU8, Ordering as StdOrdering};
+    use crate::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering as StdOrdering};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -363,6 +379,122 @@ pub mod model {
         table().timeouts = on;
     }
 
+    // ---- time and stops (plain statics: they are no scheduling points;
+    // [`begin`] resets them at the start of every execution) --------------
+
+    static NOW_NS: AtomicU64 = AtomicU64::new(1 << 40);
+    static ANY_STOPPED: AtomicBool = AtomicBool::new(false);
+
+    /// Which process (mapping base) each model thread belongs to, which
+    /// processes are stopped, and the threads parked by a stop.
+    #[derive(Default)]
+    struct Stops {
+        members: Vec<(usize, usize)>,
+        stopped: Vec<usize>,
+        parked: Vec<(usize, shuttle::thread::Thread)>,
+    }
+
+    static STOPS: std::sync::Mutex<Stops> = std::sync::Mutex::new(Stops {
+        members: Vec::new(),
+        stopped: Vec::new(),
+        parked: Vec::new(),
+    });
+
+    fn stops() -> std::sync::MutexGuard<'static, Stops> {
+        STOPS.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts an execution: the model clock at its origin, nobody stopped,
+    /// no thread in any process yet.
+    pub fn begin() {
+        NOW_NS.store(1 << 40, StdOrdering::SeqCst);
+        ANY_STOPPED.store(false, StdOrdering::SeqCst);
+        *stops() = Stops::default();
+    }
+
+    /// The model clock, ns (see the module docs).
+    pub fn now_ns() -> u64 {
+        NOW_NS.load(StdOrdering::SeqCst)
+    }
+
+    /// Lets `ns` of model time pass.
+    pub fn advance(ns: u64) {
+        NOW_NS.fetch_add(ns, StdOrdering::SeqCst);
+    }
+
+    fn thread_key() -> usize {
+        usize::from(shuttle::thread::current().id())
+    }
+
+    /// Records the calling model thread as a thread of the process whose
+    /// region mapping is at `base`.
+    pub fn join_process(base: usize) {
+        let me = thread_key();
+        let mut s = stops();
+        s.members.retain(|&(t, _)| t != me);
+        s.members.push((me, base));
+    }
+
+    /// The process (mapping base) of the calling thread, if it joined one.
+    fn my_process() -> Option<usize> {
+        let me = thread_key();
+        stops()
+            .members
+            .iter()
+            .find(|&&(t, _)| t == me)
+            .map(|&(_, b)| b)
+    }
+
+    /// Stops the process of the mapping at `base`: from its threads' next
+    /// step on, they are not scheduled until [`cont`].
+    pub fn stop(base: usize) {
+        let mut s = stops();
+        if !s.stopped.contains(&base) {
+            s.stopped.push(base);
+        }
+        ANY_STOPPED.store(true, StdOrdering::SeqCst);
+        trace(format_args!("stops process {base:#x}"));
+    }
+
+    /// Continues a stopped process: its parked threads may run again.
+    pub fn cont(base: usize) {
+        let woken: Vec<shuttle::thread::Thread> = {
+            let mut s = stops();
+            s.stopped.retain(|&b| b != base);
+            ANY_STOPPED.store(!s.stopped.is_empty(), StdOrdering::SeqCst);
+            let (go, stay): (Vec<_>, Vec<_>) = s.parked.drain(..).partition(|(b, _)| *b == base);
+            s.parked = stay;
+            go.into_iter().map(|(_, t)| t).collect()
+        };
+        trace(format_args!("continues process {base:#x}"));
+        for t in woken {
+            t.unpark();
+        }
+    }
+
+    /// A step of the crate's protocols: if the calling thread's process is
+    /// stopped, it parks here until the process is continued.
+    #[inline]
+    pub fn stop_gate() {
+        if !ANY_STOPPED.load(StdOrdering::SeqCst) {
+            return;
+        }
+        let Some(base) = my_process() else { return };
+        loop {
+            {
+                let mut s = stops();
+                if !s.stopped.contains(&base) {
+                    return;
+                }
+                s.parked.push((base, shuttle::thread::current()));
+            }
+            shuttle::thread::park();
+            stops()
+                .parked
+                .retain(|(_, t)| t.id() != shuttle::thread::current().id());
+        }
+    }
+
     /// Models `FUTEX_WAIT` (every bit: see the module docs).
     pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitResult {
         futex_wait_bitset(word, expected, timeout, super::BITSET_ALL)
@@ -380,8 +512,11 @@ pub mod model {
         timeout: Option<Duration>,
         bitset: u32,
     ) -> WaitResult {
+        stop_gate();
         let (key, base, dead) = key_of(word as *const AtomicU32 as usize);
-        if dead {
+        // A private word's sleeper belongs to its thread's process.
+        let base = base.or_else(my_process);
+        if dead || base.is_some_and(is_dead) {
             die();
         }
         trace(format_args!(
@@ -392,7 +527,7 @@ pub mod model {
             let mut t = table();
             // Checked under the lock every waker takes: atomic with respect
             // to a wake, as the kernel's check is.
-            if word.load(Ordering::SeqCst) != expected {
+            if word.load_ungated(Ordering::SeqCst) != expected {
                 trace(format_args!("futex wait: mismatch"));
                 return WaitResult::Mismatch;
             }
@@ -603,6 +738,11 @@ pub mod model {
     /// Unwinds the calling thread with [`Died`] (its process is dead).
     pub fn die() -> ! {
         std::panic::resume_unwind(Box::new(Died))
+    }
+
+    /// Whether the process of the mapping at `base` is dead.
+    fn is_dead(base: usize) -> bool {
+        ranges().iter().any(|r| r.base == base && r.dead)
     }
 
     /// Marks the mapping at `base` dead: a thread that reaches a futex word

@@ -51,6 +51,29 @@ pub fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CPU time (user + system) of process `pid` so far, ns, as the kernel
+/// accounts it (`/proc/PID/stat` utime + stime, in clock ticks).
+pub fn proc_cpu_ns(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // The fields after the command name's closing parenthesis: state is
+    // field 3, utime 14 and stime 15.
+    let rest = stat.rsplit_once(") ").expect("stat format").1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+/// Voluntary context switches of this whole process so far (every thread,
+/// finished ones included).
+pub fn voluntary_switches() -> u64 {
+    // SAFETY: zeroed rusage is valid; a valid out-pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_nvcsw as u64
+}
+
 /// CPU time (user + system) of this whole process so far, ns.
 pub fn cpu_ns() -> u64 {
     // SAFETY: zeroed rusage is valid; a valid out-pointer.
@@ -291,9 +314,56 @@ impl Kid {
     }
 }
 
+/// A kid SIGSTOPped for as long as this guard lives: dropped (even by a
+/// failing test's unwinding) it sends SIGCONT, so no test leaves a stopped
+/// process behind.
+pub struct Stopped<'a>(&'a Kid);
+
+impl<'a> Stopped<'a> {
+    /// Stops `k` (and waits until the kernel shows it stopped).
+    pub fn new(k: &'a Kid) -> Stopped<'a> {
+        k.stop();
+        Stopped(k)
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.cont();
+    }
+}
+
+/// Stops `k` at `times` instants (after a short pause, a different one each
+/// time, so the stops land anywhere in what it does) and each time runs
+/// `op(i)` while it is stopped; `k` runs again once `op` returns, or 400 ms
+/// after the stop if `op` hangs until then. Returns `op`'s worst latency
+/// (ms).
+pub fn while_stopped_at_instants(k: &Kid, times: u64, mut op: impl FnMut(u64)) -> f64 {
+    let mut worst = 0f64;
+    for i in 0..times {
+        std::thread::sleep(Duration::from_micros(300 + i * 97 % 700));
+        let stopped = Stopped::new(k);
+        let pid = k.pid();
+        let cont = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        });
+        let t = Instant::now();
+        op(i);
+        worst = worst.max(t.elapsed().as_secs_f64() * 1e3);
+        drop(stopped);
+        cont.join().unwrap();
+    }
+    worst
+}
+
 impl Drop for Kid {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
+            // SIGKILL ends a stopped process too; SIGCONT first all the same.
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(self.pid(), libc::SIGCONT) };
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
