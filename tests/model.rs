@@ -608,7 +608,7 @@ fn takes_with_exactly_n_free() {
         }
         let t0 = {
             let ps = ps.clone();
-            spawn("p0t0", move || {
+            spawn(Some(ps[0].map.clone()), "p0t0", move || {
                 let n = if many { 2 } else { 1 };
                 let p = ps[0].sched.try_acquire_many(Priority::Normal, n);
                 assert!(p.is_some(), "{n} of the free cells not found by p0");
@@ -616,7 +616,7 @@ fn takes_with_exactly_n_free() {
         };
         let t1 = {
             let ps = ps.clone();
-            spawn("p1t0", move || {
+            spawn(Some(ps[1].map.clone()), "p1t0", move || {
                 let p = ps[1].sched.try_acquire(Priority::Normal);
                 assert!(p.is_some(), "a free cell not found by p1");
             })
@@ -649,7 +649,7 @@ fn counting_starts_under_a_late_take() {
         ps[0].sched.set_lottery(Some(7), false);
         let late = {
             let ps = ps.clone();
-            spawn("p0t0", move || {
+            spawn(Some(ps[0].map.clone()), "p0t0", move || {
                 if let Some(p) = ps[0].sched.try_acquire(Priority::Normal) {
                     shuttle::thread::yield_now();
                     drop(p);
@@ -658,7 +658,7 @@ fn counting_starts_under_a_late_take() {
         };
         let capped = {
             let ps = ps.clone();
-            spawn("p1t0", move || {
+            spawn(Some(ps[1].map.clone()), "p1t0", move || {
                 for _ in 0..2 {
                     let p = ps[1].sched.acquire(Priority::Low).unwrap();
                     shuttle::thread::yield_now();
@@ -702,7 +702,7 @@ fn concurrent_rebalances_are_exact() {
         }
         let mut hs = Vec::new();
         for (pi, permits) in held.into_iter().enumerate() {
-            hs.push(spawn(&format!("p{pi}t0"), move || {
+            hs.push(spawn(Some(ps[pi].map.clone()), &format!("p{pi}t0"), move || {
                 for p in permits {
                     drop(p);
                     shuttle::thread::yield_now();
@@ -711,7 +711,7 @@ fn concurrent_rebalances_are_exact() {
         }
         if !early {
             let ps = ps.clone();
-            hs.push(spawn("p2t0", move || {
+            hs.push(spawn(Some(ps[2].map.clone()), "p2t0", move || {
                 let _ = ps[2].sched.set_ceiling(1).unwrap();
             }));
         }
