@@ -702,12 +702,16 @@ fn concurrent_rebalances_are_exact() {
         }
         let mut hs = Vec::new();
         for (pi, permits) in held.into_iter().enumerate() {
-            hs.push(spawn(Some(ps[pi].map.clone()), &format!("p{pi}t0"), move || {
-                for p in permits {
-                    drop(p);
-                    shuttle::thread::yield_now();
-                }
-            }));
+            hs.push(spawn(
+                Some(ps[pi].map.clone()),
+                &format!("p{pi}t0"),
+                move || {
+                    for p in permits {
+                        drop(p);
+                        shuttle::thread::yield_now();
+                    }
+                },
+            ));
         }
         if !early {
             let ps = ps.clone();

@@ -379,11 +379,14 @@ pub mod model {
         table().timeouts = on;
     }
 
-    // ---- time and stops (plain statics: they are no scheduling points;
-    // [`begin`] resets them at the start of every execution) --------------
-
-    static NOW_NS: AtomicU64 = AtomicU64::new(1 << 40);
-    static ANY_STOPPED: AtomicBool = AtomicBool::new(false);
+    // ---- time and stops (per test thread, not scheduling points; [`begin`]
+    // resets them at the start of every execution) -----------------------
+    //
+    // Shuttle runs every model thread of an execution on the test's own OS
+    // thread, and the test harness runs several model tests at once on
+    // threads of its own: so this state is the test thread's (a plain
+    // process-wide static was shared by tests running side by side, whose
+    // `begin` and thread ids then mixed up each other's processes).
 
     /// Which process (mapping base) each model thread belongs to, which
     /// processes are stopped, and the threads parked by a stop.
@@ -394,32 +397,52 @@ pub mod model {
         parked: Vec<(usize, shuttle::thread::Thread)>,
     }
 
-    static STOPS: std::sync::Mutex<Stops> = std::sync::Mutex::new(Stops {
-        members: Vec::new(),
-        stopped: Vec::new(),
-        parked: Vec::new(),
-    });
+    /// The model's clock, stop flag and stops of one test thread.
+    struct TimeAndStops {
+        now_ns: AtomicU64,
+        any_stopped: AtomicBool,
+        stops: std::sync::Mutex<Stops>,
+    }
+
+    thread_local! {
+        // Leaked once per test thread, so the accessors can hand out
+        // 'static references (a few bytes; test builds only).
+        static TIME_AND_STOPS: &'static TimeAndStops = Box::leak(Box::new(TimeAndStops {
+            now_ns: AtomicU64::new(1 << 40),
+            any_stopped: AtomicBool::new(false),
+            stops: std::sync::Mutex::new(Stops::default()),
+        }));
+    }
+
+    fn time_and_stops() -> &'static TimeAndStops {
+        TIME_AND_STOPS.with(|t| *t)
+    }
 
     fn stops() -> std::sync::MutexGuard<'static, Stops> {
-        STOPS.lock().unwrap_or_else(|p| p.into_inner())
+        time_and_stops()
+            .stops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Starts an execution: the model clock at its origin, nobody stopped,
     /// no thread in any process yet.
     pub fn begin() {
-        NOW_NS.store(1 << 40, StdOrdering::SeqCst);
-        ANY_STOPPED.store(false, StdOrdering::SeqCst);
+        time_and_stops().now_ns.store(1 << 40, StdOrdering::SeqCst);
+        time_and_stops()
+            .any_stopped
+            .store(false, StdOrdering::SeqCst);
         *stops() = Stops::default();
     }
 
     /// The model clock, ns (see the module docs).
     pub fn now_ns() -> u64 {
-        NOW_NS.load(StdOrdering::SeqCst)
+        time_and_stops().now_ns.load(StdOrdering::SeqCst)
     }
 
     /// Lets `ns` of model time pass.
     pub fn advance(ns: u64) {
-        NOW_NS.fetch_add(ns, StdOrdering::SeqCst);
+        time_and_stops().now_ns.fetch_add(ns, StdOrdering::SeqCst);
     }
 
     fn thread_key() -> usize {
@@ -452,7 +475,9 @@ pub mod model {
         if !s.stopped.contains(&base) {
             s.stopped.push(base);
         }
-        ANY_STOPPED.store(true, StdOrdering::SeqCst);
+        time_and_stops()
+            .any_stopped
+            .store(true, StdOrdering::SeqCst);
         trace(format_args!("stops process {base:#x}"));
     }
 
@@ -461,7 +486,9 @@ pub mod model {
         let woken: Vec<shuttle::thread::Thread> = {
             let mut s = stops();
             s.stopped.retain(|&b| b != base);
-            ANY_STOPPED.store(!s.stopped.is_empty(), StdOrdering::SeqCst);
+            time_and_stops()
+                .any_stopped
+                .store(!s.stopped.is_empty(), StdOrdering::SeqCst);
             let (go, stay): (Vec<_>, Vec<_>) = s.parked.drain(..).partition(|(b, _)| *b == base);
             s.parked = stay;
             go.into_iter().map(|(_, t)| t).collect()
@@ -476,7 +503,7 @@ pub mod model {
     /// stopped, it parks here until the process is continued.
     #[inline]
     pub fn stop_gate() {
-        if !ANY_STOPPED.load(StdOrdering::SeqCst) {
+        if !time_and_stops().any_stopped.load(StdOrdering::SeqCst) {
             return;
         }
         let Some(base) = my_process() else { return };
