@@ -39,6 +39,18 @@
 //! two takers racing for the last free cell one gets it, and a lone taker
 //! with `n` cells free always finds them.
 //!
+//! **A stopped process cannot hide a free cell.** A process caught between
+//! its count and its cell (a take's provisional `n`, or a cell taken before
+//! counting started and counted late) keeps the count one too high for as
+//! long as it does not run: for ever if it is stopped. A take that the
+//! count alone refused therefore scans the whole table anyway, at most once
+//! per [`EXHAUSTIVE_SCAN_INTERVAL_NS`] per process, so a waiter (which
+//! tries again on every wake and timeout round) and a poller find the cell
+//! within that interval, and a full table still costs O(processes) per
+//! attempt, plus one O(max) scan per interval (found by the model checker:
+//! `stop_anywhere_uncapped`, a process stopped in the middle of counting a
+//! cell it had taken before counting started).
+//!
 //! **Counting only when asked.** Keeping `held` costs two locked
 //! instructions per acquire and release. A region whose users set no
 //! per-priority cap below the max never needs the sum, so counting starts
@@ -247,7 +259,21 @@ pub(crate) struct SharedSlots {
     base: *mut u8,
     /// Where this process starts looking for a free cell.
     hint: AtomicU32,
+    /// When this process last scanned the whole table against a count that
+    /// said full (see the module docs, *A stopped process cannot hide a
+    /// free cell*).
+    last_exhaustive_ns: AtomicU64,
 }
+
+/// How often a process may scan the whole table when the running count
+/// says there is no room (the count can be too high for as long as a
+/// process caught between its count and its cell is stopped).
+#[cfg(not(shuttle))]
+pub(crate) const EXHAUSTIVE_SCAN_INTERVAL_NS: u64 = 1_000_000;
+/// Under the model checker every refused take looks (model time only moves
+/// when a test moves it).
+#[cfg(shuttle)]
+pub(crate) const EXHAUSTIVE_SCAN_INTERVAL_NS: u64 = 0;
 
 // SAFETY: `base` points into the mapping owned by the registry's `Arc`,
 // which lives as long as `self`; every access through it is to atomics, so
@@ -324,6 +350,7 @@ impl SharedSlots {
             max,
             base,
             hint: AtomicU32::new(0),
+            last_exhaustive_ns: AtomicU64::new(0),
         };
         let hmax = s.header().max.load(Ordering::Relaxed);
         if hmax != max {
@@ -475,10 +502,28 @@ impl SharedSlots {
                 return Some(s);
             }
         }
-        if self.room() < u64::from(n) {
+        if self.room() < u64::from(n) && !self.exhaustive_scan_due() {
             return None;
         }
         self.take_as(n, true, false)
+    }
+
+    /// Whether a take the running count refused should scan the whole
+    /// table anyway (at most once per [`EXHAUSTIVE_SCAN_INTERVAL_NS`] per
+    /// process; see the module docs).
+    fn exhaustive_scan_due(&self) -> bool {
+        if EXHAUSTIVE_SCAN_INTERVAL_NS == 0 {
+            return true;
+        }
+        let now = crate::sys::clock::monotonic_ns();
+        let last = self.last_exhaustive_ns.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < EXHAUSTIVE_SCAN_INTERVAL_NS {
+            return false;
+        }
+        // One thread of the process scans per interval.
+        self.last_exhaustive_ns
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Cells neither blocked nor counted as held, by the running count (at
