@@ -757,12 +757,14 @@ fn library_agent_in_process_and_standby_roles() {
     th.join().unwrap();
     assert_eq!(sched.ceiling(), 4, "never above the capacity");
     assert!(a.status().lease.renewals > 0);
-    // Stopping leaves the region at its safe capacity; a new agent may start.
+    // Stopping (drop, no standby) leaves the region as the agent found it:
+    // its own ceiling (the max here), the lease disarmed; a new agent may
+    // start.
     drop(a);
     assert_eq!(
         sched.ceiling(),
-        0,
-        "a stopped agent leaves the safe capacity"
+        6,
+        "a dropped agent restores the own ceiling"
     );
     let a2 = Agent::start(&sched, cfg.clone()).unwrap();
     drop(a2);
@@ -877,8 +879,72 @@ fn cli_agent_stat_and_status_show_the_lease() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(code.success(), "{code:?}");
-    assert_eq!(host.read().1, 0, "back to the safe capacity");
-    assert_eq!(host.cluster().unwrap().mode, LeaseMode::Lapsed);
+    // It leaves the region as it found it: the region's own ceiling (8),
+    // the lease released.
+    assert_eq!(host.read().1, 8, "the own ceiling is back after SIGTERM");
+    let c = host.cluster();
+    assert!(
+        c.as_ref()
+            .is_none_or(|c| !c.in_force && c.mode != LeaseMode::Normal),
+        "{c:?}"
+    );
+    assert!(!stat(&[]).contains("lease ceiling in force"));
+    // A crash (SIGKILL) leaves the lease ceiling in force until its
+    // deadline; `stat` says so, until when and whose; `cluster release`
+    // restores the own ceiling; `set` releases it too.
+    for how in ["release", "set"] {
+        let mut agent = std::process::Command::new(exe)
+            .args(["cluster", "agent", "--redis", &b.url, "--budget", &b.name])
+            .args(["--capacity", "5", "--renew-ms", "100", &host.name])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while !host
+            .cluster()
+            .is_some_and(|c| c.in_force && c.mode == LeaseMode::Normal)
+        {
+            if t0.elapsed() > Duration::from_secs(20) {
+                kill(&mut agent);
+                panic!("no lease in force within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = agent.id();
+        kill(&mut agent);
+        let human = stat(&[]);
+        assert!(
+            human.contains(&format!("lease ceiling in force of agent pid {pid} until")),
+            "{human}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+        let c = &j["cluster"];
+        assert_eq!(c["in_force"], true, "{j}");
+        assert_eq!(c["armed_by_pid"].as_u64(), Some(u64::from(pid)), "{j}");
+        assert_eq!(c["own_level"].as_u64(), Some(8), "{j}");
+        assert!(c["in_force_until_unix_ms"].as_u64().unwrap() > 0, "{j}");
+        let ls = std::process::Command::new(exe)
+            .args(["ls", "--json"])
+            .bounded_output();
+        let ls = String::from_utf8_lossy(&ls.stdout).to_string();
+        assert!(ls.contains("\"lease_in_force\":true"), "{ls}");
+        let o = match how {
+            "release" => std::process::Command::new(exe)
+                .args(["cluster", "release", &host.name])
+                .bounded_output(),
+            _ => std::process::Command::new(exe)
+                .args(["set", &host.name, "--ceiling", "7"])
+                .bounded_output(),
+        };
+        assert!(o.status.success(), "{o:?}");
+        let want = if how == "release" { 8 } else { 7 };
+        assert_eq!(host.read().1, want, "{how}: {o:?}");
+        let c = host.cluster();
+        assert!(c.as_ref().is_none_or(|c| !c.in_force), "{how}: {c:?}");
+        // Released: no deadline lowers it later.
+        std::thread::sleep(Duration::from_millis(TTL_MS + 200));
+        assert_eq!(host.read().1, want, "{how}: still after the old deadline");
+    }
     // Bad input names the value.
     let o = std::process::Command::new(exe)
         .args(["cluster", "agent", "--redis", &b.url, "--budget", "a{b}"])
