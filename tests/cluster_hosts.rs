@@ -20,7 +20,7 @@ use tools::BoundedOutput;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use procs::{role, say, spawn, unique_name, wait_parent, Kid};
 use redis_util::RedisServer;
@@ -592,6 +592,81 @@ fn agent_sigkilled_standby_takes_over_dead_host_returns_its_grant() {
         "{expired:?}"
     );
     report("takeover", &s.worst, &b);
+}
+
+/// Issue 18, first point: a host's only agent SIGKILLed, or SIGSTOPped for
+/// two TTLs. Nothing of the agent runs; the region lowers itself at the
+/// deadline it recorded (the workers' admissions read it), so Σ running
+/// over hosts never exceeds the capacity while Redis hands the dead host's
+/// units to the others, and the host is at its safe capacity by its
+/// deadline.
+#[test]
+fn lone_agent_killed_or_stopped_its_host_falls_to_safe_by_the_deadline() {
+    if role().is_some() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(srv) = RedisServer::start("lone") else {
+        return;
+    };
+    for how in ["sigkill", "sigstop"] {
+        let b = budget(&srv, 12, 3, 1);
+        let mut hs = hosts(&b, 3, 10, 1, 8, "saturate");
+        let mut s = Sampler::new(&b);
+        s.run_until(&hs, Duration::from_secs(20), equal_shares)
+            .expect("equal shares");
+        let pid = hs[0].agents[0].child.id() as i32;
+        let sig = if how == "sigkill" {
+            libc::SIGKILL
+        } else {
+            libc::SIGSTOP
+        };
+        let sent = SystemTime::now();
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, sig) };
+        let c0 = hs[0].cluster().unwrap();
+        let fall = c0.in_force_until_unix_ms;
+        let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(fall > unix(sent), "{c0:?}");
+        // Holders keep a unit 2-12 ms; give them 100 ms past the fall point
+        // (the drain, 250 ms, is what Redis waits on top of it).
+        let by = fall + 100;
+        let mut at_safe: Option<u64> = None;
+        let end = Instant::now() + Duration::from_millis(2 * TTL_MS);
+        while Instant::now() < end {
+            s.sample(&hs);
+            let (running, level) = hs[0].read();
+            let now = unix(SystemTime::now());
+            if running <= b.safe && level == b.safe && at_safe.is_none() && now >= fall {
+                at_safe = Some(now);
+            }
+            if now >= by {
+                assert!(
+                    running <= b.safe && level == b.safe,
+                    "{how}: host 0 at running {running}, level {level} {} ms after its                      deadline {fall}",
+                    now - fall
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let at_safe = at_safe.expect("host 0 at its safe capacity");
+        let others: u64 = hs[1..].iter().map(|h| h.read().1).sum();
+        println!(
+            "lone agent {how}: host 0 at its safe capacity {} ms after its fall point ({} ms after              the signal); the others' ceilings add up to {others} of {} after 2 TTL",
+            at_safe.saturating_sub(fall),
+            at_safe.saturating_sub(unix(sent)),
+            b.cap - b.safe
+        );
+        if how == "sigstop" {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            s.run_until(&hs, Duration::from_secs(20), equal_shares)
+                .expect("the agent comes back to its share after SIGCONT");
+        }
+        report(&format!("lone agent {how}"), &s.worst, &b);
+        assert!(s.worst.samples > 100, "{:?}", s.worst);
+        drop(hs);
+    }
 }
 
 #[test]
