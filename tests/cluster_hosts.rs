@@ -611,7 +611,7 @@ fn lone_agent_killed_or_stopped_its_host_falls_to_safe_by_the_deadline() {
     };
     for how in ["sigkill", "sigstop"] {
         let b = budget(&srv, 12, 3, 1);
-        let mut hs = hosts(&b, 3, 10, 1, 8, "saturate");
+        let hs = hosts(&b, 3, 10, 1, 8, "saturate");
         let mut s = Sampler::new(&b);
         s.run_until(&hs, Duration::from_secs(20), equal_shares)
             .expect("equal shares");

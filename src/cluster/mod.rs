@@ -49,6 +49,21 @@
 //!   renewal, the agent lowers the region to its safe capacity a drain
 //!   time (default TTL/4) before that deadline, so that holders of the
 //!   lapsing units have time to release before Redis gives them away.
+//! - **The region enforces the lapse**, whether or not any agent lives.
+//!   Before it raises the level, the agent records in the region a
+//!   `CLOCK_MONOTONIC` deadline (the lease's deadline minus the drain time)
+//!   and the safe level, and sets the gate's `GATE_LEASED` bit. The fast
+//!   paths already test the gate word once; the bit joins the mask of that
+//!   one test (no new load, no clock read for a region without a lease), so
+//!   admissions of a leased region go to the cold side, which reads the
+//!   deadline (one vDSO clock read) and, once it has passed, lowers the
+//!   ceiling or rate to the safe level (idempotent: every process may do
+//!   it; a scheduler's take is then capped by the ceiling against the exact
+//!   count). A SIGKILLed or SIGSTOPped lone agent therefore costs nothing:
+//!   the host is at its safe capacity by the deadline. An agent leaving
+//!   without a standby restores the region's own level (recorded by the
+//!   first agent); after a crash, [`release`] (`shmsched cluster release`)
+//!   or `shmsched set` does.
 //! - **Learning mode.** When Redis lost its state (restart, failover to an
 //!   empty replica: the epoch key is missing) the script grants, for one
 //!   TTL, only what each host reports it has, so nobody grows while the
