@@ -20,7 +20,7 @@ use tools::BoundedOutput;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use procs::{role, say, spawn, unique_name, wait_parent, Kid};
 use redis_util::RedisServer;
@@ -594,6 +594,81 @@ fn agent_sigkilled_standby_takes_over_dead_host_returns_its_grant() {
     report("takeover", &s.worst, &b);
 }
 
+/// Issue 18, first point: a host's only agent SIGKILLed, or SIGSTOPped for
+/// two TTLs. Nothing of the agent runs; the region lowers itself at the
+/// deadline it recorded (the workers' admissions read it), so Σ running
+/// over hosts never exceeds the capacity while Redis hands the dead host's
+/// units to the others, and the host is at its safe capacity by its
+/// deadline.
+#[test]
+fn lone_agent_killed_or_stopped_its_host_falls_to_safe_by_the_deadline() {
+    if role().is_some() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(srv) = RedisServer::start("lone") else {
+        return;
+    };
+    for how in ["sigkill", "sigstop"] {
+        let b = budget(&srv, 12, 3, 1);
+        let hs = hosts(&b, 3, 10, 1, 8, "saturate");
+        let mut s = Sampler::new(&b);
+        s.run_until(&hs, Duration::from_secs(20), equal_shares)
+            .expect("equal shares");
+        let pid = hs[0].agents[0].child.id() as i32;
+        let sig = if how == "sigkill" {
+            libc::SIGKILL
+        } else {
+            libc::SIGSTOP
+        };
+        let sent = SystemTime::now();
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, sig) };
+        let c0 = hs[0].cluster().unwrap();
+        let fall = c0.in_force_until_unix_ms;
+        let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(fall > unix(sent), "{c0:?}");
+        // Holders keep a unit 2-12 ms; give them 100 ms past the fall point
+        // (the drain, 250 ms, is what Redis waits on top of it).
+        let by = fall + 100;
+        let mut at_safe: Option<u64> = None;
+        let end = Instant::now() + Duration::from_millis(2 * TTL_MS);
+        while Instant::now() < end {
+            s.sample(&hs);
+            let (running, level) = hs[0].read();
+            let now = unix(SystemTime::now());
+            if running <= b.safe && level == b.safe && at_safe.is_none() && now >= fall {
+                at_safe = Some(now);
+            }
+            if now >= by {
+                assert!(
+                    running <= b.safe && level == b.safe,
+                    "{how}: host 0 at running {running}, level {level} {} ms after its                      deadline {fall}",
+                    now - fall
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let at_safe = at_safe.expect("host 0 at its safe capacity");
+        let others: u64 = hs[1..].iter().map(|h| h.read().1).sum();
+        println!(
+            "lone agent {how}: host 0 at its safe capacity {} ms after its fall point ({} ms after              the signal); the others' ceilings add up to {others} of {} after 2 TTL",
+            at_safe.saturating_sub(fall),
+            at_safe.saturating_sub(unix(sent)),
+            b.cap - b.safe
+        );
+        if how == "sigstop" {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            s.run_until(&hs, Duration::from_secs(20), equal_shares)
+                .expect("the agent comes back to its share after SIGCONT");
+        }
+        report(&format!("lone agent {how}"), &s.worst, &b);
+        assert!(s.worst.samples > 100, "{:?}", s.worst);
+        drop(hs);
+    }
+}
+
 #[test]
 fn redis_killed_and_restarted_empty_learns_without_overshoot() {
     if role().is_some() {
@@ -757,12 +832,14 @@ fn library_agent_in_process_and_standby_roles() {
     th.join().unwrap();
     assert_eq!(sched.ceiling(), 4, "never above the capacity");
     assert!(a.status().lease.renewals > 0);
-    // Stopping leaves the region at its safe capacity; a new agent may start.
+    // Stopping (drop, no standby) leaves the region as the agent found it:
+    // its own ceiling (the max here), the lease disarmed; a new agent may
+    // start.
     drop(a);
     assert_eq!(
         sched.ceiling(),
-        0,
-        "a stopped agent leaves the safe capacity"
+        6,
+        "a dropped agent restores the own ceiling"
     );
     let a2 = Agent::start(&sched, cfg.clone()).unwrap();
     drop(a2);
@@ -877,8 +954,72 @@ fn cli_agent_stat_and_status_show_the_lease() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(code.success(), "{code:?}");
-    assert_eq!(host.read().1, 0, "back to the safe capacity");
-    assert_eq!(host.cluster().unwrap().mode, LeaseMode::Lapsed);
+    // It leaves the region as it found it: the region's own ceiling (8),
+    // the lease released.
+    assert_eq!(host.read().1, 8, "the own ceiling is back after SIGTERM");
+    let c = host.cluster();
+    assert!(
+        c.as_ref()
+            .is_none_or(|c| !c.in_force && c.mode != LeaseMode::Normal),
+        "{c:?}"
+    );
+    assert!(!stat(&[]).contains("lease ceiling in force"));
+    // A crash (SIGKILL) leaves the lease ceiling in force until its
+    // deadline; `stat` says so, until when and whose; `cluster release`
+    // restores the own ceiling; `set` releases it too.
+    for how in ["release", "set"] {
+        let mut agent = std::process::Command::new(exe)
+            .args(["cluster", "agent", "--redis", &b.url, "--budget", &b.name])
+            .args(["--capacity", "5", "--renew-ms", "100", &host.name])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while !host
+            .cluster()
+            .is_some_and(|c| c.in_force && c.mode == LeaseMode::Normal)
+        {
+            if t0.elapsed() > Duration::from_secs(20) {
+                kill(&mut agent);
+                panic!("no lease in force within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = agent.id();
+        kill(&mut agent);
+        let human = stat(&[]);
+        assert!(
+            human.contains(&format!("lease ceiling in force of agent pid {pid} until")),
+            "{human}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+        let c = &j["cluster"];
+        assert_eq!(c["in_force"], true, "{j}");
+        assert_eq!(c["armed_by_pid"].as_u64(), Some(u64::from(pid)), "{j}");
+        assert_eq!(c["own_level"].as_u64(), Some(8), "{j}");
+        assert!(c["in_force_until_unix_ms"].as_u64().unwrap() > 0, "{j}");
+        let ls = std::process::Command::new(exe)
+            .args(["ls", "--json"])
+            .bounded_output();
+        let ls = String::from_utf8_lossy(&ls.stdout).to_string();
+        assert!(ls.contains("\"lease_in_force\":true"), "{ls}");
+        let o = match how {
+            "release" => std::process::Command::new(exe)
+                .args(["cluster", "release", &host.name])
+                .bounded_output(),
+            _ => std::process::Command::new(exe)
+                .args(["set", &host.name, "--ceiling", "7"])
+                .bounded_output(),
+        };
+        assert!(o.status.success(), "{o:?}");
+        let want = if how == "release" { 8 } else { 7 };
+        assert_eq!(host.read().1, want, "{how}: {o:?}");
+        let c = host.cluster();
+        assert!(c.as_ref().is_none_or(|c| !c.in_force), "{how}: {c:?}");
+        // Released: no deadline lowers it later.
+        std::thread::sleep(Duration::from_millis(TTL_MS + 200));
+        assert_eq!(host.read().1, want, "{how}: still after the old deadline");
+    }
     // Bad input names the value.
     let o = std::process::Command::new(exe)
         .args(["cluster", "agent", "--redis", &b.url, "--budget", "a{b}"])

@@ -266,6 +266,8 @@ impl Agent {
             deadline_unix: 0,
             renewals: 0,
             failures: 0,
+            seq: 0,
+            seq_token: 0,
             peak: 0,
             consumed_at: None,
         };
@@ -344,6 +346,10 @@ struct Run {
     deadline_unix: u64,
     renewals: u64,
     failures: u64,
+    /// The last renewal's number (grows per token, see `renew_once`).
+    seq: u64,
+    /// The token `seq` counts for.
+    seq_token: u64,
     /// Peak units held since the last renewal (scheduler).
     peak: u64,
     /// Tokens consumed at the last renewal, and when (limiter).
@@ -421,6 +427,12 @@ impl Run {
     /// is in force, else go to the safe capacity.
     fn adopt(&mut self) -> Result<(), ClusterError> {
         let reg = self.target.registry()?;
+        // The region's own level, what a leaving agent restores (kept if an
+        // earlier agent recorded it and crashed).
+        if !reg.lease_guard().armed {
+            let (level, burst) = self.target.own();
+            reg.record_own(level, burst);
+        }
         let l = reg.lease().unwrap_or_default();
         self.renewals = l.renewals;
         self.failures = l.failures;
@@ -458,6 +470,7 @@ impl Run {
         let Ok(reg) = self.target.registry() else {
             return;
         };
+        reg.standby_beat();
         let Some(l) = reg.lease() else { return };
         let mode = LeaseMode::from_word(l.mode).unwrap_or(LeaseMode::None);
         let mut fell = false;
@@ -531,6 +544,20 @@ impl Run {
     }
 
     fn renew_once(&mut self, sent: Instant) {
+        // One renewal in flight at a time: this thread sends them one after
+        // another and waits for each (or its timeout) before the next. A
+        // timed-out request may still reach Redis later; the per-request
+        // number below is what lets the script refuse it once a later one
+        // was accepted (it grows per token; a new token starts it again).
+        self.seq = if self.token == self.seq_token {
+            self.seq + 1
+        } else {
+            1
+        };
+        self.seq_token = self.token;
+        // SEAM(redis): `RenewRequest` has no per-request number yet (the
+        // script's sequencing is the redis branch's work); once it has one,
+        // set it here: `req.seq = self.seq`.
         let req = self.request();
         let mut timeout = self.cfg.renew_every;
         if let Some(f) = self.fall_at() {
@@ -559,8 +586,18 @@ impl Run {
                 self.token = token;
                 self.renewals += 1;
                 let deadline = sent + self.cfg.ttl;
-                if Instant::now() + self.cfg.drain < deadline {
+                let now = Instant::now();
+                if now + self.cfg.drain < deadline {
                     let level = self.cfg.safe_capacity.saturating_add(grant);
+                    // The region enforces the lapse: the deadline goes in
+                    // before the level goes up (see the module docs).
+                    let fall = deadline.checked_sub(self.cfg.drain).unwrap_or(deadline);
+                    let fall_ns = crate::sys::clock::monotonic_ns()
+                        .saturating_add(ms(fall.saturating_duration_since(now)) * 1_000_000);
+                    if let Ok(reg) = self.target.registry() {
+                        let safe = self.cfg.safe_capacity;
+                        reg.arm_lease(fall_ns, safe, self.target.burst_at(safe, self.burst));
+                    }
                     match self.target.apply(level, self.burst) {
                         Ok(()) => {
                             self.grant = grant;
@@ -688,6 +725,26 @@ impl Run {
                 req.leave = true;
                 let t = self.cfg.renew_every.min(Duration::from_millis(500));
                 let _ = self.client.renew(&req, t);
+            }
+            if let Ok(reg) = self.target.registry() {
+                // Leave the region as it was found, unless a standby of
+                // another process is there to take over (it looked within
+                // two of its polls): then the region stays at its safe
+                // capacity for it.
+                let poll = (self.cfg.renew_every / 4)
+                    .clamp(Duration::from_millis(10), Duration::from_millis(250));
+                let handover =
+                    reg.standby_seen_within(ms(poll * 2 + Duration::from_millis(100)) * 1_000_000);
+                let g = reg.lease_guard();
+                let restore = g.own_level.filter(|_| !handover);
+                if restore.is_some() {
+                    reg.disarm_lease();
+                }
+                if let Some(own) = restore {
+                    let _ = self.target.restore(own, g.own_burst);
+                    self.mode = LeaseMode::None;
+                    self.publish();
+                }
             }
             if let Ok(reg) = self.target.registry() {
                 reg.resign_agent();

@@ -49,6 +49,21 @@
 //!   renewal, the agent lowers the region to its safe capacity a drain
 //!   time (default TTL/4) before that deadline, so that holders of the
 //!   lapsing units have time to release before Redis gives them away.
+//! - **The region enforces the lapse**, whether or not any agent lives.
+//!   Before it raises the level, the agent records in the region a
+//!   `CLOCK_MONOTONIC` deadline (the lease's deadline minus the drain time)
+//!   and the safe level, and sets the gate's `GATE_LEASED` bit. The fast
+//!   paths already test the gate word once; the bit joins the mask of that
+//!   one test (no new load, no clock read for a region without a lease), so
+//!   admissions of a leased region go to the cold side, which reads the
+//!   deadline (one vDSO clock read) and, once it has passed, lowers the
+//!   ceiling or rate to the safe level (idempotent: every process may do
+//!   it; a scheduler's take is then capped by the ceiling against the exact
+//!   count). A SIGKILLed or SIGSTOPped lone agent therefore costs nothing:
+//!   the host is at its safe capacity by the deadline. An agent leaving
+//!   without a standby restores the region's own level (recorded by the
+//!   first agent); after a crash, [`release`] (`shmsched cluster release`)
+//!   or `shmsched set` does.
 //! - **Learning mode.** When Redis lost its state (restart, failover to an
 //!   empty replica: the epoch key is missing) the script grants, for one
 //!   TTL, only what each host reports it has, so nobody grows while the
@@ -103,6 +118,93 @@ pub use view::ClusterView;
 pub use crate::region::registry::Lease;
 
 use std::fmt;
+
+/// Holds a region at `level` until `until`, after which every process of
+/// the host runs it at `safe` (a scheduler's ceiling, a limiter's rate; a
+/// limiter's burst scales with the rate), with no thread and no agent
+/// needed: the region's admissions read the deadline. What an [`Agent`]
+/// does on each renewal, for callers that lease from elsewhere (and for
+/// tests). The level is clamped to what the object accepts; `safe` must
+/// not be above `level`.
+///
+/// Errors: a handle not shared through a region, `safe` above `level`, a
+/// level the object refuses.
+pub fn lease_until(
+    target: impl Into<Target>,
+    level: u64,
+    safe: u64,
+    until: std::time::Instant,
+) -> Result<(), ClusterError> {
+    let target = target.into();
+    if safe > level {
+        return Err(ClusterError::Config(format!(
+            "safe level {safe} is above the leased level {level}"
+        )));
+    }
+    let reg = target.registry()?;
+    let ratio = target.burst_ratio();
+    if !reg.lease_guard().armed {
+        let (own, burst) = target.own();
+        reg.record_own(own, burst);
+    }
+    let now = std::time::Instant::now();
+    let left = until.saturating_duration_since(now);
+    let fall_ns = crate::sys::clock::monotonic_ns()
+        .saturating_add(left.as_nanos().min(u128::from(u64::MAX / 2)) as u64)
+        .max(1);
+    reg.arm_lease(fall_ns, safe, target.burst_at(safe, ratio));
+    target.apply(level, ratio)
+}
+
+/// What [`release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Released {
+    /// A lease was armed on the region (its deadline and safe level).
+    pub was_armed: bool,
+    /// The level (ceiling or rate) the region is at now, if this call moved
+    /// it back to the region's own level.
+    pub restored: Option<u64>,
+}
+
+/// Ends a lease's hold on a region whose agent is gone (it crashed, or was
+/// SIGKILLed): with `restore`, moves the object back to its own level
+/// recorded by the first agent (`shmsched cluster release`); without,
+/// leaves the level as the caller set it (`shmsched set`). Either way the
+/// deadline and `GATE_LEASED` are cleared (the fast paths open again) and
+/// the recorded lease reads mode `none`.
+///
+/// Errors: a live agent holds the region (its pid named: stop it first; it
+/// restores the region itself on a clean exit), a handle not shared
+/// through a region.
+pub fn release(target: impl Into<Target>, restore: bool) -> Result<Released, ClusterError> {
+    let target = target.into();
+    let reg = target.registry()?;
+    if !reg.try_become_agent() {
+        return Err(ClusterError::Config(format!(
+            "a live agent (owner id {}) holds this region: stop it (SIGTERM) and it restores              the region's own level itself",
+            reg.agent_owner()
+        )));
+    }
+    let g = reg.lease_guard();
+    reg.disarm_lease();
+    let mut restored = None;
+    if restore {
+        if let Some(own) = g.own_level {
+            target.restore(own, g.own_burst)?;
+            restored = Some(target.own().0);
+        }
+    }
+    let mut l = reg.lease().unwrap_or_default();
+    l.grant = 0;
+    l.deadline_unix_ms = 0;
+    l.mode = LeaseMode::None.to_word();
+    reg.set_lease(&l);
+    reg.resign_agent();
+    Ok(Released {
+        was_armed: g.armed,
+        restored,
+    })
+}
 
 /// The mode of a lease, as recorded in the region ([`Lease::mode`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -137,6 +137,44 @@ impl Target {
         Ok(())
     }
 
+    /// The burst (a limiter's capacity) that goes with `units` at `burst_ratio`
+    /// (0 for a scheduler).
+    pub(crate) fn burst_at(&self, units: u64, burst_ratio: f64) -> u64 {
+        match self {
+            Target::Scheduler(_) => 0,
+            Target::Limiter(_) => ((units as f64 * burst_ratio).round() as u64)
+                .clamp(1, crate::limiter::MAX_TOKENS_PER_SECOND),
+        }
+    }
+
+    /// The level and burst in force now (burst 0 for a scheduler).
+    pub(crate) fn own(&self) -> (u64, u64) {
+        match self {
+            Target::Scheduler(s) => (u64::from(s.ceiling()), 0),
+            Target::Limiter(l) => (u64::from(l.tokens_per_second()), u64::from(l.capacity())),
+        }
+    }
+
+    /// Moves the region back to its own level and burst (what the first
+    /// agent found), lowering first whichever goes down.
+    pub(crate) fn restore(&self, level: u64, burst: u64) -> Result<(), ClusterError> {
+        match self {
+            Target::Scheduler(_) => self.apply(level, 1.0),
+            Target::Limiter(l) => {
+                let level = level.clamp(1, crate::limiter::MAX_TOKENS_PER_SECOND);
+                let burst = burst.clamp(1, crate::limiter::MAX_TOKENS_PER_SECOND);
+                if level < u64::from(l.tokens_per_second()) {
+                    l.set_capacity(burst)?;
+                    l.set_rate(level)?;
+                } else {
+                    l.set_rate(level)?;
+                    l.set_capacity(burst)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Reads the region now.
     pub(crate) fn sample(&self) -> Sample {
         match self {

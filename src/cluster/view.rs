@@ -21,6 +21,18 @@ pub struct ClusterView {
     /// True if the deadline has passed while the mode still says leased
     /// (the agent is stuck or gone).
     pub expired: bool,
+    /// True while a lease ceiling (or rate) is in force: the region holds
+    /// the object above its safe level until `in_force_until_unix_ms`.
+    pub in_force: bool,
+    /// When the region itself lowers the object to its safe level (Unix ms,
+    /// from the monotonic deadline word; 0: no lease armed).
+    pub in_force_until_unix_ms: u64,
+    /// The pid of the agent that armed the lease (the one whose lease it
+    /// is; it may be dead).
+    pub armed_by_pid: Option<u64>,
+    /// The object's own level (ceiling or rate) that a leaving agent, or
+    /// `shmsched cluster release`, restores; `None` if none is recorded.
+    pub own_level: Option<u64>,
 }
 
 impl RegionView {
@@ -35,7 +47,7 @@ impl RegionView {
         let lease = area.lease().ok_or_else(|| {
             ClusterError::BadRegion("the lease kept changing while it was read".into())
         })?;
-        if owner == 0 && lease == Lease::default() {
+        if owner == 0 && lease == Lease::default() && !area.lease_guard().armed {
             return Ok(None);
         }
         let mode = LeaseMode::from_word(lease.mode)?;
@@ -50,12 +62,33 @@ impl RegionView {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        let g = area.lease_guard();
+        let mono = crate::sys::clock::monotonic_ns();
+        let in_force = g.in_force(mono);
+        let until = if g.armed && g.fall_ns != 0 {
+            let left_ms = g.fall_ns.saturating_sub(mono) / 1_000_000;
+            let past_ms = mono.saturating_sub(g.fall_ns) / 1_000_000;
+            (now + left_ms).saturating_sub(past_ms)
+        } else {
+            0
+        };
+        // The mode in effect: a lease the region has lowered is lapsed,
+        // whatever its (stuck or dead) agent last wrote.
+        let mode = if mode.leased() && g.armed && !in_force {
+            LeaseMode::Lapsed
+        } else {
+            mode
+        };
         Ok(Some(ClusterView {
             expired: mode.leased() && lease.deadline_unix_ms <= now,
             lease,
             mode,
             agent_pid,
             agent_alive,
+            in_force,
+            in_force_until_unix_ms: until,
+            armed_by_pid: (g.armed_by != 0).then_some(g.armed_by),
+            own_level: g.own_level,
         }))
     }
 }

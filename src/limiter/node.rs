@@ -41,6 +41,7 @@ use super::waiter::{
 use super::{corrupt_error, TICK_NS};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
+use crate::region::registry::{GATE_LEASED, GATE_TIERS};
 use crate::scheduler::QueueStats;
 use crate::stall::StallClock;
 use crate::sys::clock::Clock;
@@ -273,11 +274,16 @@ impl Node {
                 }
             }
             Home::Shared(r) => {
-                if n == 0 {
-                    r.nobody_waits()
+                // One test, as without leases: a leased region
+                // (`GATE_LEASED`) checks its lease's deadline on the cold
+                // side.
+                let mask = if n == 0 {
+                    GATE_TIERS
                 } else {
-                    r.open_at(p.index())
-                }
+                    GATE_TIERS & !((1u64 << p.index()) - 1)
+                };
+                let g = r.gate();
+                g & (mask | GATE_LEASED) == 0 || r.open_slow(g, mask)
             }
         };
         if !open {
@@ -317,6 +323,9 @@ impl Node {
         let open = match &self.home {
             Home::Local(b) => b.queued.load(Ordering::SeqCst) == 0,
             Home::Shared(r) => {
+                if r.gate() & GATE_LEASED != 0 {
+                    r.lapse_if_due();
+                }
                 if !r.nobody_waits() {
                     // Waiters of dead processes are reaped by the drain.
                     r.drain_eager();

@@ -64,6 +64,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::params::Params;
 use super::shared::SharedBucket;
 use super::waiter::{
     could_go, step, Step, Waiter, Wakeups, CANCELLED, CORRUPT, GRANTED, GRANTED_FORCED, WAITING,
@@ -72,7 +73,8 @@ use crate::error::{Error, Result};
 use crate::priority::LEVELS;
 use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
-    bound_now_ns, tier_bit, Registry, GATE_TIERS, HELPER_BIT, PASS_AFTER_NS, REAP_INTERVAL_MS,
+    bound_now_ns, tier_bit, Registry, GATE_LEASED, GATE_TIERS, HELPER_BIT, PASS_AFTER_NS,
+    REAP_INTERVAL_MS,
 };
 use crate::region::Region;
 use crate::sys::clock::{monotonic_ms, Clock};
@@ -179,12 +181,6 @@ impl LimRoot {
     /// True when this root was bound before a fork (it belongs to the parent).
     pub fn forked(&self) -> bool {
         self.fork_gen != fork_generation()
-    }
-
-    /// True if nobody waits at tier `tier` or above, anywhere.
-    #[inline(always)]
-    pub fn open_at(&self, tier: usize) -> bool {
-        self.reg().gate() & GATE_TIERS & !((1u64 << tier) - 1) == 0
     }
 
     /// True if nobody waits at all, anywhere.
@@ -409,6 +405,61 @@ impl LimRoot {
         out.wake_local();
     }
 
+    /// A cluster lease's deadline has passed ([`Registry::lapse_due`]): the
+    /// rate and burst come down to the safe ones if they are above (one
+    /// parameter change, the balance kept up to the safe burst), and every
+    /// front's instant is recomputed. Idempotent; cold (called only while
+    /// the gate has `GATE_LEASED`).
+    #[cold]
+    #[inline(never)]
+    pub fn lapse_if_due(&self) {
+        let Some((safe, burst)) = self.reg().lapse_due() else {
+            return;
+        };
+        let max = u64::from(u32::MAX).min(super::MAX_TOKENS_PER_SECOND);
+        let safe = safe.clamp(1, max) as u32;
+        let burst = burst.clamp(1, max) as u32;
+        let Ok(p) = self.bucket.params().load() else {
+            return;
+        };
+        if p.gcra.rate() <= u64::from(safe) && p.gcra.cap() <= u64::from(burst) {
+            return;
+        }
+        let tat = &self.bucket.state().tat;
+        let _ = self.bucket.update_params(|p| Params {
+            gcra: p.gcra.recapped(
+                tat,
+                p.clock.now_ns(),
+                (p.gcra.rate() as u32).min(safe),
+                (p.gcra.cap() as u32).min(burst),
+            ),
+            ..p
+        });
+        self.fronts_moved();
+        let reg = self.reg();
+        for idx in reg.waiting_processes().filter(|&i| i != reg.me().idx) {
+            reg.wake(idx, crate::sys::futex::BITSET_ALL);
+        }
+    }
+
+    /// The fast path's gate test failed (`g`: the gate it read; `mask`: the
+    /// tiers it may not pass): checks a lease's deadline if the region is
+    /// leased; true if no tier of `mask` waits.
+    #[cold]
+    #[inline(never)]
+    pub fn open_slow(&self, g: u64, mask: u64) -> bool {
+        if g & GATE_LEASED != 0 {
+            self.lapse_if_due();
+        }
+        g & mask == 0
+    }
+
+    /// The gate word.
+    #[inline(always)]
+    pub fn gate(&self) -> u64 {
+        self.reg().gate()
+    }
+
     /// The bucket or its parameters changed under the fronts (a rate or
     /// capacity change, a refund): every region front's instant may have
     /// moved, so each is woken again by the next drain to compute its own.
@@ -421,6 +472,9 @@ impl LimRoot {
     /// The region-wide drain (see the module docs).
     fn drain(&self, q: &mut Queues, out: &mut Wakeups, eager: bool) -> (Drained, Clock) {
         let mut found = Drained::default();
+        if self.reg().gate() & GATE_LEASED != 0 {
+            self.lapse_if_due();
+        }
         let params = match self.bucket.params().load() {
             Ok(p) => p,
             Err(_) => {

@@ -1,7 +1,7 @@
 //! The Limiter's home in a region: one bucket word and its parameters,
 //! shared by every process, beside the wait registry.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 5, fixed
+//! **Layout** (object area of a `Limiter` region, revision 6, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
 //! 128][ParamBlock: 512]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
@@ -29,8 +29,10 @@ use crate::sys::clock::{calibrate, Clock};
 /// Revision of this object's layout, stored in the header params (5: the
 /// virtual clock starts at `V_BIAS`, so a capacity change can move it
 /// down without going below 0, see [`bucket`](super::bucket); parameter
-/// blocks of three slots published by CAS; `ready_ms` per tier).
-pub(crate) const OBJECT_REV: u64 = 5;
+/// blocks of three slots published by CAS; `ready_ms` per tier; 6: the
+/// registry's cluster line carries the lease's deadline and safe rate, and
+/// the gate its `GATE_LEASED` bit).
+pub(crate) const OBJECT_REV: u64 = 6;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]

@@ -93,7 +93,7 @@
 //! # Stall time
 //!
 //! The gate word also records when the current stall (some tier
-//! backlogged) began, in µs of `CLOCK_MONOTONIC` (54 bits: 571 years).
+//! backlogged) began, in µs of `CLOCK_MONOTONIC` (53 bits: 285 years).
 //! The change that sets the first tier bit writes it in the same CAS; the
 //! change that clears the last adds the interval to a total. An interval
 //! therefore opens and closes exactly with the backlog bits, whatever the
@@ -152,8 +152,14 @@ pub const GATE_COUNTING: u64 = 1 << (LEVELS + 1);
 /// Gate bit: the object is moving its capacity down and wants freed
 /// capacity back on the release path (the scheduler's run-time ceiling).
 pub const GATE_SHRINKING: u64 = 1 << (LEVELS + 2);
+/// Gate bit: a cluster lease may hold the object above its safe level (see
+/// the `cluster` module): admissions leave the fast path and check the
+/// lease's deadline ([`Registry::lapse_due`]) first. Set by the agent before
+/// it raises the level, cleared only when an agent restores the object's own
+/// level ([`Registry::disarm_lease`]).
+pub const GATE_LEASED: u64 = 1 << (LEVELS + 3);
 /// The stall interval's start (µs) sits above this many gate bits.
-const SINCE_SHIFT: u32 = LEVELS as u32 + 3;
+const SINCE_SHIFT: u32 = LEVELS as u32 + 4;
 const SINCE_MAX: u64 = (1 << (64 - SINCE_SHIFT)) - 1;
 
 /// Bitmap words covering the largest process table.
@@ -251,7 +257,23 @@ struct ClusterLine {
     /// The lease: granted units, deadline (Unix ms), fencing token, mode,
     /// safe capacity, renewals, failures.
     lease: [AtomicU64; 7],
-    _pad: [u64; 6],
+    /// The lease's enforcement, read by every process's admission slow path
+    /// while [`GATE_LEASED`] is set: `CLOCK_MONOTONIC` ns from which the
+    /// object must run at its safe level (0: no lease in force).
+    fall_ns: AtomicU64,
+    /// The safe level (a scheduler's ceiling, a limiter's rate).
+    safe_level: AtomicU64,
+    /// A limiter's burst at its safe rate (0 for a scheduler).
+    safe_burst: AtomicU64,
+    /// The object's own level + 1, recorded by the first agent (0: none):
+    /// what a leaving agent (or `shmsched cluster release`) restores.
+    own_level: AtomicU64,
+    /// A limiter's own burst.
+    own_burst: AtomicU64,
+    /// The pid of the agent that last armed the lease.
+    armed_by: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of a standby agent's last look at the region.
+    standby_ns: AtomicU64,
 }
 
 /// The registry's part of an object area. Zeroed memory is a valid empty
@@ -298,6 +320,34 @@ pub struct Lease {
     pub failures: u64,
 }
 const _: () = assert!(std::mem::align_of::<RegistryArea>() == 128);
+
+/// How a region's cluster lease is enforced (the words beside the lease).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseGuard {
+    /// [`GATE_LEASED`] is set: admissions check the deadline.
+    pub armed: bool,
+    /// `CLOCK_MONOTONIC` ns from which the object runs at its safe level
+    /// (0: no lease in force).
+    pub fall_ns: u64,
+    /// The safe level.
+    pub safe_level: u64,
+    /// A limiter's burst at the safe rate.
+    pub safe_burst: u64,
+    /// The object's own level, if an agent recorded it.
+    pub own_level: Option<u64>,
+    /// A limiter's own burst.
+    pub own_burst: u64,
+    /// The pid of the agent that last armed the lease (0: none).
+    pub armed_by: u64,
+}
+
+impl LeaseGuard {
+    /// True while a lease holds the object above its safe level: armed, and
+    /// the deadline is in the future.
+    pub fn in_force(&self, now_ns: u64) -> bool {
+        self.armed && self.fall_ns != 0 && now_ns < self.fall_ns
+    }
+}
 
 impl RegistryArea {
     /// The gate word.
@@ -367,6 +417,21 @@ impl RegistryArea {
     /// The owner id of the region's agent (0: none).
     pub fn agent_owner(&self) -> u32 {
         self.cluster.agent.load(Ordering::SeqCst)
+    }
+
+    /// How the lease is enforced (see [`LeaseGuard`]).
+    pub fn lease_guard(&self) -> LeaseGuard {
+        let c = &self.cluster;
+        let own = c.own_level.load(Ordering::SeqCst);
+        LeaseGuard {
+            armed: self.gate() & GATE_LEASED != 0,
+            fall_ns: c.fall_ns.load(Ordering::SeqCst),
+            safe_level: c.safe_level.load(Ordering::SeqCst),
+            safe_burst: c.safe_burst.load(Ordering::SeqCst),
+            own_level: own.checked_sub(1),
+            own_burst: c.own_burst.load(Ordering::SeqCst),
+            armed_by: c.armed_by.load(Ordering::SeqCst),
+        }
     }
 
     /// Waiters published per tier by the processes `entries` yields (a
@@ -1180,6 +1245,95 @@ impl Registry {
             w.store(v, Ordering::Relaxed);
         }
         c.seq.store(odd.wrapping_add(1), Ordering::Release);
+    }
+
+    /// How the lease is enforced (see [`LeaseGuard`]).
+    pub fn lease_guard(&self) -> LeaseGuard {
+        self.area().lease_guard()
+    }
+
+    /// Arms the lease before its agent raises the object above its safe
+    /// level: the safe level (and a limiter's burst at it), then the
+    /// deadline (`CLOCK_MONOTONIC` ns), then [`GATE_LEASED`], all SeqCst, so
+    /// an admission that sees the raised level sees the deadline.
+    pub fn arm_lease(&self, fall_ns: u64, safe_level: u64, safe_burst: u64) {
+        let c = &self.area().cluster;
+        c.safe_level.store(safe_level, Ordering::SeqCst);
+        c.safe_burst.store(safe_burst, Ordering::SeqCst);
+        c.armed_by
+            .store(u64::from(std::process::id()), Ordering::SeqCst);
+        c.fall_ns.store(fall_ns.max(1), Ordering::SeqCst);
+        if self.gate() & GATE_LEASED == 0 {
+            self.area()
+                .gate
+                .gate
+                .fetch_or(GATE_LEASED, Ordering::SeqCst);
+        }
+    }
+
+    /// The lease's deadline has passed (or the words are scribbled): the
+    /// safe level and burst the object must run at now. `None` while the
+    /// lease is in force or there is none. One load and, while a lease is
+    /// recorded, one `CLOCK_MONOTONIC` read (vDSO). Callers look only while
+    /// [`GATE_LEASED`] is set. Lowering on this answer is idempotent: every
+    /// process that sees it may lower, none needs another to have done so
+    /// (a process stopped half-way through lowering holds nobody back).
+    #[cold]
+    pub fn lapse_due(&self) -> Option<(u64, u64)> {
+        let c = &self.area().cluster;
+        let fall = c.fall_ns.load(Ordering::SeqCst);
+        if fall != 0 && monotonic_ns() < fall {
+            return None;
+        }
+        Some((
+            c.safe_level.load(Ordering::SeqCst),
+            c.safe_burst.load(Ordering::SeqCst),
+        ))
+    }
+
+    /// Records the object's own level (and a limiter's burst) unless one
+    /// is recorded already (an earlier agent's, which crashed: the first
+    /// record is the region's own).
+    pub fn record_own(&self, level: u64, burst: u64) {
+        let c = &self.area().cluster;
+        if c.own_level.load(Ordering::SeqCst) == 0 {
+            c.own_burst.store(burst, Ordering::SeqCst);
+            let _ = c.own_level.compare_exchange(
+                0,
+                level.saturating_add(1),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// Ends the lease's hold on the object, once its own level is back:
+    /// no deadline, [`GATE_LEASED`] cleared, the own level forgotten.
+    pub fn disarm_lease(&self) {
+        let c = &self.area().cluster;
+        c.fall_ns.store(0, Ordering::SeqCst);
+        self.area()
+            .gate
+            .gate
+            .fetch_and(!GATE_LEASED, Ordering::SeqCst);
+        c.own_level.store(0, Ordering::SeqCst);
+        c.own_burst.store(0, Ordering::SeqCst);
+        c.armed_by.store(0, Ordering::SeqCst);
+    }
+
+    /// A standby agent looked at the region (see
+    /// [`standby_seen_within`](Self::standby_seen_within)).
+    pub fn standby_beat(&self) {
+        self.area()
+            .cluster
+            .standby_ns
+            .store(monotonic_ns(), Ordering::SeqCst);
+    }
+
+    /// True if a standby agent looked at the region within `ns`.
+    pub fn standby_seen_within(&self, ns: u64) -> bool {
+        let t = self.area().cluster.standby_ns.load(Ordering::SeqCst);
+        t != 0 && monotonic_ns().saturating_sub(t) < ns
     }
 
     /// Counter: wakes that found a sleeper.

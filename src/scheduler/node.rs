@@ -39,7 +39,7 @@ use super::stats::{QueueStats, SchedulerStats};
 use super::waiter::{Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
-use crate::region::registry::GATE_STRICT;
+use crate::region::registry::{GATE_LEASED, GATE_STRICT};
 use crate::stall::StallClock;
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::futex_wait;
@@ -356,7 +356,9 @@ impl Node {
         if self.disposed.load(Ordering::Relaxed) {
             return None;
         }
-        if root.slots().reg().gate() & (GATE_STRICT | above(tier)) != 0 {
+        // A leased region (`GATE_LEASED`) goes the cold way too, where the
+        // lease's deadline is checked: the same one test as without it.
+        if root.slots().reg().gate() & (GATE_STRICT | GATE_LEASED | above(tier)) != 0 {
             return root.fast_beside_waiters(tier, n, self.caps[tier]);
         }
         root.take(n, self.caps[tier])

@@ -120,8 +120,8 @@ use crate::error::{Error, Result};
 use crate::priority::{Priority, LEVELS};
 use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
-    tier_bit, Designee, Front, Registry, GATE_SHRINKING, GATE_STRICT, GATE_TIERS, HELPER_BIT,
-    REAP_INTERVAL_MS,
+    tier_bit, Designee, Front, Registry, GATE_LEASED, GATE_SHRINKING, GATE_STRICT, GATE_TIERS,
+    HELPER_BIT, REAP_INTERVAL_MS,
 };
 use crate::region::Region;
 use crate::sys::clock::monotonic_ns;
@@ -325,6 +325,22 @@ impl SharedRoot {
         } else {
             self.slots.take_capped(need, cap)
         }
+    }
+
+    /// [`take`](Self::take) on a slow path: while a cluster lease may hold
+    /// the region above its safe level (`GATE_LEASED`), its deadline is
+    /// checked first; past it the ceiling comes down to the safe level, and
+    /// the take is capped by the ceiling against the exact running count
+    /// (so a lowering that another process left half-done, stopped while
+    /// it blocked cells, does not let anyone past the safe level).
+    #[inline]
+    pub fn admit(&self, need: u32, cap: u32) -> Option<Slots> {
+        if self.reg().gate() & GATE_LEASED != 0 {
+            if let Some(safe) = self.slots.lapse_if_due() {
+                return self.take(need, cap.min(safe));
+            }
+        }
+        self.take(need, cap)
     }
 
     /// Gives slots back and, if anyone waits, moves the queue on. While
@@ -742,7 +758,7 @@ impl SharedRoot {
                 #[cfg(shuttle)]
                 self.slots.mapping().model_death_point("designee taking");
                 let cap = if d.lottery { u32::MAX } else { w.cap };
-                match self.take(w.need, cap) {
+                match self.admit(w.need, cap) {
                     Some(slots) => {
                         #[cfg(shuttle)]
                         self.slots
@@ -923,11 +939,11 @@ impl SharedRoot {
                 return None;
             }
         }
-        let mut got = self.take(need, cap);
+        let mut got = self.admit(need, cap);
         if got.is_none() && self.slots.maybe_reap() > 0 {
             // A failed try is a slow path: a poller gets back what dead
             // holders left within one reap interval of its first failure.
-            got = self.take(need, cap);
+            got = self.admit(need, cap);
         }
         if got.is_none() && self.slots.counting() && self.reg().gate() & GATE_TIERS != 0 {
             self.pass_on_after_backoff();
@@ -951,7 +967,7 @@ impl SharedRoot {
         if g & GATE_STRICT != 0 && !self.strict_lets_through(tier, need) {
             return None;
         }
-        self.take(need, cap)
+        self.admit(need, cap)
     }
 
     /// Under a strict hand-off (fast paths closed for the designee), whether

@@ -2,7 +2,7 @@
 //! owner, written by the same CAS that takes the capacity, and an exact,
 //! cheap running count beside it.
 //!
-//! **Layout** (object area of a `Scheduler` region, revision 4, all fixed
+//! **Layout** (object area of a `Scheduler` region, revision 5, all fixed
 //! offsets): `[wait registry: 1,408 bytes][SchedHeader: 128][cells: max ×
 //! u32]` (see [`registry`](crate::region::registry) for the first part).
 //! A cell is `0` (free), [`FREE_COUNTED`] (free, see *Counting*), an owner
@@ -117,8 +117,9 @@ pub const MAX_SHARED_SLOTS: u32 = 65_536;
 /// Revision of this object's layout, stored in the header params (4: free
 /// cells of the counting era are [`FREE_COUNTED`], the header's blocked
 /// count is exact under its ceiling lock, the cap lock is a 64-bit word
-/// with a generation).
-pub(crate) const OBJECT_REV: u64 = 4;
+/// with a generation; 5: the registry's cluster line carries the lease's
+/// deadline and safe level, and the gate its `GATE_LEASED` bit).
+pub(crate) const OBJECT_REV: u64 = 5;
 
 /// A cap lock held this long by a holder whose acquisition did not change
 /// (no progress) is taken over, even from a live holder (see
@@ -957,6 +958,21 @@ impl SharedSlots {
         self.reg.set_counting();
         self.header().ceiling.store(target + 1, Ordering::SeqCst);
         Ok(self.rebalance(true))
+    }
+
+    /// A cluster lease's deadline has passed ([`Registry::lapse_due`]): the
+    /// ceiling comes down to the safe level if it is above it. Returns the
+    /// safe level when lapsed (`None` while the lease is in force). Cold:
+    /// only admissions of a region whose gate has `GATE_LEASED` call it.
+    #[cold]
+    #[inline(never)]
+    pub fn lapse_if_due(&self) -> Option<u32> {
+        let (safe, _) = self.reg.lapse_due()?;
+        let safe = u32::try_from(safe).unwrap_or(u32::MAX).min(self.max);
+        if self.ceiling() > safe {
+            let _ = self.set_ceiling(safe);
+        }
+        Some(safe)
     }
 
     /// Blocks or unblocks cells until `max − ceiling` are blocked (as far as

@@ -60,6 +60,53 @@ pub struct AgentArgs {
     region: String,
 }
 
+/// Arguments of `cluster release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The region (name or path): a shared scheduler or limiter.
+    region: String,
+}
+
+/// `cluster release REGION`.
+pub fn release(a: ReleaseArgs) -> CliResult {
+    let what = format!("region {:?}", a.region);
+    let lib = |e: shmsched::Error| CliError::lib(&what, &e);
+    let region = Region::open(&a.region).map_err(lib)?;
+    let kind = region
+        .info()
+        .map_err(lib)?
+        .ok_or_else(|| CliError::new(ErrorKind::BadRegion, format!("{what} is not initialised")))?
+        .kind;
+    let refused = |e: shmsched::cluster::ClusterError| {
+        CliError::new(ErrorKind::InvalidInput, format!("{what}: {e}"))
+    };
+    let r = match kind {
+        ObjectKind::Scheduler => {
+            let s = Scheduler::attach(&region).map_err(lib)?;
+            shmsched::cluster::release(&s, true).map_err(refused)?
+        }
+        ObjectKind::Limiter => {
+            let l = Limiter::attach(&region).map_err(lib)?;
+            shmsched::cluster::release(&l, true).map_err(refused)?
+        }
+        ObjectKind::FairShare => {
+            return Err(CliError::new(
+                ErrorKind::BadRegion,
+                format!("{what} is a fair-share region; it has no cluster lease"),
+            ))
+        }
+    };
+    match r.restored {
+        Some(level) => outln!("{}: lease released; own level {level} restored", a.region)?,
+        None if r.was_armed => outln!(
+            "{}: lease released (no own level recorded; the level stays)",
+            a.region
+        )?,
+        None => outln!("{}: no lease held the region", a.region)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `cluster status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {

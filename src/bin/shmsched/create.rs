@@ -116,6 +116,22 @@ pub fn create(a: CreateArgs) -> CliResult {
 }
 
 /// `set`.
+/// After `set`: a lease left by a dead agent no longer holds the region
+/// (its deadline would lower the new level); a live agent's is kept, and
+/// said so (its next renewal moves the level again).
+fn forget_lease(
+    region: &str,
+    r: Result<shmsched::cluster::Released, shmsched::cluster::ClusterError>,
+) {
+    match r {
+        Ok(rel) if rel.was_armed => {
+            eprintln!("{region}: the lease a dead agent left is released");
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("{region}: note: {e}; it will move the level again"),
+    }
+}
+
 pub fn set(a: SetArgs) -> CliResult {
     let what = format!("region {:?}", a.region);
     let lib = |e: shmsched::Error| CliError::lib(&what, &e);
@@ -141,6 +157,7 @@ pub fn set(a: SetArgs) -> CliResult {
             };
             let before = sched.ceiling();
             let reached = sched.set_ceiling(target).map_err(lib)?;
+            forget_lease(&a.region, shmsched::cluster::release(&sched, false));
             let held = sched.global_running();
             if reached {
                 outln!("{}: ceiling {target} (was {before}; max {max})", a.region)?;
@@ -162,6 +179,7 @@ pub fn set(a: SetArgs) -> CliResult {
             if let Some(c) = a.capacity {
                 lim.set_capacity(c).map_err(lib)?;
             }
+            forget_lease(&a.region, shmsched::cluster::release(&lim, false));
             outln!(
                 "{}: {} bytes/s, capacity {} bytes",
                 a.region,

@@ -70,6 +70,12 @@ pub struct Entry {
     pub owner: String,
     /// Why a file is not a readable region.
     pub note: Option<String>,
+    /// A cluster lease holds the region above its safe level now.
+    pub lease_in_force: bool,
+    /// Until when (Unix ms), while in force.
+    pub lease_until_unix_ms: Option<u64>,
+    /// The pid of the agent whose lease it is.
+    pub lease_agent_pid: Option<u64>,
 }
 
 /// The user name of `uid` from /etc/passwd, else the number.
@@ -159,6 +165,9 @@ pub fn entry(path: &Path) -> Entry {
             .as_ref()
             .map_or_else(|| "?".into(), |m| user_name(m.uid())),
         note: None,
+        lease_in_force: false,
+        lease_until_unix_ms: None,
+        lease_agent_pid: None,
     };
     match RegionView::probe(path) {
         Ok(Probe::Uninitialised) => e.kind = "uninitialised".into(),
@@ -191,6 +200,13 @@ pub fn entry(path: &Path) -> Entry {
                     .map(|s| format!("{}/s", s.tokens_per_second)),
                 ObjectKind::FairShare => Some(count(h.params[2], "tenant", "tenants")),
             };
+            if let Ok(Some(c)) = v.cluster() {
+                if c.in_force {
+                    e.lease_in_force = true;
+                    e.lease_until_unix_ms = Some(c.in_force_until_unix_ms);
+                    e.lease_agent_pid = c.armed_by_pid;
+                }
+            }
         }
         Err(err) => {
             let (kind, note) = classify(&err);
@@ -199,6 +215,21 @@ pub fn entry(path: &Path) -> Entry {
         }
     }
     e
+}
+
+/// The NOTE of a region a lease ceiling holds.
+fn lease_note(e: &Entry) -> String {
+    if !e.lease_in_force {
+        return String::new();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let left = e.lease_until_unix_ms.unwrap_or(0).saturating_sub(now);
+    match e.lease_agent_pid {
+        Some(p) => format!("lease ceiling in force {left} ms more (agent pid {p})"),
+        None => format!("lease ceiling in force {left} ms more"),
+    }
 }
 
 /// `ls [DIR]`.
@@ -238,7 +269,7 @@ pub fn ls(a: LsArgs) -> CliResult {
                 e.usage.as_deref().unwrap_or("-"),
                 e.mode,
                 e.owner,
-                e.note.as_deref().unwrap_or("")
+                e.note.clone().unwrap_or_else(|| lease_note(e))
             )
             .trim_end(),
         );

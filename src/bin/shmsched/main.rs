@@ -138,6 +138,10 @@ enum ClusterCommand {
     /// Print a budget as Redis holds it: capacity, mode, live hosts with
     /// their grants.
     Status(cluster::StatusArgs),
+    /// After an agent crashed: end its lease's hold on the region and move
+    /// the region back to its own ceiling or rate (refused while a live
+    /// agent holds it).
+    Release(cluster::ReleaseArgs),
 }
 
 /// Arguments of `fair replay`.
@@ -263,6 +267,7 @@ fn main() -> ExitCode {
         Command::Fair(FairCommand::Replay(a)) => fair::replay(&a.log),
         Command::Cluster(ClusterCommand::Agent(a)) => cluster::agent(a),
         Command::Cluster(ClusterCommand::Status(a)) => cluster::status(a),
+        Command::Cluster(ClusterCommand::Release(a)) => cluster::release(a),
         Command::DemoWorker(a) => worker::run(a),
         Command::Run(a) => return run::run(a),
         Command::Jobserver(a) => return jobserver::run(a),

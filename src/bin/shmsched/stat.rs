@@ -404,6 +404,28 @@ fn print_cluster(o: &mut String, c: &shmsched::cluster::ClusterView) {
     } else {
         format!("deadline in {} ms", l.deadline_unix_ms.saturating_sub(now))
     };
+    let whose = c
+        .armed_by_pid
+        .map_or(String::new(), |p| format!(" of agent pid {p}"));
+    if c.in_force {
+        let _ = writeln!(
+            o,
+            "lease ceiling in force{whose} until {} (in {} ms), then the safe level {}",
+            c.in_force_until_unix_ms,
+            c.in_force_until_unix_ms.saturating_sub(now),
+            l.safe
+        );
+    } else if c.in_force_until_unix_ms != 0 {
+        let _ = writeln!(
+            o,
+            "lease ceiling lapsed{whose} {} ms ago: the region holds the safe level {}{}",
+            now.saturating_sub(c.in_force_until_unix_ms),
+            l.safe,
+            c.own_level.map_or(String::new(), |v| format!(
+                " (its own level {v} comes back with `shmsched cluster release` or `shmsched set`)"
+            ))
+        );
+    }
     let _ = writeln!(
         o,
         "lease       {} (mode {}): grant {} + safe {}, token {}, {deadline}, {} renewals, {} failures",
