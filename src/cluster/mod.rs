@@ -190,6 +190,16 @@ pub enum ClusterError {
         /// The budget's safe reserve.
         reserve: u64,
     },
+    /// The script refused a request whose sequence number is not above the
+    /// last one it accepted for the host (a request delayed in the network,
+    /// or another client of the host ahead of this one). The client moves
+    /// past it; the next renewal is accepted.
+    OutOfSequence {
+        /// This request's number.
+        seq: u64,
+        /// The last number accepted for the host.
+        last: u64,
+    },
     /// The region (or its handle) cannot carry an agent.
     Region(crate::Error),
     /// The lease words in a region are not valid.
@@ -217,6 +227,11 @@ impl fmt::Display for ClusterError {
                 f,
                 "the live hosts' safe capacities add up to {sum}, above the budget's safe reserve \
                  {reserve}: lower safe_capacity or raise safe_reserve"
+            ),
+            ClusterError::OutOfSequence { seq, last } => write!(
+                f,
+                "renewal {seq} refused: the budget already accepted renewal {last} of this host \
+                 (only numbers above it are accepted)"
             ),
             ClusterError::Region(e) => write!(f, "region: {e}"),
             ClusterError::BadRegion(m) => write!(f, "bad region: {m}"),
