@@ -18,11 +18,11 @@
 -- the last request accepted and its last water-filling target.
 --
 -- AGGREGATES (meta fields, kept exact by every change): held = Σ max(grant,
--- has), safe = Σ safe, tsum = Σ targets; per band b: wb = Σ wants, ub = Σ
--- weights, qb = Σ weight², nb = hosts with a want in b, and the level
--- boundary cb, swb, sub: the first cb hosts of the band's sorted set are
--- taken as saturated (they get their whole want); swb, sub are their wants'
--- and weights' sums.
+-- has), safe = Σ safe, tsum = Σ targets; per band b one field 'b'..b of
+-- seven numbers "w u q n c sw su": Σ wants, Σ weights, Σ weight², hosts
+-- with a want in b, and the level boundary c, sw, su: the first c hosts of
+-- the band's sorted set are taken as saturated (they get their whole want);
+-- sw, su are their wants' and weights' sums.
 --
 -- Units: capacity C minus the safe reserve S is the pool P that is leased.
 -- Each host's safe capacity lies outside the pool (the live hosts' safe
@@ -189,14 +189,48 @@ local pool = cap - reserve
 -- The meta hash, read once and written once.
 local FIELDS = {'epoch', 'learn_until', 'capacity', 'reserve', 'held', 'safe',
   'tsum', 'kept'}
+local NG = #FIELDS
+local BF = {'w', 'u', 'q', 'n', 'c', 'sw', 'su'}
+-- A band's seven aggregates are one meta field, 'b' .. band: "w u q n c sw
+-- su". N.w[b] names band b's w in the table A, and so on.
+local N, FB = {}, {}
+for _, p in ipairs(BF) do N[p] = {} end
 for b = 1, NB do
-  for _, p in ipairs({'w', 'u', 'q', 'n', 'c', 'sw', 'su'}) do
-    FIELDS[#FIELDS + 1] = p .. b
+  FIELDS[NG + b] = 'b' .. b
+  for _, p in ipairs(BF) do
+    N[p][b] = p .. b
+    FB[N[p][b]] = b
   end
 end
-local A = {}
+local A, A0 = {}, {}
 local mv = redis.call('HMGET', META, unpack(FIELDS))
-for i, f in ipairs(FIELDS) do A[f] = tonumber(mv[i]) or 0 end
+for i = 1, NG do
+  A[FIELDS[i]] = tonumber(mv[i]) or 0
+  A0[FIELDS[i]] = mv[i]
+end
+-- Band fields are parsed on first use (most calls touch one or two bands).
+local loaded, orig = {}, {}
+local function load_band(b)
+  loaded[b] = true
+  local k, o = 0, {}
+  for v in string.gmatch(mv[NG + b] or '', '%S+') do
+    k = k + 1
+    if BF[k] then o[k] = tonumber(v) or 0 end
+  end
+  for j = 1, #BF do
+    o[j] = o[j] or 0
+    rawset(A, N[BF[j]][b], o[j])
+  end
+  orig[b] = o
+end
+setmetatable(A, {__index = function(t, k)
+  local b = FB[k]
+  if b and not loaded[b] then
+    load_band(b)
+    return rawget(t, k)
+  end
+  return nil
+end})
 local fresh_epoch = not mv[1]
 local created = false
 
@@ -205,7 +239,14 @@ local learn_until
 if fresh_epoch then
   redis.call('DEL', META, HOSTS, DL)
   for b = 1, NB do redis.call('DEL', KEYS[3 + b]) end
-  for _, f in ipairs(FIELDS) do A[f] = 0 end
+  for i = 1, NG do A[FIELDS[i]] = 0 end
+  for b = 1, NB do
+    load_band(b)
+    for j = 1, #BF do
+      A[N[BF[j]][b]] = 0
+      orig[b][j] = nil
+    end
+  end
   learn_until = now + ttl
   A.epoch, A.learn_until, A.capacity, A.reserve = now, learn_until, cap, reserve
   redis.call('HSET', META, 'token', string.format('%d', now * 1000))
@@ -230,21 +271,20 @@ local function band_out(id, r, b)
   local z = KEYS[3 + b]
   local rank = redis.call('ZRANK', z, id)
   if not rank then return end
-  local s = tostring(b)
-  if rank < A['c' .. s] then
-    A['c' .. s] = A['c' .. s] - 1
-    A['sw' .. s] = A['sw' .. s] - w
-    A['su' .. s] = A['su' .. s] - r.weight
+  if rank < A[N.c[b]] then
+    A[N.c[b]] = A[N.c[b]] - 1
+    A[N.sw[b]] = A[N.sw[b]] - w
+    A[N.su[b]] = A[N.su[b]] - r.weight
   end
   redis.call('ZREM', z, id)
-  A['w' .. s] = A['w' .. s] - w
-  A['u' .. s] = A['u' .. s] - r.weight
-  A['q' .. s] = A['q' .. s] - r.weight * r.weight
-  A['n' .. s] = A['n' .. s] - 1
-  if A['n' .. s] <= 0 then
-    A['w' .. s], A['u' .. s], A['q' .. s], A['n' .. s] = 0, 0, 0, 0
+  A[N.w[b]] = A[N.w[b]] - w
+  A[N.u[b]] = A[N.u[b]] - r.weight
+  A[N.q[b]] = A[N.q[b]] - r.weight * r.weight
+  A[N.n[b]] = A[N.n[b]] - 1
+  if A[N.n[b]] <= 0 then
+    A[N.w[b]], A[N.u[b]], A[N.q[b]], A[N.n[b]] = 0, 0, 0, 0
   end
-  if A['c' .. s] <= 0 then A['c' .. s], A['sw' .. s], A['su' .. s] = 0, 0, 0 end
+  if A[N.c[b]] <= 0 then A[N.c[b]], A[N.sw[b]], A[N.su[b]] = 0, 0, 0 end
 end
 
 local function band_in(id, r, b)
@@ -254,17 +294,16 @@ local function band_in(id, r, b)
   if redis.call('ZADD', z, string.format('%.17g', w / r.weight), id) == 1 then
     created = true
   end
-  local s = tostring(b)
   local rank = redis.call('ZRANK', z, id)
-  if rank < A['c' .. s] then
-    A['c' .. s] = A['c' .. s] + 1
-    A['sw' .. s] = A['sw' .. s] + w
-    A['su' .. s] = A['su' .. s] + r.weight
+  if rank < A[N.c[b]] then
+    A[N.c[b]] = A[N.c[b]] + 1
+    A[N.sw[b]] = A[N.sw[b]] + w
+    A[N.su[b]] = A[N.su[b]] + r.weight
   end
-  A['w' .. s] = A['w' .. s] + w
-  A['u' .. s] = A['u' .. s] + r.weight
-  A['q' .. s] = A['q' .. s] + r.weight * r.weight
-  A['n' .. s] = A['n' .. s] + 1
+  A[N.w[b]] = A[N.w[b]] + w
+  A[N.u[b]] = A[N.u[b]] + r.weight
+  A[N.q[b]] = A[N.q[b]] + r.weight * r.weight
+  A[N.n[b]] = A[N.n[b]] + 1
 end
 
 local function drop(id, r)
@@ -282,7 +321,7 @@ local function rebuild()
   redis.call('DEL', DL)
   for b = 1, NB do
     redis.call('DEL', KEYS[3 + b])
-    for _, p in ipairs({'w', 'u', 'q', 'n', 'c', 'sw', 'su'}) do A[p .. b] = 0 end
+    for _, p in ipairs(BF) do A[N[p][b]] = 0 end
   end
   A.held, A.safe, A.tsum = 0, 0, 0
   local raw = redis.call('HGETALL', HOSTS)
@@ -309,11 +348,30 @@ local function save()
     A.kept = now + keep
   end
   local out = {}
-  for _, f in ipairs(FIELDS) do
-    out[#out + 1] = f
-    out[#out + 1] = string.format('%.17g', A[f])
+  for i = 1, NG do
+    local f = FIELDS[i]
+    local v = A[f]
+    if A0[f] == nil or tonumber(A0[f]) ~= v then
+      out[#out + 1] = f
+      out[#out + 1] = string.format('%.17g', v)
+    end
   end
-  redis.call('HSET', META, unpack(out))
+  for b = 1, NB do
+    if loaded[b] then
+      local vs, changed = {}, false
+      for j, p in ipairs(BF) do
+        local v = A[N[p][b]]
+        if orig[b][j] ~= v then changed = true end
+        vs[j] = v
+      end
+      if changed then
+        for j = 1, #BF do vs[j] = string.format('%.17g', vs[j]) end
+        out[#out + 1] = FIELDS[NG + b]
+        out[#out + 1] = table.concat(vs, ' ')
+      end
+    end
+  end
+  if #out > 0 then redis.call('HSET', META, unpack(out)) end
   if created or A.kept == now + keep then
     for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, keep) end
   end
@@ -392,25 +450,25 @@ local function want_weight(id, b)
   return r.wants[b] or 0, r.weight
 end
 
-local function level(s, left)
-  local d = A['u' .. s] - A['su' .. s]
-  if d > EPS then return (left - A['sw' .. s]) / d end
-  if A['sw' .. s] <= left + EPS then return math.huge end
+local function level(b, left)
+  local d = A[N.u[b]] - A[N.su[b]]
+  if d > EPS then return (left - A[N.sw[b]]) / d end
+  if A[N.sw[b]] <= left + EPS then return math.huge end
   return -math.huge
 end
 
 local function converge(b, left)
-  local z, s = KEYS[3 + b], tostring(b)
+  local z = KEYS[3 + b]
   for _ = 1, MOVES_PER_CALL do
-    local lam = level(s, left)
-    local c, n = A['c' .. s], A['n' .. s]
+    local lam = level(b, left)
+    local c, n = A[N.c[b]], A[N.n[b]]
     local moved = false
     if c < n then
       local e = redis.call('ZRANGE', z, c, c, 'WITHSCORES')
       if #e == 2 and tonumber(e[2]) <= lam then
         local w, u = want_weight(e[1], b)
         if w then
-          A['c' .. s], A['sw' .. s], A['su' .. s] = c + 1, A['sw' .. s] + w, A['su' .. s] + u
+          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c + 1, A[N.sw[b]] + w, A[N.su[b]] + u
           moved = true
         end
       end
@@ -420,38 +478,37 @@ local function converge(b, left)
       if #e == 2 and tonumber(e[2]) > lam then
         local w, u = want_weight(e[1], b)
         if w then
-          A['c' .. s], A['sw' .. s], A['su' .. s] = c - 1, A['sw' .. s] - w, A['su' .. s] - u
+          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c - 1, A[N.sw[b]] - w, A[N.su[b]] - u
           moved = true
         end
       end
     end
     if not moved then return lam, true end
   end
-  return level(s, left), false
+  return level(b, left), false
 end
 
 local target = 0
 local left = pool
 for b = 1, NB do
   if left <= EPS then break end
-  local s = tostring(b)
   local mine = wants[b] or 0
-  if A['w' .. s] <= left + EPS then
+  if A[N.w[b]] <= left + EPS then
     target = target + mine
-    left = left - A['w' .. s]
+    left = left - A[N.w[b]]
   else
     local lam, settled = converge(b, left)
     local share = math.max(0, math.min(mine, weight * lam))
-    local n, c = A['n' .. s], A['c' .. s]
+    local n, c = A[N.n[b]], A[N.c[b]]
     local rank = nil
     if mine > 0 and mine > share + EPS and settled and n > c then
       rank = redis.call('ZRANK', KEYS[3 + b], host)
     end
-    local u, q = A['u' .. s], A['q' .. s]
+    local u, q = A[N.u[b]], A[N.q[b]]
     local uniform = n > 0 and math.abs(n * q - u * u) <= 1e-9 * u * u
     if rank and rank >= c and uniform then
       -- One weight: cumulative rounding over the unsaturated hosts.
-      local sh = (u - A['su' .. s]) / (n - c) * lam
+      local sh = (u - A[N.su[b]]) / (n - c) * lam
       local j = rank - c
       target = target + math.floor((j + 1) * sh + EPS) - math.floor(j * sh + EPS)
     else
