@@ -8,12 +8,15 @@
 //!    interleaved rounds (load on this shared machine falls on both alike);
 //!    the median round is reported. The agent never touches the acquire
 //!    path, so the two should be equal within noise.
-//! 2. **Renewals per second one Redis sustains** for N registered hosts,
-//!    from one and from two client connections: each renewal is one script
-//!    call that reads every live record and water-fills, so its cost grows
-//!    with N. With a renew period R, N hosts need N / R renewals per second.
+//! 2. **Renewals per second one Redis sustains** for N = 10 … 10,000
+//!    hosts' records in Redis, from three client processes, every renewal
+//!    with a new want: the lease script of revision 2 (O(log N) per call)
+//!    beside revision 1 (`benches/lease_v1.lua`: every call reads and
+//!    water-fills all N records) in the same run. With a renew period R, N
+//!    hosts need N / R renewals per second.
 //!
-//! `cargo bench --bench cluster` (about a minute).
+//! `cargo bench --bench cluster` (about a minute); `cargo bench --bench
+//! cluster -- renew` for the renewal rows only.
 
 #[path = "../tests/redis_util/mod.rs"]
 mod redis_util;
@@ -85,92 +88,269 @@ fn pair_rows(url: &str) {
     drop(agent);
 }
 
-fn renew_rows(url: &str) {
-    println!("renewals per second, one redis-server, N live hosts (each call water-fills all N):");
-    println!(
-        "  {:>6} {:>16} {:>16}",
-        "hosts", "1 connection", "2 connections"
-    );
-    for n in [1usize, 10, 100, 1000] {
-        let budget = format!("bench-renew-{n}");
-        let mut c = BudgetClient::new(url, &budget, Duration::from_secs(5)).expect("client");
-        let mut wants = [0; BANDS];
-        wants[3] = 5;
-        let mut hosts: Vec<(String, u64)> = vec![];
-        for i in 0..n {
-            let req = RenewRequest {
-                host: format!("host-{i}"),
-                token: 0,
-                capacity: 1000,
-                reserve: 0,
-                weight: 1.0,
-                has: 0,
-                safe: 0,
-                ttl_ms: 600_000,
-                wants,
-                leave: false,
-            };
-            match c.renew(&req, Duration::from_secs(5)).expect("register") {
-                RenewReply::Granted { token, .. } => hosts.push((req.host, token)),
-                RenewReply::Stale { .. } => unreachable!("a registration is never stale"),
-            }
+/// The lease script of revision 1 (every call reads and water-fills every
+/// record), kept as the baseline.
+const V1: &str = include_str!("lease_v1.lua");
+
+const POOL: u64 = 1000;
+const CLIENTS: usize = 3;
+const ROW: Duration = Duration::from_millis(2000);
+
+/// Host `i`'s want on its `k`th renewal: 1..=10, different every time (so
+/// every renewal moves the host in its band, the costly path), Σ wants well
+/// above the pool from 200 hosts on (the band is shared at a water level).
+fn want(i: usize, k: u64) -> u64 {
+    1 + (i as u64 + k) % 10
+}
+
+fn wants_of(w: u64) -> [u64; BANDS] {
+    let mut a = [0; BANDS];
+    a[3] = w;
+    a
+}
+
+fn request(host: String, token: u64, has: u64, w: u64) -> RenewRequest {
+    RenewRequest {
+        host,
+        token,
+        capacity: POOL,
+        reserve: 0,
+        weight: 1.0,
+        has,
+        safe: 0,
+        ttl_ms: 600_000,
+        wants: wants_of(w),
+        leave: false,
+    }
+}
+
+/// Revision 2: registers `n` hosts through the script itself.
+fn setup_v2(url: &str, budget: &str, n: usize) {
+    let mut c = BudgetClient::new(url, budget, Duration::from_secs(30)).expect("client");
+    for i in 0..n {
+        let r = c
+            .renew(
+                &request(format!("h{i}"), 0, 0, want(i, 0)),
+                Duration::from_secs(30),
+            )
+            .expect("register");
+        assert!(matches!(r, RenewReply::Granted { .. }), "{r:?}");
+    }
+}
+
+/// Revision 1: writes `n` records in its format (registering them through
+/// the O(n) script would take minutes at 10,000 hosts).
+fn setup_v1(url: &str, budget: &str, n: usize) {
+    let cl = redis::Client::open(url).expect("url");
+    let mut con = cl.get_connection().expect("connect");
+    let t: (u64, u64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    let now = t.0 * 1000 + t.1 / 1000;
+    let keys = BudgetClient::keys(budget);
+    redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg(&["epoch", &(now - 700_000).to_string(), "learn_until", "0"])
+        .arg(&[
+            "capacity",
+            &POOL.to_string(),
+            "reserve",
+            "0",
+            "token",
+            "1000000000",
+        ])
+        .query::<()>(&mut con)
+        .expect("meta");
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut p = redis::pipe();
+        for &i in chunk {
+            let ws: Vec<String> = wants_of(want(i, 0)).iter().map(u64::to_string).collect();
+            let rec = format!("{} 0 0 0 {} 1 {}", i + 1, now + 600_000, ws.join(","));
+            p.cmd("HSET")
+                .arg(&keys[1])
+                .arg(format!("h{i}"))
+                .arg(rec)
+                .ignore();
         }
-        let run = |threads: usize| -> f64 {
-            let dur = Duration::from_millis(1500);
-            let total: u64 = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let hosts = &hosts;
-                        let budget = &budget;
-                        s.spawn(move || {
-                            let mut c = BudgetClient::new(url, budget, Duration::from_secs(5))
-                                .expect("client");
-                            let t0 = Instant::now();
-                            let mut k = 0u64;
-                            let mut i = t;
-                            while t0.elapsed() < dur {
-                                let (h, tok) = &hosts[i % hosts.len()];
-                                let req = RenewRequest {
-                                    host: h.clone(),
-                                    token: *tok,
-                                    capacity: 1000,
-                                    reserve: 0,
-                                    weight: 1.0,
-                                    has: 0,
-                                    safe: 0,
-                                    ttl_ms: 600_000,
-                                    wants,
-                                    leave: false,
-                                };
-                                c.renew(&req, Duration::from_secs(5)).expect("renew");
-                                k += 1;
-                                i += threads;
-                            }
-                            k
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("thread")).sum()
-            });
-            total as f64 / dur.as_secs_f64()
-        };
-        let one = run(1);
-        let two = run(2);
-        println!("  {n:>6} {one:>14.0}/s {two:>14.0}/s");
+        p.query::<()>(&mut con).expect("records");
+    }
+}
+
+/// A client process: renews hosts first, first + step, … of `n` for
+/// `ROW`, printing how many renewals it made.
+fn renew_child(spec: &str) {
+    let f: Vec<&str> = spec.split(' ').collect();
+    let (rev, url, budget) = (f[0], f[1], f[2]);
+    let first: usize = f[3].parse().expect("first");
+    let n: usize = f[4].parse().expect("n");
+    let mine: Vec<usize> = (first..n).step_by(CLIENTS).collect();
+    let mut k = 0u64;
+    let mut has = vec![0u64; mine.len()];
+    let t0 = Instant::now();
+    if rev == "v2" {
+        let mut c = BudgetClient::new(url, budget, Duration::from_secs(30)).expect("client");
+        let st = c.peek().expect("peek");
+        let tok: std::collections::HashMap<&str, u64> = st
+            .hosts
+            .iter()
+            .map(|h| (h.host.as_str(), h.token))
+            .collect();
+        let t0 = Instant::now();
+        while t0.elapsed() < ROW {
+            let j = (k as usize) % mine.len();
+            let i = mine[j];
+            let h = format!("h{i}");
+            let r = request(h.clone(), tok[h.as_str()], has[j], want(i, k + 1));
+            match c.renew(&r, Duration::from_secs(30)).expect("renew") {
+                RenewReply::Granted { grant, .. } => has[j] = grant,
+                RenewReply::Stale { .. } => panic!("stale token for {h}"),
+            }
+            k += 1;
+        }
+    } else {
+        let cl = redis::Client::open(url).expect("url");
+        let mut con = cl.get_connection().expect("connect");
+        let script = redis::Script::new(V1);
+        let keys = BudgetClient::keys(budget);
+        while t0.elapsed() < ROW {
+            let j = (k as usize) % mine.len();
+            let i = mine[j];
+            let ws: Vec<String> = wants_of(want(i, k + 1))
+                .iter()
+                .map(u64::to_string)
+                .collect();
+            let v: Vec<redis::Value> = script
+                .key(&keys[0])
+                .key(&keys[1])
+                .arg("renew")
+                .arg(format!("h{i}"))
+                .arg(i + 1)
+                .arg(POOL)
+                .arg(0)
+                .arg("1.0")
+                .arg(has[j])
+                .arg(0)
+                .arg(600_000)
+                .arg(ws.join(","))
+                .invoke(&mut con)
+                .expect("v1 renew");
+            if let Some(redis::Value::Int(g)) = v.get(1) {
+                has[j] = *g as u64;
+            }
+            k += 1;
+        }
+    }
+    println!("renewals {k}");
+}
+
+/// Redis's own time per script call since the last reset (INFO
+/// commandstats), µs.
+fn server_us(url: &str) -> f64 {
+    let cl = redis::Client::open(url).expect("url");
+    let mut con = cl.get_connection().expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .expect("INFO");
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn reset_stats(url: &str) {
+    let cl = redis::Client::open(url).expect("url");
+    let mut con = cl.get_connection().expect("connect");
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut con)
+        .expect("RESETSTAT");
+}
+
+/// Renewals per second from `CLIENTS` client processes against one budget,
+/// and Redis's time per call.
+fn rate(rev: &str, url: &str, budget: &str, n: usize) -> (f64, f64) {
+    reset_stats(url);
+    let exe = std::env::current_exe().expect("exe");
+    let kids: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            std::process::Command::new(&exe)
+                .env(
+                    "SHMSCHED_RENEW_CHILD",
+                    format!("{rev} {url} {budget} {c} {n}"),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a client process")
+        })
+        .collect();
+    let mut total = 0u64;
+    for k in kids {
+        let out = k.wait_with_output().expect("client process");
+        assert!(out.status.success(), "a client process failed");
+        let s = String::from_utf8_lossy(&out.stdout);
+        total += s
+            .lines()
+            .find_map(|l| l.strip_prefix("renewals "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("a count");
+    }
+    (total as f64 / ROW.as_secs_f64(), server_us(url))
+}
+
+fn renew_rows(url: &str) {
+    println!(
+        "renewals per second, one redis-server, N hosts' records in Redis, {CLIENTS} client \
+         processes, every renewal a new want (pool {POOL}):"
+    );
+    println!("  (µs/call: Redis's own time per script call, INFO commandstats)");
+    println!(
+        "  {:>6} {:>14} {:>11} {:>14} {:>11} {:>9}",
+        "hosts", "v1 renewals/s", "v1 µs/call", "v2 renewals/s", "v2 µs/call", "v2 vs 10"
+    );
+    let mut base = None;
+    for n in [10usize, 100, 1000, 10_000] {
+        let (b1, b2) = (format!("bench-v1-{n}"), format!("bench-v2-{n}"));
+        setup_v1(url, &b1, n);
+        setup_v2(url, &b2, n);
+        let (v1, us1) = rate("v1", url, &b1, n);
+        let (v2, us2) = rate("v2", url, &b2, n);
+        let b = *base.get_or_insert(us2);
+        println!(
+            "  {n:>6} {v1:>14.0} {us1:>11.1} {v2:>14.0} {us2:>11.1} {:>8.2}x",
+            us2 / b
+        );
     }
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing
-    // useful: run only when benchmarking.
-    if !std::env::args().any(|a| a == "--bench") {
+    if let Ok(spec) = std::env::var("SHMSCHED_RENEW_CHILD") {
+        renew_child(&spec);
         return;
     }
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing
+    // useful: run only when benchmarking. A filter `renew` or `pair` runs
+    // only those rows.
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let only = |row: &str| {
+        let filters: Vec<&String> = args
+            .iter()
+            .skip(1)
+            .filter(|a| !a.starts_with("--"))
+            .collect();
+        filters.is_empty() || filters.iter().any(|f| row.contains(f.as_str()))
+    };
     let Some(srv) = redis_util::RedisServer::start("bench") else {
         println!("cluster bench skipped: redis-server is not installed");
         return;
     };
     let url = srv.url();
-    pair_rows(&url);
-    renew_rows(&url);
+    if only("pair") {
+        pair_rows(&url);
+    }
+    if only("renew") {
+        renew_rows(&url);
+    }
 }

@@ -247,6 +247,7 @@ fn script_reloaded_after_script_flush() {
     assert_eq!(st.hosts.len(), 1);
     // Keys share one hash tag (Redis Cluster puts them in one slot).
     let keys = BudgetClient::keys("s7");
+    assert_eq!(keys.len(), 3 + BANDS);
     for k in &keys {
         assert!(k.starts_with("{shmsched:s7}:"), "{k}");
     }

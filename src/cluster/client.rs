@@ -96,6 +96,10 @@ pub struct HostRecord {
     pub weight: f64,
     /// Its wants per band, highest priority first.
     pub wants: Vec<u64>,
+    /// The sequence number of its last accepted request.
+    pub seq: u64,
+    /// Its last water-filling target.
+    pub target: u64,
 }
 
 /// A budget's state in Redis, read in one atomic script call.
@@ -144,10 +148,12 @@ pub struct BudgetClient {
     client: redis::Client,
     con: Option<redis::Connection>,
     budget: String,
-    keys: [String; 2],
+    keys: Vec<String>,
     script: redis::Script,
     timeout: Duration,
     loads: u64,
+    seq: u64,
+    learned: u64,
 }
 
 impl std::fmt::Debug for BudgetClient {
@@ -175,16 +181,49 @@ impl BudgetClient {
             script: redis::Script::new(SCRIPT),
             timeout: timeout.max(Duration::from_millis(1)),
             loads: 0,
+            seq: 0,
+            learned: 0,
         })
     }
 
-    /// The budget's keys: `{shmsched:NAME}:meta` and `{shmsched:NAME}:hosts`
-    /// (one hash tag, so Redis Cluster keeps them in one slot).
-    pub fn keys(budget: &str) -> [String; 2] {
-        [
+    /// The budget's keys, all under one hash tag (Redis Cluster and Valkey
+    /// keep them in one slot): `{shmsched:NAME}:meta` (epoch, fencing
+    /// counter and aggregates), `{shmsched:NAME}:hosts` (the records),
+    /// `{shmsched:NAME}:dl` (hosts by deadline) and one
+    /// `{shmsched:NAME}:band:B` per priority band (hosts by saturation
+    /// level).
+    pub fn keys(budget: &str) -> Vec<String> {
+        let mut k = vec![
             format!("{{shmsched:{budget}}}:meta"),
             format!("{{shmsched:{budget}}}:hosts"),
-        ]
+            format!("{{shmsched:{budget}}}:dl"),
+        ];
+        for b in 1..=BANDS {
+            k.push(format!("{{shmsched:{budget}}}:band:{b}"));
+        }
+        k
+    }
+
+    /// The sequence number of the last request sent (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The sequence number of the last grant read (what the next request
+    /// acknowledges; 0: none yet).
+    pub fn learned_seq(&self) -> u64 {
+        self.learned
+    }
+
+    /// The next request's sequence number: above every earlier one of this
+    /// client and at least the wall clock in µs, so that a new client of
+    /// the same host (a takeover) starts above the old one's.
+    fn next_seq(&mut self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.seq = self.seq.saturating_add(1).max(wall);
+        self.seq
     }
 
     /// The script's SHA1 (what `EVALSHA` names).
@@ -236,7 +275,10 @@ impl BudgetClient {
         let con = self.con(timeout)?;
         let evalsha = |con: &mut redis::Connection| {
             let mut c = redis::cmd("EVALSHA");
-            c.arg(&hash).arg(2).arg(&keys[0]).arg(&keys[1]);
+            c.arg(&hash).arg(keys.len());
+            for k in &keys {
+                c.arg(k);
+            }
             for a in args {
                 c.arg(a);
             }
@@ -258,6 +300,13 @@ impl BudgetClient {
     }
 
     /// Renews (or registers) one host's lease. `timeout` bounds this call.
+    ///
+    /// Each call carries a new sequence number and acknowledges the last
+    /// grant this client read; a reply is matched to its request by that
+    /// number. A refusal for sequence ([`ClusterError::OutOfSequence`],
+    /// only when another client of the host sent a higher number, say with
+    /// a clock set back) moves this client's numbers past it: the next call
+    /// is accepted.
     pub fn renew(
         &mut self,
         req: &RenewRequest,
@@ -277,8 +326,25 @@ impl BudgetClient {
             req.ttl_ms.to_string(),
             wants.join(","),
         ];
+        let seq = self.next_seq();
+        let mut args = args;
+        args.push(seq.to_string());
+        args.push(self.learned.to_string());
         let v = self.call(&args, timeout)?;
-        decode_renew(&v, &self.budget, (req.capacity, req.reserve))
+        match decode_renew(&v, &self.budget, (req.capacity, req.reserve), seq) {
+            Ok(r) => {
+                if let RenewReply::Granted { .. } = r {
+                    self.learned = seq;
+                }
+                Ok(r)
+            }
+            Err(e) => {
+                if let ClusterError::OutOfSequence { last, .. } = e {
+                    self.seq = self.seq.max(last);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The budget's state, read atomically (live hosts only).
@@ -314,7 +380,12 @@ fn array<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], ClusterError> {
     }
 }
 
-fn decode_renew(v: &Value, budget: &str, ours: (u64, u64)) -> Result<RenewReply, ClusterError> {
+fn decode_renew(
+    v: &Value,
+    budget: &str,
+    ours: (u64, u64),
+    seq: u64,
+) -> Result<RenewReply, ClusterError> {
     let a = array(v, "the renewal reply")?;
     let f = |i: usize, what: &str| -> Result<u64, ClusterError> {
         a.get(i).map_or_else(
@@ -335,10 +406,16 @@ fn decode_renew(v: &Value, budget: &str, ours: (u64, u64)) -> Result<RenewReply,
                     "mode {mode} is not 1 (normal) or 2 (learning)"
                 )));
             }
-            if a.len() != 9 {
+            if a.len() != 10 {
                 return Err(ClusterError::BadReply(format!(
-                    "a grant has 9 fields, this one {}",
+                    "a grant has 10 fields, this one {}",
                     a.len()
+                )));
+            }
+            let echoed = f(9, "seq")?;
+            if echoed != seq {
+                return Err(ClusterError::BadReply(format!(
+                    "the grant answers request {echoed}, not this one ({seq})"
                 )));
             }
             Ok(RenewReply::Granted {
@@ -368,8 +445,12 @@ fn decode_renew(v: &Value, budget: &str, ours: (u64, u64)) -> Result<RenewReply,
             "the script refused argument {} of the renewal",
             f(1, "argument index")?
         ))),
+        6 => Err(ClusterError::OutOfSequence {
+            seq,
+            last: f(1, "last seq")?,
+        }),
         s => Err(ClusterError::BadReply(format!(
-            "status {s} is not one of 1..=5"
+            "status {s} is not one of 1..=6"
         ))),
     }
 }
@@ -386,11 +467,11 @@ fn text(v: &Value, what: &str) -> Result<String, ClusterError> {
 }
 
 /// Parses a stored host record ("token grant has safe deadline weight
-/// w1,w2,…").
+/// w1,w2,… seq target").
 fn parse_record(host: String, rec: &str) -> Result<HostRecord, ClusterError> {
     let bad = || ClusterError::BadReply(format!("host {host:?} has a malformed record {rec:?}"));
     let f: Vec<&str> = rec.split_whitespace().collect();
-    if f.len() != 7 {
+    if f.len() != 9 {
         return Err(bad());
     }
     let n = |i: usize| f[i].parse::<u64>().map_err(|_| bad());
@@ -407,6 +488,8 @@ fn parse_record(host: String, rec: &str) -> Result<HostRecord, ClusterError> {
         deadline_ms: n(4)?,
         weight,
         wants,
+        seq: n(7)?,
+        target: n(8)?,
         host,
     })
 }
@@ -450,11 +533,20 @@ mod tests {
             Value::Array((0..9).map(|_| Value::Int(1)).chain([Value::Nil]).collect()),
             Value::Array(vec![Value::Okay; 9]),
         ] {
-            assert!(decode_renew(&v, "b", ours).is_err(), "{v:?}");
+            assert!(decode_renew(&v, "b", ours, 5).is_err(), "{v:?}");
         }
-        let ok = Value::Array([1, 3, 100, 7, 2, 50, 4, 9, 2].map(Value::Int).to_vec());
+        let ok = Value::Array([1, 3, 100, 7, 2, 50, 4, 9, 2, 5].map(Value::Int).to_vec());
+        assert!(
+            decode_renew(&ok, "b", ours, 6).is_err(),
+            "a reply to another request"
+        );
+        let late = Value::Array([6, 9, 0, 0, 0, 50, 0, 0, 2].map(Value::Int).to_vec());
+        assert!(matches!(
+            decode_renew(&late, "b", ours, 5),
+            Err(ClusterError::OutOfSequence { seq: 5, last: 9 })
+        ));
         assert_eq!(
-            decode_renew(&ok, "b", ours).unwrap(),
+            decode_renew(&ok, "b", ours, 5).unwrap(),
             RenewReply::Granted {
                 grant: 3,
                 deadline_ms: 100,
@@ -467,7 +559,7 @@ mod tests {
             }
         );
         let mm = Value::Array([3, 20, 5].map(Value::Int).to_vec());
-        let e = decode_renew(&mm, "b", ours).unwrap_err().to_string();
+        let e = decode_renew(&mm, "b", ours, 5).unwrap_err().to_string();
         assert!(
             e.contains("capacity 20") && e.contains("capacity 10"),
             "{e}"
@@ -488,9 +580,11 @@ mod tests {
         ] {
             assert!(decode_peek(&v).is_err(), "{v:?}");
         }
-        let r = parse_record("h".into(), "7 3 2 1 99 1.5 1,0,2").unwrap();
+        let r = parse_record("h".into(), "7 3 2 1 99 1.5 1,0,2 12 4").unwrap();
         assert_eq!((r.token, r.grant, r.has, r.safe), (7, 3, 2, 1));
+        assert_eq!((r.seq, r.target), (12, 4));
+        assert!(parse_record("h".into(), "7 3 2 1 99 1.5 1,0,2").is_err());
         assert_eq!(r.wants, vec![1, 0, 2]);
-        assert!(parse_record("h".into(), "7 3 2 1 99 x 1").is_err());
+        assert!(parse_record("h".into(), "7 3 2 1 99 x 1 1 1").is_err());
     }
 }

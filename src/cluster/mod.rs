@@ -43,6 +43,23 @@
 //! - **Fencing.** Registering takes a new token (`HINCRBY`); a renewal with
 //!   any other token than the record's is refused, and the agent registers
 //!   again. A takeover always registers anew.
+//! - **Sequencing.** Every request carries a number that grows per request
+//!   of a client (at least the wall clock in µs, so a takeover starts above
+//!   the old agent); the script refuses one not above the last it accepted
+//!   for the host ([`ClusterError::OutOfSequence`]): a renewal delayed in
+//!   the network never overwrites a later one.
+//! - **Acknowledged grants.** Every request also carries the number of the
+//!   last reply its client read. A request showing that the previous reply
+//!   was never read (a timed-out call drops its connection, and the agent
+//!   never has two requests in flight) caps the host's grant at what it
+//!   reports it has: a grant the host did not learn returns to the others
+//!   at its next request, within one renew period R (or when its record
+//!   expires, one TTL, if no request arrives).
+//! - **Cost.** One renewal is O(log hosts) in Redis: per-band aggregates
+//!   and one sorted set per band (hosts by want/weight) give the water
+//!   level; the boundary of saturated hosts moves at most 32 hosts per call
+//!   and at most 64 expired records are dropped per call. Keys:
+//!   `{shmsched:NAME}:meta`, `:hosts`, `:dl`, `:band:1..7`, one hash tag.
 //! - **Lapses.** The lease is valid for the TTL (default 10 R) from the
 //!   instant the host *sent* the request (its own monotonic clock, so
 //!   clock differences between hosts and Redis do not matter). Without a
@@ -292,6 +309,16 @@ pub enum ClusterError {
         /// The budget's safe reserve.
         reserve: u64,
     },
+    /// The script refused a request whose sequence number is not above the
+    /// last one it accepted for the host (a request delayed in the network,
+    /// or another client of the host ahead of this one). The client moves
+    /// past it; the next renewal is accepted.
+    OutOfSequence {
+        /// This request's number.
+        seq: u64,
+        /// The last number accepted for the host.
+        last: u64,
+    },
     /// The region (or its handle) cannot carry an agent.
     Region(crate::Error),
     /// The lease words in a region are not valid.
@@ -319,6 +346,11 @@ impl fmt::Display for ClusterError {
                 f,
                 "the live hosts' safe capacities add up to {sum}, above the budget's safe reserve \
                  {reserve}: lower safe_capacity or raise safe_reserve"
+            ),
+            ClusterError::OutOfSequence { seq, last } => write!(
+                f,
+                "renewal {seq} refused: the budget already accepted renewal {last} of this host \
+                 (only numbers above it are accepted)"
             ),
             ClusterError::Region(e) => write!(f, "region: {e}"),
             ClusterError::BadRegion(m) => write!(f, "bad region: {m}"),
