@@ -266,8 +266,6 @@ impl Agent {
             deadline_unix: 0,
             renewals: 0,
             failures: 0,
-            seq: 0,
-            seq_token: 0,
             peak: 0,
             consumed_at: None,
         };
@@ -346,10 +344,6 @@ struct Run {
     deadline_unix: u64,
     renewals: u64,
     failures: u64,
-    /// The last renewal's number (grows per token, see `renew_once`).
-    seq: u64,
-    /// The token `seq` counts for.
-    seq_token: u64,
     /// Peak units held since the last renewal (scheduler).
     peak: u64,
     /// Tokens consumed at the last renewal, and when (limiter).
@@ -546,18 +540,10 @@ impl Run {
     fn renew_once(&mut self, sent: Instant) {
         // One renewal in flight at a time: this thread sends them one after
         // another and waits for each (or its timeout) before the next. A
-        // timed-out request may still reach Redis later; the per-request
-        // number below is what lets the script refuse it once a later one
-        // was accepted (it grows per token; a new token starts it again).
-        self.seq = if self.token == self.seq_token {
-            self.seq + 1
-        } else {
-            1
-        };
-        self.seq_token = self.token;
-        // SEAM(redis): `RenewRequest` has no per-request number yet (the
-        // script's sequencing is the redis branch's work); once it has one,
-        // set it here: `req.seq = self.seq`.
+        // timed-out request may still reach Redis later; the client numbers
+        // every request (growing, above any number a previous agent used),
+        // and the script refuses one whose number is not above the last it
+        // accepted, so that late request cannot overwrite a later one.
         let req = self.request();
         let mut timeout = self.cfg.renew_every;
         if let Some(f) = self.fall_at() {

@@ -34,8 +34,8 @@
 //! net (reaping dead processes, passing over a process that makes no
 //! progress, the lottery's draws for waiters only a lottery pick can
 //! admit), runs on one thread per process and object, the **keeper**
-//! ([`Keeper`]): a front waiter that claims the role sleeps with the
-//! backstop timeout and does the rounds when it fires. When the keeper
+//! (the `keeper` word of [`Fronts`]): a front waiter that claims the role
+//! sleeps with the backstop timeout and does the rounds when it fires. When the keeper
 //! leaves the queue the role is handed on (the new front of its tier is
 //! woken anyway; otherwise another waiter is). The helper thread, when
 //! there is one, keeps its own timer.
