@@ -1271,9 +1271,12 @@ impl Registry {
         }
     }
 
-    /// The lease's deadline has passed (or the words are scribbled): the
+    /// The lease's deadline has passed (or its words are scribbled): the
     /// safe level and burst the object must run at now. `None` while the
-    /// lease is in force or there is none. One load and, while a lease is
+    /// lease is in force or there is none: a deadline of 0 with the gate's
+    /// bit set is no lease (an arm stores its deadline, at least 1, before
+    /// the bit; a disarm clears the deadline first; a scribbled gate whose
+    /// bit no lease backs must not close the region). One load and, while a lease is
     /// recorded, one `CLOCK_MONOTONIC` read (vDSO). Callers look only while
     /// [`GATE_LEASED`] is set. Lowering on this answer is idempotent: every
     /// process that sees it may lower, none needs another to have done so
@@ -1282,7 +1285,7 @@ impl Registry {
     pub fn lapse_due(&self) -> Option<(u64, u64)> {
         let c = &self.area().cluster;
         let fall = c.fall_ns.load(Ordering::SeqCst);
-        if fall != 0 && monotonic_ns() < fall {
+        if fall == 0 || monotonic_ns() < fall {
             return None;
         }
         Some((
