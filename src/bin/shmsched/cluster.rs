@@ -71,12 +71,7 @@ pub struct ReleaseArgs {
 pub fn release(a: ReleaseArgs) -> CliResult {
     let what = format!("region {:?}", a.region);
     let lib = |e: shmsched::Error| CliError::lib(&what, &e);
-    let region = Region::open(&a.region).map_err(lib)?;
-    let kind = region
-        .info()
-        .map_err(lib)?
-        .ok_or_else(|| CliError::new(ErrorKind::BadRegion, format!("{what} is not initialised")))?
-        .kind;
+    let (region, kind) = crate::create::open_initialised(&a.region, &what)?;
     let refused = |e: shmsched::cluster::ClusterError| {
         CliError::new(ErrorKind::InvalidInput, format!("{what}: {e}"))
     };

@@ -132,15 +132,23 @@ fn forget_lease(
     }
 }
 
-pub fn set(a: SetArgs) -> CliResult {
-    let what = format!("region {:?}", a.region);
-    let lib = |e: shmsched::Error| CliError::lib(&what, &e);
-    let region = Region::open(&a.region).map_err(lib)?;
+/// Opens an initialised region for a change: the region and its object's
+/// kind (`what` names it in errors).
+pub fn open_initialised(name: &str, what: &str) -> Result<(Region, ObjectKind), CliError> {
+    let lib = |e: shmsched::Error| CliError::lib(what, &e);
+    let region = Region::open(name).map_err(lib)?;
     let kind = region
         .info()
         .map_err(lib)?
         .ok_or_else(|| CliError::new(ErrorKind::BadRegion, format!("{what} is not initialised")))?
         .kind;
+    Ok((region, kind))
+}
+
+pub fn set(a: SetArgs) -> CliResult {
+    let what = format!("region {:?}", a.region);
+    let lib = |e: shmsched::Error| CliError::lib(&what, &e);
+    let (region, kind) = open_initialised(&a.region, &what)?;
     match (kind, &a.ceiling) {
         (ObjectKind::Scheduler, Some(c)) => {
             let sched = Scheduler::attach(&region).map_err(lib)?;
