@@ -12,14 +12,17 @@
 //! over the interval since the previous snapshot:
 //!
 //! - **some** — the fraction of the interval during which at least one
-//!   task waited for capacity. It comes from the *exact* cumulative stall
-//!   counter the stats carry (`stall_ns`, kept at state transitions, and
-//!   region-wide for a shared object): `Δstall_ns / Δt`. It does not
-//!   depend on whether anyone happens to wait at the sampling instant, so a
-//!   budget stalled 90 % of the time reads 0.9 even when every sample lands
-//!   in the gaps. (A [`Sample`] without a counter falls back to the
-//!   instant's predicate: a backlog and no free slot for a scheduler, a
-//!   balance in debt for a limiter.)
+//!   task waited for capacity. For a scheduler it comes from the *exact*
+//!   cumulative stall counter the stats carry (`stall_ns`, kept at state
+//!   transitions, and region-wide for a shared object): `Δstall_ns / Δt`.
+//!   It does not depend on whether anyone happens to wait at the sampling
+//!   instant, so a budget stalled 90 % of the time reads 0.9 even when
+//!   every sample lands in the gaps. A [`Sample`] without a counter uses
+//!   the instant's predicate: for a limiter that is the seed's rule, a
+//!   front blocked for ≥ [`STALL_TICKS`](crate::limiter::STALL_TICKS)
+//!   ticks (≈ 1 s) or a balance in debt — waiting for the refill at the
+//!   configured rate is throttling, not pressure (see
+//!   [`Sample::from_limiter`]).
 //! - **full** — the fraction during which nothing made progress: the
 //!   *some* fraction of an interval with zero completions (a counter diff,
 //!   never a gauge), and for a limiter also debt or a fresh force-through
@@ -164,16 +167,35 @@ impl Sample {
         }
     }
 
-    /// From a limiter's stats: the stall counter is the region's for a
-    /// shared limiter, this level's otherwise. (A queue front's stall in
-    /// ticks is no use here: the force-through that ends a long stall
-    /// resets it in the same tick, so a sample almost never sees it.)
-    /// `some_now` = a consume waiting now, or the balance in debt.
+    /// From a limiter's stats, by the seed's rule: *some* is a priority
+    /// whose front has been blocked for at least
+    /// [`STALL_TICKS`](crate::limiter::STALL_TICKS) (≈ 1 s, the engine's
+    /// own force-through threshold) while it has a consume queued, or the
+    /// balance in debt (a force-through being repaid holds everyone up).
+    /// For a shared limiter the region's fronts count too
+    /// ([`SharedLimiterStats::stall`](crate::limiter::SharedLimiterStats::stall)
+    /// where the region has waiters), so any process, even one that does
+    /// not consume, reads the region's pressure.
+    ///
+    /// Ordinary throttling is not pressure: a stream consuming at exactly
+    /// its rate waits for every refill yet never stalls for a second nor
+    /// goes into debt, and reads 0. So the limiter's sample carries no
+    /// stall counter (its `stall_ns` counts every wait, throttling
+    /// included): the instant's predicate is the signal. A long stall ends
+    /// in a force-through into debt, which the following samples see.
     pub fn from_limiter(l: &LimiterStats) -> Sample {
-        let stall_ns = l.shared.as_ref().map_or(l.stall_ns, |sh| sh.stall_ns);
+        let ticks = crate::limiter::STALL_TICKS;
+        let mut front_stalled = l.queues.iter().any(|q| q.count > 0 && q.stall >= ticks);
+        if let Some(sh) = &l.shared {
+            front_stalled |= sh
+                .stall
+                .iter()
+                .zip(sh.waiters.iter())
+                .any(|(&s, &w)| w > 0 && s >= ticks);
+        }
         Sample {
-            stall_ns: Some(stall_ns),
-            some_now: l.pending > 0 || l.tokens < 0,
+            stall_ns: None,
+            some_now: front_stalled || l.tokens < 0,
             completed: l.total.completed - l.total.cancelled.min(l.total.completed),
             forced: l.forced,
             in_debt: l.tokens < 0,
@@ -384,5 +406,30 @@ mod tests {
         }
         assert_eq!(q.full(), 0.0);
         assert!(q.shed());
+    }
+
+    #[test]
+    fn a_limiter_sample_follows_the_seeds_rule() {
+        use crate::limiter::{LimiterStats, SharedLimiterStats, STALL_TICKS};
+        let mut l = LimiterStats::default();
+        l.queues[3].count = 1;
+        l.queues[3].stall = STALL_TICKS - 1; // throttled, not stalled
+        let s = Sample::from_limiter(&l);
+        assert_eq!(s.stall_ns, None, "the wait counter includes throttling");
+        assert!(!s.some_now);
+        l.queues[3].stall = STALL_TICKS;
+        assert!(Sample::from_limiter(&l).some_now);
+        l.queues[3].count = 0; // a stall figure without a queued consume
+        assert!(!Sample::from_limiter(&l).some_now);
+        l.tokens = -1;
+        assert!(Sample::from_limiter(&l).some_now, "debt");
+        l.tokens = 0;
+        let mut sh = SharedLimiterStats::default();
+        sh.stall[0] = STALL_TICKS;
+        l.shared = Some(sh.clone());
+        assert!(!Sample::from_limiter(&l).some_now, "no waiter there");
+        sh.waiters[0] = 1;
+        l.shared = Some(sh);
+        assert!(Sample::from_limiter(&l).some_now, "the region's front");
     }
 }

@@ -663,7 +663,8 @@ impl Node {
                     }
                 })
             }
-            Home::Shared(_) => [0; LEVELS],
+            Home::Shared(_) if self.fork_gen != fork_generation() => [0; LEVELS],
+            Home::Shared(r) => r.front_stall_ticks(),
         };
         let c = &self.counters;
         for (t, q) in queues.iter_mut().enumerate() {
@@ -695,7 +696,7 @@ impl Node {
             shared: match &self.home {
                 Home::Shared(r) if self.fork_gen == fork_generation() => Some(
                     r.bucket()
-                        .stats(params.map_or(Clock::Monotonic, |p| p.clock)),
+                        .stats(params.map_or(Clock::Monotonic, |p| p.clock), fronts),
                 ),
                 _ => None,
             },

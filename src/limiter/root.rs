@@ -324,6 +324,23 @@ impl LimRoot {
         }
     }
 
+    /// Per tier, the region's front's stall in ~100 ms ticks, as the
+    /// in-process levels count it: from the front's arrival or the tier's
+    /// last progress (`progress_ms`, region-wide), whichever is later, the
+    /// instant the drain's force-through rule measures from (0 where no
+    /// process publishes a front).
+    pub fn front_stall_ticks(&self) -> [u64; LEVELS] {
+        let reg = self.reg();
+        let st = self.bucket.state();
+        let now_ms = monotonic_ms() as u32;
+        std::array::from_fn(|tier| {
+            reg.front(tier, |_| true).map_or(0, |f| {
+                let progress = st.progress_ms[tier].load(Ordering::SeqCst);
+                stall_ticks(now_ms, later_ms(f.cap, progress))
+            })
+        })
+    }
+
     fn is_my_region_front(&self, w: &Waiter) -> bool {
         self.reg()
             .front(w.tier, |_| true)
@@ -635,8 +652,19 @@ impl LimRoot {
     }
 }
 
+/// Whole ~100 ms ticks from `since_ms` to `now_ms` (both mod 2³²); a stamp
+/// ahead of `now_ms` (another process's clock read a little later) is 0.
+pub(crate) fn stall_ticks(now_ms: u32, since_ms: u32) -> u64 {
+    let d = now_ms.wrapping_sub(since_ms);
+    if d >= 1 << 31 {
+        0
+    } else {
+        u64::from(d) * 1_000_000 / super::TICK_NS
+    }
+}
+
 /// The later of two ms stamps taken mod 2³² (within 24 days of each other).
-fn later_ms(a: u32, b: u32) -> u32 {
+pub(crate) fn later_ms(a: u32, b: u32) -> u32 {
     if b.wrapping_sub(a) < (1 << 31) {
         b
     } else {

@@ -225,8 +225,8 @@ impl SharedBucket {
         self.reg.reap(&mut |_, _| {})
     }
 
-    /// Region-wide figures.
-    pub fn stats(&self, clock: Clock) -> SharedLimiterStats {
+    /// Region-wide figures (`stall`: the region fronts' stall ticks).
+    pub fn stats(&self, clock: Clock, stall: [u64; LEVELS]) -> SharedLimiterStats {
         let mut processes = 0;
         if let Ok(procs) = self.mapping().live_processes() {
             processes = procs.iter().filter(|p| p.alive).count() as u32;
@@ -235,6 +235,7 @@ impl SharedBucket {
             self.state(),
             self.counters(),
             self.reg.waiter_counts(),
+            stall,
             processes,
             self.reg.stall_ns(),
             (self.reg.wakes(), self.reg.passes()),
@@ -249,6 +250,7 @@ pub(crate) fn shared_stats(
     state: &LimState,
     counters: &LimCounters,
     waiters: [u64; LEVELS],
+    stall: [u64; LEVELS],
     processes: u32,
     stall_ns: u64,
     (wakes, passed_over): (u64, u64),
@@ -258,6 +260,7 @@ pub(crate) fn shared_stats(
         forced: state.forced.load(Ordering::Relaxed),
         waiters,
         completed: std::array::from_fn(|t| counters.completed[t].load(Ordering::Relaxed)),
+        stall,
         processes,
         stall_ns,
         wakes,

@@ -24,6 +24,9 @@ pub struct LimiterQueueStats {
     /// Gauge: consecutive ~100 ms ticks this priority's front has been
     /// blocked on tokens (0 when the queue is empty). At
     /// [`STALL_TICKS`](super::STALL_TICKS) the front is forced through.
+    /// For a shared limiter, the region's front of this priority (see
+    /// [`SharedLimiterStats::stall`]), reported while this handle has a
+    /// consume queued here.
     pub stall: u64,
 }
 
@@ -69,6 +72,13 @@ pub struct SharedLimiterStats {
     /// Counter: consumes charged after waiting at the root, per priority,
     /// by all processes.
     pub completed: [u64; LEVELS],
+    /// Gauge: per priority, consecutive ~100 ms ticks the region's front of
+    /// that priority (in whichever process it waits) has been blocked, from
+    /// its arrival or the priority's last progress, as an in-process
+    /// level's `queues[p].stall` counts it; 0 where nobody waits. At
+    /// [`STALL_TICKS`](super::STALL_TICKS) the front is forced through
+    /// (unless the bucket is in debt).
+    pub stall: [u64; LEVELS],
     /// Gauge: processes attached to the region and alive.
     pub processes: u32,
     /// Counter: nanoseconds during which at least one consume waited, in any

@@ -8,6 +8,7 @@
 
 use super::bucket::Refused;
 use super::params::ParamBlock;
+use super::root::{later_ms, stall_ticks};
 use super::shared::{
     shared_stats, LimCounters, LimState, COUNTERS_OFF, OBJECT_REV, PARAMS_OFF, STATE_OFF,
 };
@@ -18,6 +19,8 @@ use crate::priority::LEVELS;
 use crate::region::registry::RegistryArea;
 use crate::region::{ObjectKind, RegionView};
 use crate::scheduler::QueueStats;
+use crate::sync::atomic::Ordering;
+use crate::sys::clock::monotonic_ms;
 
 impl RegionView {
     fn check_limiter(&self) -> Result<()> {
@@ -74,10 +77,27 @@ impl RegionView {
             self.header().process_slots,
         );
         let (wakes, _, _) = reg.counters();
+        // The region fronts' stall: the oldest published front of each tier
+        // (the one with the most ticks), counted as the drain does.
+        let now_ms = monotonic_ms() as u32;
+        let mut stall = [0u64; LEVELS];
+        reg.each_front(
+            |idx| {
+                self.entry(idx)
+                    .ok()
+                    .filter(|_| self.is_alive(idx).unwrap_or(false))
+            },
+            self.header().process_slots,
+            |t, arrival| {
+                let progress = state.progress_ms[t].load(Ordering::SeqCst);
+                stall[t] = stall[t].max(stall_ticks(now_ms, later_ms(arrival, progress)));
+            },
+        );
         let shared = shared_stats(
             state,
             counters,
             waiters,
+            stall,
             self.alive_processes()?,
             reg.stall_ns(),
             (wakes, reg.passes()),
@@ -90,6 +110,7 @@ impl RegionView {
         for (t, q) in queues.iter_mut().enumerate() {
             q.count = shared.waiters[t];
             q.completed = shared.completed[t];
+            q.stall = if q.count > 0 { shared.stall[t] } else { 0 };
             q.deferred = q.count.saturating_add(q.completed);
             total.count = total.count.saturating_add(q.count);
             total.completed = total.completed.saturating_add(q.completed);

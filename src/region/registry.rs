@@ -457,6 +457,34 @@ impl RegistryArea {
         }
         out
     }
+
+    /// Calls `f(tier, cap)` for every front published by the processes
+    /// `entries` yields (a process's words are read only if its waiting bit
+    /// is set): the front's `cap` word, which a limiter uses for its
+    /// arrival (ms). For readers without a registered [`Registry`].
+    pub fn each_front<'a>(
+        &self,
+        entries: impl Fn(u32) -> Option<&'a ProcEntry>,
+        process_slots: u32,
+        mut f: impl FnMut(usize, u32),
+    ) {
+        let words = (process_slots as usize).div_ceil(64).clamp(1, MAP_WORDS);
+        for (w, word) in self.waiting[..words].iter().enumerate() {
+            let mut v = word.load(Ordering::SeqCst);
+            while v != 0 {
+                let idx = w as u32 * 64 + v.trailing_zeros();
+                v &= v - 1;
+                if let Some(e) = entries(idx) {
+                    for t in 0..LEVELS {
+                        if e.obj[t].load(Ordering::SeqCst) >> 32 != 0 {
+                            let cn = e.obj[FRONT_WORDS + t].load(Ordering::SeqCst);
+                            f(t, (cn >> 32) as u32);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One waiter of the region, named by where it waits.
