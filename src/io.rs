@@ -152,7 +152,7 @@ struct ReadAccount {
 impl Drop for ReadAccount {
     fn drop(&mut self) {
         if self.prepaid > 0 {
-            self.lim.refund(self.prepaid as u64);
+            self.lim.refund(self.prepaid as u64, self.priority);
         }
     }
 }
@@ -302,7 +302,7 @@ pub fn copy<R: Read + ?Sized, W: Write + ?Sized>(
         total += written.as_ref().map_or_else(|(k, _)| *k, |k| *k) as u64;
         if let Err((k, e)) = written {
             if charged.is_ok() {
-                limiter.refund((n - k) as u64);
+                limiter.refund((n - k) as u64, priority);
             }
             return Err(e);
         }
@@ -633,7 +633,8 @@ mod tokio_io {
     impl Credit {
         fn give_back(&mut self) {
             if self.credit > 0 {
-                self.lim.refund(std::mem::take(&mut self.credit) as u64);
+                self.lim
+                    .refund(std::mem::take(&mut self.credit) as u64, self.priority);
             }
         }
     }

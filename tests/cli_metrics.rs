@@ -94,6 +94,142 @@ fn child_metrics_holder() {
     wait_parent();
 }
 
+/// Child role for the token counters: attach the limiter region in the
+/// args, run [`token_script`] on "go", report, wait.
+#[test]
+fn child_metrics_tokens() {
+    let Some((r, args)) = role() else { return };
+    assert_eq!(r, "tokens");
+    let region = Region::open(&args[0]).unwrap();
+    let lim = Limiter::attach(&region).unwrap();
+    say("ready");
+    wait_parent();
+    token_script(&lim);
+    say("done");
+    wait_parent();
+}
+
+/// A fixed mix on a limiter of 100,000/s (capacity 100,000): at once, after
+/// waiting, async, `try_consume` (counted at normal), a refund, and a
+/// consume that times out before it is charged (counted nowhere). Tokens
+/// consumed per priority: low 100,000, high 5,700, normal 5,300; refunded:
+/// high 1,000.
+fn token_script(lim: &Limiter) {
+    lim.consume(100_000, Priority::Low).unwrap(); // waits for a full bucket
+    assert!(!lim.consume(5_000, Priority::High).unwrap().immediate); // ~50 ms
+    for _ in 0..2 {
+        lim.consume(2_500, Priority::Normal).unwrap();
+    }
+    lim.refund(1_000, Priority::High);
+    let late = lim.consume_timeout(90_000, Priority::Lowest, Duration::from_millis(1));
+    assert!(matches!(late, Err(shmsched::Error::Timeout)), "{late:?}");
+    let g = futures::executor::block_on(lim.consume_async(700, Priority::High)).unwrap();
+    assert!(!g.forced);
+    until("300 tokens refilled", 10, || lim.tokens().unwrap() >= 300);
+    assert!(lim.try_consume(300).unwrap());
+}
+
+/// Tokens consumed and refunded per priority are exact counters: per
+/// handle (in process and in a region) and region-wide after the same
+/// script ran in two processes, and `stat`, `stat --json` and
+/// `stat --prometheus` show the region's figures.
+#[test]
+fn limiter_token_counters_are_exact_and_shown() {
+    let (low, normal, high) = (
+        Priority::Low.index(),
+        Priority::Normal.index(),
+        Priority::High.index(),
+    );
+    let check = |q: &[shmsched::limiter::LimiterQueueStats], k: u64| {
+        for (t, q) in q.iter().enumerate() {
+            let want = match t {
+                t if t == low => 100_000,
+                t if t == high => 5_700,
+                t if t == normal => 5_300,
+                _ => 0,
+            };
+            assert_eq!(q.consumed, k * want, "consumed at index {t}");
+            let back = if t == high { 1_000 } else { 0 };
+            assert_eq!(q.refunded, k * back, "refunded at index {t}");
+        }
+    };
+
+    let local = Limiter::new(100_000).unwrap();
+    token_script(&local);
+    let st = local.stats();
+    check(&st.queues, 1);
+    assert_eq!((st.consumed, st.refunded), (111_000, 1_000));
+
+    let name = unique_name("metrics-tokens");
+    let _g = Gone(name.clone());
+    let region = Region::create(&name).unwrap();
+    let lim = Limiter::shared(&region, 100_000).unwrap();
+    let mut kid = spawn(
+        "child_metrics_tokens",
+        "tokens",
+        std::slice::from_ref(&name),
+    );
+    kid.expect_line("ready");
+    kid.send("go");
+    kid.expect_line("done");
+    token_script(&lim);
+    let st = lim.stats();
+    check(&st.queues, 1); // this handle's own
+    let sh = st.shared.clone().unwrap();
+    let region_wide: Vec<_> = sh
+        .consumed
+        .iter()
+        .zip(&sh.refunded)
+        .map(
+            |(&consumed, &refunded)| shmsched::limiter::LimiterQueueStats {
+                consumed,
+                refunded,
+                ..Default::default()
+            },
+        )
+        .collect();
+    check(&region_wide, 2); // both processes
+    kid.send("exit");
+    assert!(kid.finish().success());
+
+    let j = stat_json(&name);
+    let l = &j["limiter"];
+    assert_eq!(l["consumed"], 222_000, "{l}");
+    assert_eq!(l["refunded"], 2_000, "{l}");
+    for (p, c, r) in [
+        (Priority::Low, 200_000, 0),
+        (Priority::High, 11_400, 2_000),
+        (Priority::Normal, 10_600, 0),
+        (Priority::Lowest, 0, 0),
+    ] {
+        assert_eq!(l["queues"][p.index()]["consumed"], c, "{p}: {l}");
+        assert_eq!(l["queues"][p.index()]["refunded"], r, "{p}: {l}");
+        assert_eq!(l["shared"]["consumed"][p.index()], c, "{p}: {l}");
+    }
+
+    let out = Command::new(BIN).args(["stat", &name]).bounded_output();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("consumed    222000 tokens: high 11400, normal 10600, low 200000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("refunded    2000 tokens: high 2000"),
+        "{text}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["stat", &name, "--prometheus"])
+        .bounded_output();
+    let s = parse(&String::from_utf8_lossy(&out.stdout));
+    let m = "shmsched_limiter_consumed_tokens_total";
+    assert_eq!(one(&s, m, &[("priority", "low")]), 200_000.0);
+    assert_eq!(one(&s, m, &[("priority", "high")]), 11_400.0);
+    assert_eq!(one(&s, m, &[("priority", "lowest")]), 0.0);
+    let m = "shmsched_limiter_refunded_tokens_total";
+    assert_eq!(one(&s, m, &[("priority", "high")]), 2_000.0);
+}
+
 #[test]
 fn serve_under_load_counters_rise_and_gauges_match_stat() {
     let sname = unique_name("metrics-sched");
@@ -364,6 +500,8 @@ fn grafana_dashboard_queries_only_exported_metrics() {
         "shmsched_stall_seconds_total",
         "shmsched_reclaimed_slots_total",
         "shmsched_limiter_tokens",
+        "shmsched_limiter_consumed_tokens_total",
+        "shmsched_limiter_refunded_tokens_total",
         "shmsched_fair_held",
         "shmsched_fair_guarantee",
     ] {

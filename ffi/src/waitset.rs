@@ -158,7 +158,7 @@ struct Entry {
 /// What a finished wait holds until it is taken.
 enum Outcome {
     Permit(shmsched_permit),
-    Grant(Grant, Limiter, u64),
+    Grant(Grant, Limiter, u64, shmsched::Priority),
     Fail(Fail),
 }
 
@@ -176,7 +176,7 @@ impl Done {
             Outcome::Permit(p) => {
                 let _ = permits::release(p);
             }
-            Outcome::Grant(_, lim, n) => lim.refund(n),
+            Outcome::Grant(_, lim, n, p) => lim.refund(n, p),
             Outcome::Fail(f) => self.outcome = Outcome::Fail(f),
         }
     }
@@ -185,7 +185,7 @@ impl Done {
         let mut out = blank(self.tag, self.id, self.kind);
         match self.outcome {
             Outcome::Permit(p) => out.permit = p,
-            Outcome::Grant(g, _, _) => out.grant = g.into(),
+            Outcome::Grant(g, _, _, _) => out.grant = g.into(),
             Outcome::Fail(f) => {
                 out.status = f.status;
                 face::cut_into(&f.message, &mut out.message);
@@ -303,10 +303,10 @@ impl Entry {
                 }
             },
             Work::Consume { lim, fut } => {
-                let n = fut.tokens();
+                let (n, p) = (fut.tokens(), fut.priority());
                 match Pin::new(fut).poll(&mut cx) {
                     Poll::Pending => Polled::Pending,
-                    Poll::Ready(Ok(g)) => Polled::Ready(Outcome::Grant(g, lim.clone(), n)),
+                    Poll::Ready(Ok(g)) => Polled::Ready(Outcome::Grant(g, lim.clone(), n, p)),
                     Poll::Ready(Err(e)) => Polled::Ready(Outcome::Fail(Fail::from(e))),
                 }
             }

@@ -62,6 +62,11 @@ impl Consume {
         self.n
     }
 
+    /// The priority it waits at.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
     fn node_at(&self, level: usize) -> Arc<Node> {
         let mut n = &self.leaf;
         for _ in 0..level {
@@ -73,7 +78,7 @@ impl Consume {
     /// Refunds the levels below the current one (all charged).
     fn refund_charged(&mut self) {
         for i in 0..self.level {
-            self.node_at(i).refund(self.n);
+            self.node_at(i).refund(self.n, self.priority.index());
         }
         self.level = 0;
     }
@@ -121,6 +126,7 @@ impl Future for Consume {
                     Some(Ok(debt)) => {
                         this.waiter = None;
                         node.waited(w.tier, false);
+                        node.charged(w.tier, w.n);
                         if debt && matches!(node.home(), Home::Shared(_)) {
                             node.note_forced();
                         }

@@ -100,6 +100,10 @@ pub const MAX_TOKENS_PER_SECOND: u64 = i32::MAX as u64;
 /// The largest single consume (same bound as the rate).
 pub const MAX_CONSUME: u64 = i32::MAX as u64;
 
+/// The priority a [`Limiter::try_consume`] (which has none) is counted at
+/// in the stats' `consumed` and `refunded` counters: the default one.
+pub const TRY_PRIORITY: Priority = Priority::Normal;
+
 /// Length of one stall tick, in nanoseconds (100 ms).
 pub const TICK_NS: u64 = 100_000_000;
 
@@ -360,7 +364,7 @@ impl Limiter {
                 }
                 Err(e) => {
                     // Nothing charged and unused is lost.
-                    self.refund_below(node, n);
+                    self.refund_below(node, n, priority);
                     return Err(e);
                 }
             }
@@ -412,12 +416,12 @@ impl Limiter {
             let ok = match node.try_level(n) {
                 Ok(ok) => ok,
                 Err(e) => {
-                    self.refund_below(node, n);
+                    self.refund_below(node, n, TRY_PRIORITY);
                     return Err(e);
                 }
             };
             if !ok {
-                self.refund_below(node, n);
+                self.refund_below(node, n, TRY_PRIORITY);
                 return Ok(false);
             }
             match node.parent() {
@@ -433,14 +437,16 @@ impl Limiter {
     /// as a consume that gives up is, and the region's queue moves on.
     /// Tokens are given back only up to what the levels hold at most; a
     /// refund of more than was charged is the caller's error (it creates
-    /// capacity). For the crate's I/O adapters (bytes charged that never
-    /// moved) and the C ABI's waitset; hidden, because a refund the caller
-    /// was not charged for creates tokens.
+    /// capacity). `priority` is the consume's: the refund counts in that
+    /// priority's `refunded` counter at every level. For the crate's I/O
+    /// adapters (bytes charged that never moved) and the C ABI's waitset;
+    /// hidden, because a refund the caller was not charged for creates
+    /// tokens.
     #[doc(hidden)]
-    pub fn refund(&self, n: u64) {
+    pub fn refund(&self, n: u64, priority: Priority) {
         let mut c = &*self.node;
         loop {
-            c.refund(n);
+            c.refund(n, priority.index());
             match c.parent() {
                 Some(p) => c = p,
                 None => break,
@@ -452,10 +458,10 @@ impl Limiter {
     /// ones a consume that stopped at `level` was charged on): no list is
     /// kept, they are the chain from the leaf up to `level`.
     #[cold]
-    fn refund_below(&self, level: &Node, n: u64) {
+    fn refund_below(&self, level: &Node, n: u64, priority: Priority) {
         let mut c = &*self.node;
         while !std::ptr::eq(c, level) {
-            c.refund(n);
+            c.refund(n, priority.index());
             let Some(p) = c.parent() else { break };
             c = p;
         }

@@ -83,6 +83,10 @@ struct Counters {
     deferred: [AtomicU64; LEVELS],
     completed: [AtomicU64; LEVELS],
     cancelled: [AtomicU64; LEVELS],
+    /// Tokens charged at this level, per tier.
+    consumed: [AtomicU64; LEVELS],
+    /// Tokens refunded at this level, per tier.
+    refunded: [AtomicU64; LEVELS],
 }
 
 /// One level of a limiter chain.
@@ -302,10 +306,23 @@ impl Node {
                 if c.debt {
                     self.count_forced();
                 }
+                self.charged(p.index(), n);
                 Ok(Some(c.debt))
             }
             Err(Refused::Until(_)) => Ok(None),
             Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
+        }
+    }
+
+    /// Counts `n` tokens charged at `tier` at this level (and at the
+    /// region's root, for a shared one).
+    pub fn charged(&self, tier: usize, n: u64) {
+        if n == 0 || tier >= LEVELS {
+            return;
+        }
+        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+        if let Home::Shared(r) = &self.home {
+            r.bucket().totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -345,16 +362,25 @@ impl Node {
                 .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact)
         })?;
         match charged {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.charged(super::TRY_PRIORITY.index(), n);
+                Ok(true)
+            }
             Err(Refused::Until(_)) => Ok(false),
             Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
         }
     }
 
-    /// Gives back `n` tokens charged at this level and not used.
-    pub fn refund(&self, n: u64) {
+    /// Gives back `n` tokens charged at this level at `tier` and not used.
+    pub fn refund(&self, n: u64, tier: usize) {
         if n == 0 || self.fork_gen != fork_generation() {
             return;
+        }
+        if tier < LEVELS {
+            self.counters.refunded[tier].fetch_add(n, Ordering::Relaxed);
+            if let Home::Shared(r) = &self.home {
+                r.bucket().totals().refunded[tier].fetch_add(n, Ordering::Relaxed);
+            }
         }
         if let Ok(p) = self.params() {
             p.gcra.refund(self.tat(), n);
@@ -476,6 +502,9 @@ impl Node {
             },
         };
         self.waited(w.tier, matches!(r, Err(Error::Timeout)));
+        if r.is_ok() {
+            self.charged(w.tier, w.n);
+        }
         r
     }
 
@@ -487,6 +516,9 @@ impl Node {
             Home::Local(b) => self.cancel_local(b, w),
         };
         self.waited(w.tier, matches!(r, Err(Error::Timeout)));
+        if r.is_ok() {
+            self.charged(w.tier, w.n);
+        }
         r
     }
 
@@ -667,10 +699,15 @@ impl Node {
             Home::Shared(r) => r.front_stall_ticks(),
         };
         let c = &self.counters;
+        let (mut consumed, mut refunded) = (0u64, 0u64);
         for (t, q) in queues.iter_mut().enumerate() {
             q.deferred = c.deferred[t].load(Ordering::Relaxed);
             q.completed = c.completed[t].load(Ordering::Relaxed);
             q.cancelled = c.cancelled[t].load(Ordering::Relaxed);
+            q.consumed = c.consumed[t].load(Ordering::Relaxed);
+            q.refunded = c.refunded[t].load(Ordering::Relaxed);
+            consumed += q.consumed;
+            refunded += q.refunded;
             q.count = q.deferred.saturating_sub(q.completed);
             q.stall = if q.count > 0 { fronts[t] } else { 0 };
             total.count += q.count;
@@ -693,6 +730,8 @@ impl Node {
             total,
             queues,
             stall_ns: self.stall.total_ns(),
+            consumed,
+            refunded,
             shared: match &self.home {
                 Home::Shared(r) if self.fork_gen == fork_generation() => Some(
                     r.bucket()

@@ -1,13 +1,15 @@
 //! The Limiter's home in a region: one bucket word and its parameters,
 //! shared by every process, beside the wait registry.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 6, fixed
+//! **Layout** (object area of a `Limiter` region, revision 7, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
-//! 128][ParamBlock: 512]`. The state line holds `tat` (the bucket, see
+//! 128][ParamBlock: 512][LimTotals: 128]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
 //! last woken and the time (ms) the tier last made progress; the counters
 //! line what every process adds up; the parameter block the rate, the
-//! capacity, the clock's base and the clock (see [`params`](super::params)).
+//! capacity, the clock's base and the clock (see [`params`](super::params));
+//! the totals line the tokens consumed and refunded per priority, by every
+//! process.
 //!
 //! The header's `params[0]` is the rate the region was created with (what
 //! `Limiter::shared` compares against); the rate in force is the parameter
@@ -31,8 +33,9 @@ use crate::sys::clock::{calibrate, Clock};
 /// down without going below 0, see [`bucket`](super::bucket); parameter
 /// blocks of three slots published by CAS; `ready_ms` per tier; 6: the
 /// registry's cluster line carries the lease's deadline and safe rate, and
-/// the gate its `GATE_LEASED` bit).
-pub(crate) const OBJECT_REV: u64 = 6;
+/// the gate its `GATE_LEASED` bit; 7: the `LimTotals` line after the
+/// parameter block, tokens consumed and refunded per priority).
+pub(crate) const OBJECT_REV: u64 = 7;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]
@@ -65,6 +68,20 @@ pub(crate) struct LimCounters {
     _pad: [u64; 9],
 }
 
+/// Token totals every process adds to (counters that only go up).
+#[repr(C, align(128))]
+pub(crate) struct LimTotals {
+    /// Per tier: tokens charged at the root (at once, after waiting, forced
+    /// or by `try_consume`, counted at [`TRY_PRIORITY`](super::TRY_PRIORITY)).
+    pub(crate) consumed: [AtomicU64; LEVELS],
+    /// Per tier: tokens given back to the root (a consume that gave up
+    /// after it was charged, an I/O adapter's unused bytes).
+    pub(crate) refunded: [AtomicU64; LEVELS],
+    _pad: [u64; 2],
+}
+
+#[cfg(not(shuttle))]
+const _: () = assert!(std::mem::size_of::<LimTotals>() == 128);
 #[cfg(not(shuttle))]
 const _: () = assert!(std::mem::size_of::<LimState>() == 128);
 #[cfg(not(shuttle))]
@@ -73,8 +90,9 @@ const _: () = assert!(std::mem::size_of::<LimCounters>() == 128);
 pub(crate) const STATE_OFF: usize = REGISTRY_SIZE;
 pub(crate) const COUNTERS_OFF: usize = STATE_OFF + std::mem::size_of::<LimState>();
 pub(crate) const PARAMS_OFF: usize = COUNTERS_OFF + std::mem::size_of::<LimCounters>();
+pub(crate) const TOTALS_OFF: usize = PARAMS_OFF + std::mem::size_of::<ParamBlock>();
 /// Bytes of object area this layout needs.
-pub(crate) const OBJECT_SIZE: usize = PARAMS_OFF + std::mem::size_of::<ParamBlock>();
+pub(crate) const OBJECT_SIZE: usize = TOTALS_OFF + std::mem::size_of::<LimTotals>();
 
 /// A bound limiter region, as seen by one registered process.
 #[derive(Debug)]
@@ -197,6 +215,12 @@ impl SharedBucket {
         unsafe { &*(self.base.add(COUNTERS_OFF) as *const LimCounters) }
     }
 
+    pub fn totals(&self) -> &LimTotals {
+        // SAFETY: as in `state`, at TOTALS_OFF (a multiple of 128, inside
+        // OBJECT_SIZE).
+        unsafe { &*(self.base.add(TOTALS_OFF) as *const LimTotals) }
+    }
+
     #[inline(always)]
     pub fn params(&self) -> &ParamBlock {
         // SAFETY: as in `state`, at PARAMS_OFF (a multiple of 128).
@@ -234,6 +258,7 @@ impl SharedBucket {
         shared_stats(
             self.state(),
             self.counters(),
+            self.totals(),
             self.reg.waiter_counts(),
             stall,
             processes,
@@ -249,6 +274,7 @@ impl SharedBucket {
 pub(crate) fn shared_stats(
     state: &LimState,
     counters: &LimCounters,
+    totals: &LimTotals,
     waiters: [u64; LEVELS],
     stall: [u64; LEVELS],
     processes: u32,
@@ -261,6 +287,8 @@ pub(crate) fn shared_stats(
         waiters,
         completed: std::array::from_fn(|t| counters.completed[t].load(Ordering::Relaxed)),
         stall,
+        consumed: std::array::from_fn(|t| totals.consumed[t].load(Ordering::Relaxed)),
+        refunded: std::array::from_fn(|t| totals.refunded[t].load(Ordering::Relaxed)),
         processes,
         stall_ns,
         wakes,

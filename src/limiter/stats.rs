@@ -28,6 +28,16 @@ pub struct LimiterQueueStats {
     /// [`SharedLimiterStats::stall`]), reported while this handle has a
     /// consume queued here.
     pub stall: u64,
+    /// Counter: tokens charged at this priority through this handle at this
+    /// level: at once, after waiting, forced through, or (at
+    /// [`TRY_PRIORITY`](super::TRY_PRIORITY)) by `try_consume`. Together
+    /// with `refunded`, `Δ(consumed − refunded) / Δt` is the rate this
+    /// priority achieved. (A region's view reports the region's.)
+    pub consumed: u64,
+    /// Counter: tokens given back at this priority through this handle at
+    /// this level (a consume that gave up after this level charged it, an
+    /// I/O adapter's bytes charged and never moved).
+    pub refunded: u64,
 }
 
 /// A snapshot of one limiter (one level of a chain).
@@ -57,6 +67,10 @@ pub struct LimiterStats {
     /// Counter: nanoseconds during which at least one consume waited at this
     /// level (PSI "some"), kept exactly at transitions.
     pub stall_ns: u64,
+    /// Counter: the sum of `queues[p].consumed`.
+    pub consumed: u64,
+    /// Counter: the sum of `queues[p].refunded`.
+    pub refunded: u64,
     /// Region-wide figures, in shared mode only.
     pub shared: Option<SharedLimiterStats>,
 }
@@ -79,6 +93,11 @@ pub struct SharedLimiterStats {
     /// [`STALL_TICKS`](super::STALL_TICKS) the front is forced through
     /// (unless the bucket is in debt).
     pub stall: [u64; LEVELS],
+    /// Counter: tokens charged at the root per priority (index = priority +
+    /// 3), by all processes (see [`LimiterQueueStats::consumed`]).
+    pub consumed: [u64; LEVELS],
+    /// Counter: tokens refunded to the root per priority, by all processes.
+    pub refunded: [u64; LEVELS],
     /// Gauge: processes attached to the region and alive.
     pub processes: u32,
     /// Counter: nanoseconds during which at least one consume waited, in any

@@ -10,7 +10,8 @@ use super::bucket::Refused;
 use super::params::ParamBlock;
 use super::root::{later_ms, stall_ticks};
 use super::shared::{
-    shared_stats, LimCounters, LimState, COUNTERS_OFF, OBJECT_REV, PARAMS_OFF, STATE_OFF,
+    shared_stats, LimCounters, LimState, LimTotals, COUNTERS_OFF, OBJECT_REV, PARAMS_OFF,
+    STATE_OFF, TOTALS_OFF,
 };
 use super::stats::{LimiterQueueStats, LimiterStats};
 use super::MAX_TOKENS_PER_SECOND;
@@ -60,6 +61,7 @@ impl RegionView {
         let params = self.object_atomics::<ParamBlock>(PARAMS_OFF)?.load()?;
         let state = self.object_atomics::<LimState>(STATE_OFF)?;
         let counters = self.object_atomics::<LimCounters>(COUNTERS_OFF)?;
+        let totals = self.object_atomics::<LimTotals>(TOTALS_OFF)?;
         let reg = self.object_atomics::<RegistryArea>(0)?;
         let (tokens, v) = params
             .gcra
@@ -96,6 +98,7 @@ impl RegionView {
         let shared = shared_stats(
             state,
             counters,
+            totals,
             waiters,
             stall,
             self.alive_processes()?,
@@ -111,6 +114,8 @@ impl RegionView {
             q.count = shared.waiters[t];
             q.completed = shared.completed[t];
             q.stall = if q.count > 0 { shared.stall[t] } else { 0 };
+            q.consumed = shared.consumed[t];
+            q.refunded = shared.refunded[t];
             q.deferred = q.count.saturating_add(q.completed);
             total.count = total.count.saturating_add(q.count);
             total.completed = total.completed.saturating_add(q.completed);
@@ -126,6 +131,14 @@ impl RegionView {
             total,
             queues,
             stall_ns: shared.stall_ns,
+            consumed: shared
+                .consumed
+                .iter()
+                .fold(0u64, |a, &b| a.saturating_add(b)),
+            refunded: shared
+                .refunded
+                .iter()
+                .fold(0u64, |a, &b| a.saturating_add(b)),
             shared: Some(shared),
         })
     }

@@ -71,6 +71,8 @@ struct Families {
     capacity: IntGauge,
     forced: IntCounter,
     wakes: IntCounter,
+    consumed: IntCounter,
+    refunded: IntCounter,
     ceiling: FloatGauge,
     guarantee: FloatGauge,
     held: FloatGauge,
@@ -108,6 +110,8 @@ impl Families {
             capacity: family(r, "shmsched_limiter_capacity_tokens", "The limiter's capacity (burst) in force, in tokens"),
             forced: family(r, "shmsched_limiter_forced", "Anti-starvation force-throughs into debt, by all processes"),
             wakes: family(r, "shmsched_limiter_wakes", "Futex wake-ups sent to a process with a sleeper, by all processes"),
+            consumed: family(r, "shmsched_limiter_consumed_tokens", "Tokens charged at each priority, by all processes"),
+            refunded: family(r, "shmsched_limiter_refunded_tokens", "Tokens given back at each priority (charged, then unused), by all processes"),
             ceiling: family(r, "shmsched_fair_ceiling", "The fair-share ceiling, in the fairness unit"),
             guarantee: family(r, "shmsched_fair_guarantee", "A tenant's guarantee: ceiling * weight / total weight"),
             held: family(r, "shmsched_fair_held", "Units a tenant holds now (own and borrowed)"),
@@ -180,6 +184,15 @@ impl Families {
                     .inc_by(sh.stall_ns as f64 / 1e9);
                 self.forced.get_or_create(&l).inc_by(sh.forced);
                 self.wakes.get_or_create(&l).inc_by(sh.wakes);
+                for p in Priority::ALL {
+                    let pl = labels(region, &[("priority", p.name())]);
+                    self.consumed
+                        .get_or_create(&pl)
+                        .inc_by(sh.consumed[p.index()]);
+                    self.refunded
+                        .get_or_create(&pl)
+                        .inc_by(sh.refunded[p.index()]);
+                }
             }
         }
         if let Some(c) = &v.cluster {

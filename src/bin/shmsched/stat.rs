@@ -375,6 +375,33 @@ fn print_limiter(o: &mut String, l: &LimiterStats) {
             }
         );
         let _ = writeln!(o, "forced      {} across all processes", sh.forced);
+        // Tokens charged and given back per priority (counters, every
+        // process): the achieved rate of a priority is the net's rate.
+        let by_priority = |v: &[u64]| -> String {
+            let parts: Vec<String> = Priority::ALL
+                .iter()
+                .rev()
+                .filter(|p| v[p.index()] > 0)
+                .map(|p| format!("{} {}", p.name(), v[p.index()]))
+                .collect();
+            if parts.is_empty() {
+                "0".to_string()
+            } else {
+                parts.join(", ")
+            }
+        };
+        let _ = writeln!(
+            o,
+            "consumed    {} tokens: {}",
+            l.consumed,
+            by_priority(&sh.consumed)
+        );
+        let _ = writeln!(
+            o,
+            "refunded    {} tokens: {}",
+            l.refunded,
+            by_priority(&sh.refunded)
+        );
         let _ = writeln!(
             o,
             "stalled     {:.1} ms in all (some consume waiting)",
