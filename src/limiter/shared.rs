@@ -256,9 +256,7 @@ impl SharedBucket {
             processes = procs.iter().filter(|p| p.alive).count() as u32;
         }
         shared_stats(
-            self.state(),
-            self.counters(),
-            self.totals(),
+            (self.state(), self.counters(), self.totals()),
             self.reg.waiter_counts(),
             stall,
             processes,
@@ -272,9 +270,7 @@ impl SharedBucket {
 /// Region-wide figures from the region's structures (shared with the
 /// read-only view).
 pub(crate) fn shared_stats(
-    state: &LimState,
-    counters: &LimCounters,
-    totals: &LimTotals,
+    (state, counters, totals): (&LimState, &LimCounters, &LimTotals),
     waiters: [u64; LEVELS],
     stall: [u64; LEVELS],
     processes: u32,

@@ -96,9 +96,7 @@ impl RegionView {
             },
         );
         let shared = shared_stats(
-            state,
-            counters,
-            totals,
+            (state, counters, totals),
             waiters,
             stall,
             self.alive_processes()?,
