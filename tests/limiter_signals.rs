@@ -175,6 +175,26 @@ fn a_region_front_counts_its_stall_ticks_as_in_process() {
     kid.send("go");
     let waiting = || lim.stats().shared.unwrap().waiters[NORMAL] > 0;
     procs::until("the child's consume queued", 10, waiting);
+    // `stat` shows the blocked front (if the wait outlasted the command,
+    // it was there while `stat` read the region) and Prometheus its gauge.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmsched"))
+        .args(["stat", &n])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if waiting() {
+        assert!(text.contains("blocked     normal "), "{text}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmsched"))
+        .args(["stat", &n, "--prometheus"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("shmsched_limiter_front_stall_ticks{region=")
+            && text.contains("priority=\"normal\""),
+        "{text}"
+    );
     let (mut region_max, mut view_max) = (0, 0);
     let start = Instant::now();
     while waiting() {

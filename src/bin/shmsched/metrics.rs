@@ -67,6 +67,7 @@ struct Families {
     reclaimed: IntCounter,
     reaped: IntCounter,
     tokens: IntGauge,
+    front_stall: IntGauge,
     rate: IntGauge,
     capacity: IntGauge,
     forced: IntCounter,
@@ -106,6 +107,7 @@ impl Families {
             reclaimed: family(r, "shmsched_reclaimed_slots", "Scheduler slots returned on behalf of processes that died holding them"),
             reaped: family(r, "shmsched_reaped_processes", "Dead processes reaped (scheduler regions)"),
             tokens: family(r, "shmsched_limiter_tokens", "Tokens in the limiter's bucket now; negative while in debt"),
+            front_stall: family(r, "shmsched_limiter_front_stall_ticks", "Consecutive ~100 ms ticks the region's front of each priority has been blocked (0: nobody waits); at 10 it is forced through"),
             rate: family(r, "shmsched_limiter_rate_tokens_per_second", "The limiter's rate in force (set_rate changes it)"),
             capacity: family(r, "shmsched_limiter_capacity_tokens", "The limiter's capacity (burst) in force, in tokens"),
             forced: family(r, "shmsched_limiter_forced", "Anti-starvation force-throughs into debt, by all processes"),
@@ -186,6 +188,9 @@ impl Families {
                 self.wakes.get_or_create(&l).inc_by(sh.wakes);
                 for p in Priority::ALL {
                     let pl = labels(region, &[("priority", p.name())]);
+                    self.front_stall
+                        .get_or_create(&pl)
+                        .set(i64::try_from(sh.stall[p.index()]).unwrap_or(i64::MAX));
                     self.consumed
                         .get_or_create(&pl)
                         .inc_by(sh.consumed[p.index()]);

@@ -374,6 +374,20 @@ fn print_limiter(o: &mut String, l: &LimiterStats) {
                 waiting.join(", ")
             }
         );
+        let blocked: Vec<String> = Priority::ALL
+            .iter()
+            .rev()
+            .filter(|p| sh.waiters[p.index()] > 0)
+            .map(|p| format!("{} {}", p.name(), sh.stall[p.index()]))
+            .collect();
+        if !blocked.is_empty() {
+            let _ = writeln!(
+                o,
+                "blocked     {} ticks of 100 ms (the front; forced through at {})",
+                blocked.join(", "),
+                shmsched::limiter::STALL_TICKS
+            );
+        }
         let _ = writeln!(o, "forced      {} across all processes", sh.forced);
         // Tokens charged and given back per priority (counters, every
         // process): the achieved rate of a priority is the net's rate.
