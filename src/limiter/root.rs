@@ -606,7 +606,7 @@ impl LimRoot {
                     let waited = now_ms.wrapping_sub(since);
                     if (PASS_AFTER_MS..(1 << 31)).contains(&waited) {
                         reg.pass_over(f.idx);
-                        reg.wake(f.idx, tier_bit(tier));
+                        reg.wake_fronts(f.idx);
                         continue; // the next front of this tier, in order
                     }
                     if !first {

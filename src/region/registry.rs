@@ -1104,20 +1104,51 @@ impl Registry {
     /// Limiter front) for [`PASS_AFTER_NS`] and made no progress. Until it
     /// makes progress again, the region's order ([`front`](Self::front))
     /// skips its waiters; they keep their tickets, so once it runs again
-    /// they are served in their place. The caller then wakes the thread it
-    /// waited for, so that it looks at the region as soon as it runs (a
-    /// wake sent while it is stopped still moves its futex word, which a
-    /// stopped sleeper finds changed when its wait restarts).
+    /// they are served in their place. The caller then wakes its fronts
+    /// ([`wake_fronts`](Self::wake_fronts)), so that it looks at the region
+    /// as soon as it runs (a wake sent while it is stopped still moves its
+    /// futex word, which a stopped sleeper finds changed when its wait
+    /// restarts).
     pub fn pass_over(&self, idx: u32) {
-        if idx == self.me.idx {
-            return;
+        if self.mark_passed(idx).is_some() {
+            self.count_pass();
         }
-        let Some(e) = self.entry(idx) else {
-            return;
-        };
+    }
+
+    /// The mark of [`pass_over`](Self::pass_over) without the count:
+    /// returns the word written (for [`unmark_passed`](Self::unmark_passed)),
+    /// `None` for this process or an entry out of range.
+    pub fn mark_passed(&self, idx: u32) -> Option<u64> {
+        if idx == self.me.idx {
+            return None;
+        }
+        let e = self.entry(idx)?;
         let p = e.obj[PROGRESS].load(Ordering::SeqCst);
-        e.obj[PASSED].store(PASSED_FLAG | p, Ordering::SeqCst);
+        let mark = PASSED_FLAG | p;
+        e.obj[PASSED].store(mark, Ordering::SeqCst);
+        Some(mark)
+    }
+
+    /// Takes back a mark of [`mark_passed`](Self::mark_passed) that turned
+    /// out to rest on a stale read (if it is still the word there).
+    pub fn unmark_passed(&self, idx: u32, mark: u64) {
+        if let Some(e) = self.entry(idx) {
+            let _ = e.obj[PASSED].compare_exchange(mark, 0, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one process passed over (the [`passes`](Self::passes) total).
+    pub fn count_pass(&self) {
         self.d().passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Wakes every front of process `idx` (all tier bits and its helper
+    /// thread): after a pass, whichever of its threads runs first lifts the
+    /// mark, whatever tier it waits at (waking only the tier passed over
+    /// would leave the mark on a process whose waiter there was served
+    /// meanwhile, its other waiters skipped and asleep).
+    pub fn wake_fronts(&self, idx: u32) {
+        self.wake(idx, GATE_TIERS as u32 | HELPER_BIT);
     }
 
     /// Counter: processes passed over.

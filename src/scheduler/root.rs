@@ -617,13 +617,27 @@ impl SharedRoot {
     /// starved of CPU). Its process is skipped by the region's order until
     /// it makes progress again; its waiter keeps its ticket, so it is
     /// served in its place once it runs again.
+    ///
+    /// Only a designation that still stands is passed over: `d` may be a
+    /// read from before this thread was preempted, its waiter served since.
+    /// Marking its process then (found by the model checker,
+    /// `take_give_dispatch_max2_*`) left the mark on a process that had made
+    /// progress, its other waiters skipped and asleep on other tiers' bits
+    /// until its keeper's backstop. The mark comes first, so that nobody
+    /// re-designates the stopped waiter in between, and is taken back if
+    /// the designation moved.
     fn pass(&self, d: &Designee) {
         let reg = self.reg();
-        reg.pass_over(d.idx);
-        if reg.swap_designee(d, None) {
-            reg.clear_strict();
+        let Some(mark) = reg.mark_passed(d.idx) else {
+            return;
+        };
+        if !reg.swap_designee(d, None) {
+            reg.unmark_passed(d.idx, mark);
+            return;
         }
-        reg.wake(d.idx, tier_bit(d.tier));
+        reg.count_pass();
+        reg.clear_strict();
+        reg.wake_fronts(d.idx);
     }
 
     /// Whether free capacity would let designee `d` (its published front

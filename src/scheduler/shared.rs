@@ -24,6 +24,11 @@
 //! O(max). A process killed between the count and the cell leaves the sum
 //! one too high (never too low) until it is reaped, when its entry and its
 //! count go away together: right or repairable at reap, as the design asks.
+//! The sum is read one process after the other, not at one instant: a
+//! cell held throughout the read is always in it, while a take and a
+//! give-back in other processes during the read may each be seen or not
+//! (so a capped admission racing with both can be let in one task early;
+//! the hard max, the cells, is exact regardless).
 //! Capped admissions take a small cap lock around "sum, compare, take", so
 //! two of them never both see the same count; it is taken in bounded
 //! slices, and a holder that makes no progress (dead, or stopped) is taken
@@ -707,7 +712,7 @@ impl SharedSlots {
                 .is_ok();
         #[cfg(shuttle)]
         if ok {
-            self.model_held(1);
+            self.model_held(cell, 1);
         }
         ok
     }
@@ -775,7 +780,7 @@ impl SharedSlots {
         // A cell that is not ours (the region was scribbled on) is left alone.
         if let Some(c) = self.cells().get(cell as usize) {
             #[cfg(shuttle)]
-            self.model_held(-1);
+            self.model_held(c, -1);
             let _freed = c
                 .compare_exchange(
                     owner | tag,
@@ -786,7 +791,7 @@ impl SharedSlots {
                 .is_ok();
             #[cfg(shuttle)]
             if !_freed {
-                self.model_held(1);
+                self.model_held(c, 1);
             }
         }
     }
@@ -850,13 +855,13 @@ impl SharedSlots {
             let blocked = have < want
                 && self.cells().get(cell as usize).is_some_and(|x| {
                     #[cfg(shuttle)]
-                    self.model_held(-1);
+                    self.model_held(x, -1);
                     let ok = x
                         .compare_exchange(owner | tag, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
                         .is_ok();
                     #[cfg(shuttle)]
                     if !ok {
-                        self.model_held(1);
+                        self.model_held(x, 1);
                     }
                     ok
                 });
@@ -1156,7 +1161,7 @@ impl SharedSlots {
                 Self::free_value(v & COUNTED)
             };
             #[cfg(shuttle)]
-            self.model_held(-1);
+            self.model_held(cell, -1);
             if cell
                 .compare_exchange(v, free, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
@@ -1164,7 +1169,7 @@ impl SharedSlots {
                 n += 1;
             } else {
                 #[cfg(shuttle)]
-                self.model_held(1);
+                self.model_held(cell, 1);
             }
         }
         n
@@ -1224,22 +1229,25 @@ pub struct ModelState {
 
 #[cfg(shuttle)]
 impl SharedSlots {
-    /// Model checker: `delta` cells taken (+1, just after the CAS) or about
-    /// to be freed (−1, just before), so the model's tally is a lower bound
-    /// of the cells held at every step.
-    fn model_held(&self, delta: i64) {
-        crate::sys::futex::model::ghost_add(self.cells().as_ptr() as usize, delta);
+    /// Model checker: `cell` taken (+1, just after the CAS) or about to be
+    /// freed (−1, just before), so the model knows, cell by cell, a lower
+    /// bound of what is held at every step.
+    fn model_held(&self, cell: &AtomicU32, delta: i64) {
+        crate::sys::futex::model::ghost_add(cell as *const AtomicU32 as usize, delta);
     }
 
-    /// Model checker: starts watching the least number of cells held from
-    /// now on (see [`model_check_count`](Self::model_check_count)).
+    /// Model checker: starts watching the cells held now, for as long as
+    /// each stays held (see [`model_check_count`](Self::model_check_count)).
     fn model_watch_held(&self) -> usize {
-        crate::sys::futex::model::ghost_watch(self.cells().as_ptr() as usize)
+        let cells = self.cells();
+        crate::sys::futex::model::ghost_watch(cells.as_ptr() as usize, std::mem::size_of_val(cells))
     }
 
     /// Model checker: a running count read since `watch` must include every
     /// cell held throughout the read (a capped admission against a lower
-    /// count could exceed its cap).
+    /// count could exceed its cap). Cells taken or freed while the count is
+    /// read may be in it or not: the count is a sum over processes read one
+    /// after the other, not one instant's snapshot (see the module docs).
     fn model_check_count(&self, watch: usize, running: u64) {
         let least = crate::sys::futex::model::ghost_unwatch(watch);
         assert!(

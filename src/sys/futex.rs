@@ -359,9 +359,9 @@ pub mod model {
         never_fair: bool,
         /// Ghost tallies (see [`ghost_add`]): per key, the tally now.
         ghosts: Vec<(Key, i64)>,
-        /// Ghost watches: (key, least tally seen since the watch began);
-        /// `None` once ended.
-        watches: Vec<Option<(Key, i64)>>,
+        /// Ghost watches: the words positive since the watch began (see
+        /// [`ghost_watch`]); `None` once ended.
+        watches: Vec<Option<Vec<Key>>>,
     }
 
     shuttle::lazy_static! {
@@ -676,49 +676,56 @@ pub mod model {
     /// Adds `delta` to the ghost tally kept for the region word at `addr`
     /// (keyed as a futex word is, so every process's mapping of one region
     /// shares it): a quantity the protocol under test must account for,
-    /// such as the scheduler's cells held, updated next to the atomic
-    /// steps that change it, and read by [`ghost_watch`].
+    /// such as whether one scheduler cell is held, updated next to the
+    /// atomic steps that change it (`+1` just after a take, `−1` just
+    /// before a give-back), and read by [`ghost_watch`]. A decrease ends
+    /// the word's part in every running watch.
     pub fn ghost_add(addr: usize, delta: i64) {
         let (key, _, _) = key_of(addr);
         let mut t = table();
-        let v = match t.ghosts.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => {
-                *v += delta;
-                *v
-            }
-            None => {
-                t.ghosts.push((key, delta));
-                delta
-            }
-        };
-        for (k, least) in t.watches.iter_mut().flatten() {
-            if *k == key {
-                *least = (*least).min(v);
+        match t.ghosts.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v += delta,
+            None => t.ghosts.push((key, delta)),
+        }
+        if delta < 0 {
+            for set in t.watches.iter_mut().flatten() {
+                set.retain(|k| *k != key);
             }
         }
     }
 
-    /// Starts watching the least value the ghost tally of `addr` takes from
-    /// now on; returns the watch's id (for [`ghost_unwatch`]).
-    pub fn ghost_watch(addr: usize) -> usize {
-        let (key, _, _) = key_of(addr);
+    /// Starts watching the ghost words of `len` bytes from `addr`: the
+    /// ones whose tally is positive now, for as long as none of them
+    /// decreases. Returns the watch's id (for [`ghost_unwatch`]).
+    pub fn ghost_watch(addr: usize, len: usize) -> usize {
+        let (Key::Shared { identity, offset }, _, _) = key_of(addr) else {
+            let mut t = table();
+            t.watches.push(Some(Vec::new()));
+            return t.watches.len() - 1;
+        };
         let mut t = table();
-        let v = t
+        let held: Vec<Key> = t
             .ghosts
             .iter()
-            .find(|(k, _)| *k == key)
-            .map_or(0, |&(_, v)| v);
-        t.watches.push(Some((key, v)));
+            .filter(|(k, v)| {
+                *v > 0
+                    && matches!(*k, Key::Shared { identity: i, offset: o }
+                        if i == identity && o >= offset && o < offset + len)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        t.watches.push(Some(held));
         t.watches.len() - 1
     }
 
-    /// Ends watch `id`: the least value its tally took while it ran.
+    /// Ends watch `id`: how many of its words were positive throughout
+    /// (each one a cell held from the watch's start to its end).
     pub fn ghost_unwatch(id: usize) -> i64 {
         let mut t = table();
         t.watches
             .get_mut(id)
             .and_then(Option::take)
-            .map_or(i64::MIN, |(_, least)| least)
+            .map_or(i64::MIN, |set| set.len() as i64)
     }
 
     /// Makes the shared scheduler's fairness hand-off never come due in
