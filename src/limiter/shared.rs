@@ -31,8 +31,9 @@ use crate::sys::clock::{calibrate, Clock};
 /// down without going below 0, see [`bucket`](super::bucket); parameter
 /// blocks of three slots published by CAS; `ready_ms` per tier; 6: the
 /// registry's cluster line carries the lease's deadline and safe rate, and
-/// the gate its `GATE_LEASED` bit).
-pub(crate) const OBJECT_REV: u64 = 6;
+/// the gate its `GATE_LEASED` bit; 7: the gate carries the region's stall
+/// time in one word with its `GATE_CLOSING` bit).
+pub(crate) const OBJECT_REV: u64 = 7;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]
@@ -225,8 +226,11 @@ impl SharedBucket {
         self.reg.reap(&mut |_, _| {})
     }
 
-    /// Region-wide figures.
+    /// Region-wide figures. Reaps first if a scan is due (rate-limited
+    /// region-wide): a dead waiter's stall ends when a reader notices its
+    /// death.
     pub fn stats(&self, clock: Clock) -> SharedLimiterStats {
+        let _ = self.reg.maybe_reap(&mut |_, _| {});
         let mut processes = 0;
         if let Ok(procs) = self.mapping().live_processes() {
             processes = procs.iter().filter(|p| p.alive).count() as u32;
