@@ -181,13 +181,11 @@ impl Sample {
     /// pressure.
     pub fn from_limiter(l: &LimiterStats) -> Sample {
         let own = l.total.completed - l.total.cancelled.min(l.total.completed);
-        let (stall_ns, completed, forced) = l.shared.as_ref().map_or(
-            (l.stall_ns, own, l.forced),
-            |sh| {
+        let (stall_ns, completed, forced) =
+            l.shared.as_ref().map_or((l.stall_ns, own, l.forced), |sh| {
                 let done = sh.completed.iter().fold(0u64, |a, &c| a.saturating_add(c));
                 (sh.stall_ns, done, sh.forced)
-            },
-        );
+            });
         Sample {
             stall_ns: Some(stall_ns),
             some_now: l.pending > 0 || l.tokens < 0,
