@@ -25,8 +25,10 @@
 //!   [`Sample::from_limiter`]).
 //! - **full** — the fraction during which nothing made progress: the
 //!   *some* fraction of an interval with zero completions (a counter diff,
-//!   never a gauge), and for a limiter also debt or a fresh force-through
-//!   (Δ`forced` > 0); 0 for an interval in which something completed.
+//!   never a gauge: region-wide for a shared object, so a process that only
+//!   watches reads what the workers read), and for a limiter also debt or a
+//!   fresh force-through (Δ`forced` > 0); 0 for an interval in which
+//!   something completed.
 //!
 //! Each fraction feeds an exponentially weighted moving average with time
 //! constant `tau` and a gain that depends on the real time between samples
@@ -140,27 +142,32 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// From a scheduler's stats: the stall counter is the region's (any
-    /// process waiting) for a shared scheduler, this scheduler's otherwise;
-    /// `some_now` = a backlog (here, or waiters in other processes of a
-    /// region) and no free slot.
+    /// From a scheduler's stats: the stall counter and the completions are
+    /// the region's (any process waiting, any process's waiter served) for
+    /// a shared scheduler, so every process attached reads the same
+    /// pressure, one that queues nothing itself included; this scheduler's
+    /// otherwise. `some_now` = a backlog (here, or waiters in other
+    /// processes of a region) and no free slot.
     pub fn from_scheduler(s: &SchedulerStats) -> Sample {
-        let (saturated, elsewhere, stall_ns) = match &s.shared {
+        let own = s.total.completed - s.total.cancelled.min(s.total.completed);
+        let (saturated, elsewhere, stall_ns, completed) = match &s.shared {
             Some(sh) => (
                 sh.running >= sh.max,
                 sh.waiters.iter().any(|&w| w > 0),
                 sh.stall_ns,
+                sh.served,
             ),
             None => (
                 s.concurrency.is_some_and(|c| s.running >= u64::from(c)),
                 false,
                 s.stall_ns,
+                own,
             ),
         };
         Sample {
             stall_ns: Some(stall_ns),
             some_now: saturated && (s.pending > 0 || elsewhere),
-            completed: s.total.completed - s.total.cancelled.min(s.total.completed),
+            completed,
             forced: 0,
             in_debt: false,
             limiter: false,
@@ -183,6 +190,9 @@ impl Sample {
     /// stall counter (its `stall_ns` counts every wait, throttling
     /// included): the instant's predicate is the signal. A long stall ends
     /// in a force-through into debt, which the following samples see.
+    /// For a shared limiter the completions and force-throughs are the
+    /// region's (any process's), so every process attached reads the same
+    /// *full*.
     pub fn from_limiter(l: &LimiterStats) -> Sample {
         let ticks = crate::limiter::STALL_TICKS;
         let mut front_stalled = l.queues.iter().any(|q| q.count > 0 && q.stall >= ticks);
@@ -193,11 +203,16 @@ impl Sample {
                 .zip(sh.waiters.iter())
                 .any(|(&s, &w)| w > 0 && s >= ticks);
         }
+        let own = l.total.completed - l.total.cancelled.min(l.total.completed);
+        let (completed, forced) = l.shared.as_ref().map_or((own, l.forced), |sh| {
+            let done = sh.completed.iter().fold(0u64, |a, &c| a.saturating_add(c));
+            (done, sh.forced)
+        });
         Sample {
             stall_ns: None,
             some_now: front_stalled || l.tokens < 0,
-            completed: l.total.completed - l.total.cancelled.min(l.total.completed),
-            forced: l.forced,
+            completed,
+            forced,
             in_debt: l.tokens < 0,
             limiter: true,
         }

@@ -34,8 +34,10 @@ use crate::sys::clock::{calibrate, Clock};
 /// blocks of three slots published by CAS; `ready_ms` per tier; 6: the
 /// registry's cluster line carries the lease's deadline and safe rate, and
 /// the gate its `GATE_LEASED` bit; 7: the `LimTotals` line after the
-/// parameter block, tokens consumed and refunded per priority).
-pub(crate) const OBJECT_REV: u64 = 7;
+/// parameter block, tokens consumed and refunded per priority; 8: the gate
+/// carries the region's stall time in one word with its `GATE_CLOSING`
+/// bit).
+pub(crate) const OBJECT_REV: u64 = 8;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]
@@ -250,7 +252,10 @@ impl SharedBucket {
     }
 
     /// Region-wide figures (`stall`: the region fronts' stall ticks).
+    /// Reaps first if a scan is due (rate-limited region-wide): a dead
+    /// waiter's stall ends when a reader notices its death.
     pub fn stats(&self, clock: Clock, stall: [u64; LEVELS]) -> SharedLimiterStats {
+        let _ = self.reg.maybe_reap(&mut |_, _| {});
         let mut processes = 0;
         if let Ok(procs) = self.mapping().live_processes() {
             processes = procs.iter().filter(|p| p.alive).count() as u32;

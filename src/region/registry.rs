@@ -10,8 +10,8 @@
 //!
 //! - the **gate** word, read by every fast path: bit `t` is set while a
 //!   waiter of tier `t` is published by some process, [`GATE_STRICT`] while
-//!   a fairness hand-off is in progress (fast paths closed), and the start
-//!   of the current stall interval in µs above that (see *Stall time*);
+//!   a fairness hand-off is in progress (fast paths closed), and the
+//!   region's stall time in µs above that (see *Stall time*);
 //! - a region-wide **arrival ticket** counter per tier: a waiter takes the
 //!   next ticket when it queues, so tickets order waiters of one tier
 //!   across processes (FIFO);
@@ -92,12 +92,26 @@
 //!
 //! # Stall time
 //!
-//! The gate word also records when the current stall (some tier
-//! backlogged) began, in µs of `CLOCK_MONOTONIC` (53 bits: 285 years).
-//! The change that sets the first tier bit writes it in the same CAS; the
-//! change that clears the last adds the interval to a total. An interval
-//! therefore opens and closes exactly with the backlog bits, whatever the
-//! interleaving of processes.
+//! The gate word also carries the region's stall time (some tier
+//! backlogged), in µs of `CLOCK_MONOTONIC` in its top 52 bits, so that one
+//! load reads it consistently: while no tier bit is set, those bits are the
+//! total of the closed intervals; while one is, they are the stall's
+//! *virtual start* `v = now - total` (mod 2^52), so the total then is
+//! `now - v`. The change that sets the first tier bit turns the total into
+//! `v` in the same CAS. Closing takes two steps: the change that clears the
+//! last tier bit sets [`GATE_CLOSING`] and keeps `v` (same CAS); the closer
+//! then reads the clock and replaces `v` by `now - v`, clearing the bit.
+//! Anyone who finds the bit set (a writer of the gate, a reader that can
+//! write) finishes the close in the closer's place, so a closer that dies
+//! between its steps loses nothing. A reader loads the gate, reads the
+//! clock, and loads the gate again: it uses the clock only if the stall
+//! bits did not change in between, and waits (or helps) while a close is
+//! half-done. So a reading is never lower than an earlier one: an opener's
+//! clock precedes its CAS, which precedes a reader's first load, which
+//! precedes the reader's clock; the reader's clock precedes its second load,
+//! which precedes a closer's first step, which precedes the closer's clock.
+//! An interval therefore opens and closes exactly with the backlog bits,
+//! whatever the interleaving of processes.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -158,9 +172,19 @@ pub const GATE_SHRINKING: u64 = 1 << (LEVELS + 2);
 /// it raises the level, cleared only when an agent restores the object's own
 /// level ([`Registry::disarm_lease`]).
 pub const GATE_LEASED: u64 = 1 << (LEVELS + 3);
-/// The stall interval's start (µs) sits above this many gate bits.
-const SINCE_SHIFT: u32 = LEVELS as u32 + 4;
-const SINCE_MAX: u64 = (1 << (64 - SINCE_SHIFT)) - 1;
+/// Gate bit: the last tier bit was just cleared and the stall time above
+/// the gate bits is still the stall's virtual start (see *Stall time* in
+/// the module docs); whoever sees it finishes the close.
+pub const GATE_CLOSING: u64 = 1 << (LEVELS + 4);
+/// The stall time (µs, see the module docs) sits above this many gate bits.
+const STALL_SHIFT: u32 = LEVELS as u32 + 5;
+/// The gate bits below the stall time.
+const GATE_BITS: u64 = (1 << STALL_SHIFT) - 1;
+/// The stall time's field (52 bits of µs: 142 years), unshifted.
+const STALL_MASK: u64 = (1 << (64 - STALL_SHIFT)) - 1;
+/// How many times a reader of the stall time retries while a close is
+/// half-done or the gate changes under it, before it settles for a bound.
+const STALL_READ_TRIES: u32 = 1024;
 
 /// Bitmap words covering the largest process table.
 const MAP_WORDS: usize = crate::region::MAX_PROCESS_SLOTS as usize / 64;
@@ -225,8 +249,8 @@ struct DispatchLine {
     flags: AtomicU64,
     /// Region-wide arrival tickets, one counter per tier.
     tickets: [AtomicU32; 8],
-    /// Closed stall intervals, ns.
-    stall_total_ns: AtomicU64,
+    /// Counter: waiters served (granted after waiting), region-wide.
+    served: AtomicU64,
     /// Monotonic ms of the last scan for dead processes.
     last_reap_ms: AtomicU64,
     /// Counter: futex wakes that found a sleeper.
@@ -355,19 +379,49 @@ impl RegistryArea {
         self.gate.gate.load(Ordering::SeqCst)
     }
 
-    /// Total stall time (some tier backlogged), open interval included, ns.
+    /// Total stall time (some tier backlogged), open interval included, ns
+    /// (µs resolution). A consistent reading: never lower than one taken
+    /// before it (see *Stall time* in the module docs). Writes nothing (it
+    /// works on a read-only mapping): if a close stays half-done for as
+    /// long as [`STALL_READ_TRIES`] retries, it returns the closing
+    /// interval measured up to now.
     pub fn stall_ns(&self) -> u64 {
-        let total = self.dispatch.stall_total_ns.load(Ordering::Relaxed);
-        let g = self.gate();
-        if g & GATE_TIERS == 0 {
-            return total;
+        self.stall_read(&|| crate::sync::yield_now())
+    }
+
+    /// [`stall_ns`](Self::stall_ns), calling `half_done` each time a close
+    /// is found half-done (a writer finishes it there).
+    fn stall_read(&self, half_done: &dyn Fn()) -> u64 {
+        let open = |g: u64| g & GATE_TIERS != 0;
+        let closing = |g: u64| !open(g) && g & GATE_CLOSING != 0;
+        // The stall bits: the field and the state.
+        let key = |g: u64| (g & !GATE_BITS) | u64::from(open(g)) | (u64::from(closing(g)) << 1);
+        let since = |v: u64, now_us: u64| now_us.wrapping_sub(v) & STALL_MASK;
+        let mut bound = 0;
+        for _ in 0..STALL_READ_TRIES {
+            let g0 = self.gate();
+            let field = g0 >> STALL_SHIFT;
+            if closing(g0) {
+                bound = since(field, monotonic_ns() / 1000).saturating_mul(1000);
+                half_done();
+                continue;
+            }
+            if !open(g0) {
+                return field.saturating_mul(1000);
+            }
+            let now_us = monotonic_ns() / 1000;
+            let g1 = self.gate();
+            bound = since(field, now_us).saturating_mul(1000);
+            if key(g1) == key(g0) {
+                return bound;
+            }
         }
-        let since_us = g >> SINCE_SHIFT;
-        total.saturating_add(
-            (monotonic_ns() / 1000)
-                .saturating_sub(since_us)
-                .saturating_mul(1000),
-        )
+        bound
+    }
+
+    /// Counter: waiters served (granted after waiting) in any process.
+    pub fn served(&self) -> u64 {
+        self.dispatch.served.load(Ordering::Relaxed)
     }
 
     /// Counters: (futex wakes that found a sleeper, dead processes reaped,
@@ -733,33 +787,56 @@ impl Registry {
         self.area().gate.gate.load(Ordering::SeqCst)
     }
 
+    /// Applies `f` to the gate's bits (without [`GATE_CLOSING`] and the
+    /// stall time, which follow from the tier bits: see *Stall time* in the
+    /// module docs).
     fn update_gate(&self, f: impl Fn(u64) -> u64) {
         let g = &self.area().gate.gate;
         let mut old = g.load(Ordering::SeqCst);
-        loop {
-            let now_us = monotonic_ns() / 1000;
-            let mut new = f(old & !(SINCE_MAX << SINCE_SHIFT)) & !(SINCE_MAX << SINCE_SHIFT);
-            let (was, is) = (old & GATE_TIERS != 0, new & GATE_TIERS != 0);
-            let since = old >> SINCE_SHIFT;
-            if is {
-                let s = if was {
-                    since
-                } else {
-                    now_us.clamp(1, SINCE_MAX)
-                };
-                new |= s << SINCE_SHIFT;
+        let half_done = loop {
+            let field = old >> STALL_SHIFT;
+            let bits = f(old & GATE_BITS & !GATE_CLOSING) & GATE_BITS & !GATE_CLOSING;
+            let was = old & GATE_TIERS != 0;
+            let closing = !was && old & GATE_CLOSING != 0;
+            let field = match (was || closing, bits & GATE_TIERS != 0) {
+                // Open (or a close reverted before it completed): the same
+                // virtual start, the same running total.
+                (true, true) => field,
+                // Opens: the closed total becomes the virtual start, from a
+                // clock read after the load (and so before the CAS).
+                (false, true) => (monotonic_ns() / 1000).wrapping_sub(field) & STALL_MASK,
+                (_, false) => field,
+            };
+            let mut new = bits | (field << STALL_SHIFT);
+            if (was || closing) && bits & GATE_TIERS == 0 {
+                // The close's first step (or one still to finish).
+                new |= GATE_CLOSING;
             }
             if new == old {
-                return;
+                break closing;
             }
             match g.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => {
-                    if was && !is && since != 0 {
-                        let ns = now_us.saturating_sub(since).saturating_mul(1000);
-                        self.d().stall_total_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                    return;
-                }
+                Ok(_) => break new & GATE_CLOSING != 0,
+                Err(cur) => old = cur,
+            }
+        };
+        if half_done {
+            self.finish_close();
+        }
+    }
+
+    /// Finishes a half-done close (see *Stall time* in the module docs): the
+    /// virtual start becomes the total at a clock read after the load that
+    /// found the close half-done.
+    fn finish_close(&self) {
+        let g = &self.area().gate.gate;
+        let mut old = g.load(Ordering::SeqCst);
+        while old & GATE_CLOSING != 0 && old & GATE_TIERS == 0 {
+            let now_us = monotonic_ns() / 1000;
+            let total = now_us.wrapping_sub(old >> STALL_SHIFT) & STALL_MASK;
+            let new = (old & GATE_BITS & !GATE_CLOSING) | (total << STALL_SHIFT);
+            match g.compare_exchange_weak(old, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return,
                 Err(cur) => old = cur,
             }
         }
@@ -809,9 +886,20 @@ impl Registry {
         }
     }
 
-    /// Total stall time (some tier backlogged), open interval included, ns.
+    /// Total stall time (some tier backlogged), open interval included, ns:
+    /// [`RegistryArea::stall_ns`], finishing a half-done close it finds.
     pub fn stall_ns(&self) -> u64 {
-        self.area().stall_ns()
+        self.area().stall_read(&|| self.finish_close())
+    }
+
+    /// Counts a waiter served (granted after waiting), region-wide.
+    pub fn count_served(&self) {
+        self.d().served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counter: waiters served in any process.
+    pub fn served(&self) -> u64 {
+        self.area().served()
     }
 
     // ---- publication ---------------------------------------------------

@@ -553,6 +553,9 @@ impl SharedRoot {
     ) -> Option<Arc<Waiter>> {
         let w = q.take_at(tier, pos, self.slots.max())?;
         w.counters.left(tier, cancelled);
+        if !cancelled {
+            self.reg().count_served();
+        }
         if w.is_async {
             self.async_waiting.fetch_sub(1, Ordering::SeqCst);
         }

@@ -123,8 +123,10 @@ pub const MAX_SHARED_SLOTS: u32 = 65_536;
 /// cells of the counting era are [`FREE_COUNTED`], the header's blocked
 /// count is exact under its ceiling lock, the cap lock is a 64-bit word
 /// with a generation; 5: the registry's cluster line carries the lease's
-/// deadline and safe level, and the gate its `GATE_LEASED` bit).
-pub(crate) const OBJECT_REV: u64 = 5;
+/// deadline and safe level, and the gate its `GATE_LEASED` bit; 6: the gate
+/// carries the region's stall time in one word with its `GATE_CLOSING` bit,
+/// and the registry's dispatch line the region's count of waiters served).
+pub(crate) const OBJECT_REV: u64 = 6;
 
 /// A cap lock held this long by a holder whose acquisition did not change
 /// (no progress) is taken over, even from a live holder (see
@@ -1175,8 +1177,12 @@ impl SharedSlots {
         n
     }
 
-    /// Region-wide figures.
+    /// Region-wide figures. Reaps first if a scan is due (rate-limited
+    /// region-wide, [`REAP_INTERVAL_MS`](crate::region::registry::REAP_INTERVAL_MS)):
+    /// a dead waiter's stall ends when a reader notices its death, not only
+    /// when someone acquires.
     pub fn stats(&self) -> SharedStats {
+        self.maybe_reap();
         let mut processes = 0;
         if let Ok(procs) = self.mapping().live_processes() {
             processes = procs.iter().filter(|p| p.alive).count() as u32;
@@ -1191,6 +1197,7 @@ impl SharedSlots {
             reclaimed: self.header().reclaimed.load(Ordering::Relaxed),
             reaped_processes: self.reg.reaped(),
             stall_ns: self.reg.stall_ns(),
+            served: self.reg.served(),
             wakes: self.reg.wakes(),
             fair_handoffs: self.reg.strict_handoffs(),
             passed_over: self.reg.passes(),

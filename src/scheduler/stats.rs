@@ -53,6 +53,11 @@ pub struct SharedStats {
     /// Counter: nanoseconds during which at least one task waited for a
     /// slot, in any process (PSI "some"), kept exactly at transitions.
     pub stall_ns: u64,
+    /// Counter: tasks dispatched after waiting, in any process (the
+    /// region's `completed - cancelled`; what pressure's *full* diffs for a
+    /// shared scheduler, so a process that queues nothing itself reads the
+    /// region's progress).
+    pub served: u64,
     /// Counter: futex wake-ups sent to a waiting process that found a
     /// thread asleep there (one per hand-off to a sleeping waiter).
     pub wakes: u64,

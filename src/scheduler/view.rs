@@ -91,6 +91,7 @@ impl RegionView {
             reclaimed: self.sched_header()?.reclaimed.load(Ordering::Relaxed),
             reaped_processes: reaped,
             stall_ns: reg.stall_ns(),
+            served: reg.served(),
             wakes,
             fair_handoffs: strict,
             passed_over: reg.passes(),
