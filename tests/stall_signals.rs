@@ -337,7 +337,7 @@ fn a_watching_process_reads_the_workers_pressure() {
             let (mut rep_w, mut go_r) = (rep_w.try_clone().unwrap(), go_r.try_clone().unwrap());
             let region = &region;
             fork_child(move || {
-                let Ok(s) = Scheduler::attach(&region) else {
+                let Ok(s) = Scheduler::attach(region) else {
                     return 2;
                 };
                 let threads: Vec<_> = (0..4)
