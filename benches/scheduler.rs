@@ -84,6 +84,19 @@ fn acquire_release(c: &mut Criterion) {
         });
     }
 
+    {
+        // The same pair on a region a cluster lease holds (armed a day
+        // before its deadline, as an agent arms it): GATE_LEASED sends every
+        // admission through the cold side's deadline check.
+        let region = Region::anonymous().expect("region");
+        let s = Scheduler::shared(&region, PERMITS).expect("shared scheduler");
+        let until = Instant::now() + Duration::from_secs(24 * 3600);
+        shmsched::cluster::lease_until(&s, u64::from(PERMITS), 1, until).expect("lease");
+        g.bench_function("shmsched_shared_leased", |b| {
+            b.iter(|| drop(black_box(s.acquire(Priority::Normal).expect("acquire"))))
+        });
+    }
+
     // How the shared pair scales with the region's max, uncapped and with a
     // cap on the acquiring priority (a capped pair takes its cells under the
     // region's cap lock, so it must not grow with the max either).

@@ -8,159 +8,18 @@
 //! - requests arrive but replies are dropped: the grant the host never
 //!   learns is reclaimed at its next request and reaches the other host.
 
+#[path = "redis_util/proxy.rs"]
+mod proxy;
 mod redis_util;
 mod tools;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use proxy::Proxy;
 use redis_util::RedisServer;
 use shmsched::cluster::{BudgetClient, ClusterError, RenewReply, RenewRequest, BANDS};
 
 const T: Duration = Duration::from_secs(5);
-
-#[derive(Default)]
-struct Shared {
-    /// The next request carrying a script call is held (and the rest of
-    /// its connection with it).
-    hold_next: Mutex<bool>,
-    /// Where a held connection waits for its release.
-    release: Mutex<Option<Receiver<()>>>,
-    /// Replies to script calls are dropped (requests still pass; a new
-    /// connection's handshake is answered).
-    drop_replies: AtomicBool,
-    /// Reply bytes of the held connection go here.
-    held_reply: Mutex<Option<Sender<Vec<u8>>>>,
-}
-
-/// A loopback TCP proxy to the server's Unix socket. Its threads end with
-/// their connections; the listener thread with the test process.
-struct Proxy {
-    port: u16,
-    shared: Arc<Shared>,
-}
-
-impl Proxy {
-    fn start(sock: PathBuf) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().unwrap().port();
-        let shared = Arc::new(Shared::default());
-        let sh = shared.clone();
-        std::thread::spawn(move || {
-            for c in l.incoming() {
-                let Ok(client) = c else { return };
-                let Ok(server) = UnixStream::connect(&sock) else {
-                    continue;
-                };
-                let sh = sh.clone();
-                std::thread::spawn(move || pipe(client, server, sh));
-            }
-        });
-        Proxy { port, shared }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// Holds the next script call (on a new connection); the receiver gets
-    /// the server's reply to it once released.
-    fn hold_next(&self) -> (Sender<()>, Receiver<Vec<u8>>) {
-        let (rel_tx, rel_rx) = channel();
-        let (rep_tx, rep_rx) = channel();
-        *self.shared.release.lock().unwrap() = Some(rel_rx);
-        *self.shared.held_reply.lock().unwrap() = Some(rep_tx);
-        *self.shared.hold_next.lock().unwrap() = true;
-        (rel_tx, rep_rx)
-    }
-
-    fn drop_replies(&self, on: bool) {
-        self.shared.drop_replies.store(on, Ordering::SeqCst);
-    }
-}
-
-fn pipe(mut client: TcpStream, server: UnixStream, sh: Arc<Shared>) {
-    let mut up = server.try_clone().expect("clone");
-    let mut down_from = server;
-    let mut down_to = client.try_clone().expect("clone");
-    let held = Arc::new(AtomicBool::new(false));
-    let held2 = held.clone();
-    // Set once the client sent a script call: replies from then on are
-    // renewal replies (the connection's handshake passes).
-    let scripted = Arc::new(AtomicBool::new(false));
-    let scripted2 = scripted.clone();
-    let sh2 = sh.clone();
-    // Server -> client.
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        loop {
-            let n = match down_from.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if held2.load(Ordering::SeqCst) {
-                if let Some(tx) = sh2.held_reply.lock().unwrap().as_ref() {
-                    let _ = tx.send(buf[..n].to_vec());
-                }
-            }
-            if sh2.drop_replies.load(Ordering::SeqCst) && scripted2.load(Ordering::SeqCst) {
-                continue;
-            }
-            let _ = down_to.write_all(&buf[..n]);
-        }
-    });
-    // Client -> server.
-    let mut buf = [0u8; 65536];
-    let mut stash: Vec<u8> = vec![];
-    loop {
-        let n = match client.read(&mut buf) {
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
-        };
-        let chunk = &buf[..n];
-        let script_call = chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
-        if script_call {
-            scripted.store(true, Ordering::SeqCst);
-        }
-        if !held.load(Ordering::SeqCst) && n > 0 && script_call {
-            let mut h = sh.hold_next.lock().unwrap();
-            if *h {
-                *h = false;
-                held.store(true, Ordering::SeqCst);
-            }
-        }
-        if held.load(Ordering::SeqCst) {
-            stash.extend_from_slice(chunk);
-            if n == 0 {
-                // The client gave up and closed: wait for the release, then
-                // deliver the late request.
-                let rx = sh.release.lock().unwrap().take();
-                if let Some(rx) = rx {
-                    if rx.recv_timeout(Duration::from_secs(30)).is_ok() {
-                        let _ = up.write_all(&stash);
-                    }
-                }
-                // Keep the upstream open long enough for the reply.
-                std::thread::sleep(Duration::from_millis(500));
-                return;
-            }
-            continue;
-        }
-        if n == 0 {
-            let _ = up.shutdown(std::net::Shutdown::Write);
-            return;
-        }
-        if up.write_all(chunk).is_err() {
-            return;
-        }
-    }
-}
 
 fn req(host: &str, token: u64, has: u64, want: u64) -> RenewRequest {
     let mut wants = [0; BANDS];

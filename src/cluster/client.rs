@@ -22,6 +22,27 @@ pub const BANDS: usize = crate::priority::LEVELS;
 
 const SCRIPT: &str = include_str!("lease.lua");
 
+/// A lease script that replaces [`SCRIPT`] in every client this process
+/// makes afterwards (test-only: [`use_lease_script`]).
+static SCRIPT_OVERRIDE: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Test-only: every [`BudgetClient`] made afterwards in this process (an
+/// agent's too) sends `source` instead of the built-in lease script, so a
+/// test can run real agents against an older script revision with the
+/// same wire format. Set at most once per process; a second call is
+/// refused ([`ClusterError::Config`]). Not part of the API.
+#[doc(hidden)]
+pub fn use_lease_script(source: String) -> Result<(), ClusterError> {
+    let leaked: &'static str = Box::leak(source.into_boxed_str());
+    SCRIPT_OVERRIDE.set(leaked).map_err(|_| {
+        ClusterError::Config("a lease script override is already set in this process".into())
+    })
+}
+
+fn script_source() -> &'static str {
+    SCRIPT_OVERRIDE.get().copied().unwrap_or(SCRIPT)
+}
+
 /// One renewal (or registration, with token 0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenewRequest {
@@ -150,6 +171,7 @@ pub struct BudgetClient {
     budget: String,
     keys: Vec<String>,
     script: redis::Script,
+    source: &'static str,
     timeout: Duration,
     loads: u64,
     seq: u64,
@@ -178,7 +200,8 @@ impl BudgetClient {
             con: None,
             budget: budget.to_string(),
             keys: BudgetClient::keys(budget),
-            script: redis::Script::new(SCRIPT),
+            script: redis::Script::new(script_source()),
+            source: script_source(),
             timeout: timeout.max(Duration::from_millis(1)),
             loads: 0,
             seq: 0,
@@ -272,6 +295,7 @@ impl BudgetClient {
     fn call_once(&mut self, args: &[String], timeout: Duration) -> Result<Value, ClusterError> {
         let keys = self.keys.clone();
         let hash = self.script.get_hash().to_string();
+        let source = self.source;
         let con = self.con(timeout)?;
         let evalsha = |con: &mut redis::Connection| {
             let mut c = redis::cmd("EVALSHA");
@@ -289,7 +313,7 @@ impl BudgetClient {
             Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(SCRIPT)
+                    .arg(source)
                     .query::<String>(con)?;
                 self.loads += 1;
                 let con = self.con.as_mut().expect("still connected");

@@ -127,6 +127,8 @@ mod target;
 mod view;
 
 pub use agent::{Agent, AgentStatus, Role};
+#[doc(hidden)]
+pub use client::use_lease_script;
 pub use client::{BudgetClient, BudgetState, HostRecord, RenewReply, RenewRequest, BANDS};
 pub use config::AgentConfig;
 pub use target::Target;
