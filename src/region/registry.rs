@@ -488,6 +488,27 @@ impl RegistryArea {
         }
     }
 
+    /// Calls `f` with the entry of every process `entries` yields whose
+    /// waiting bit is set (within the first `process_slots`).
+    fn each_waiting<'a>(
+        &self,
+        entries: impl Fn(u32) -> Option<&'a ProcEntry>,
+        process_slots: u32,
+        mut f: impl FnMut(&ProcEntry),
+    ) {
+        let words = (process_slots as usize).div_ceil(64).clamp(1, MAP_WORDS);
+        for (w, word) in self.waiting[..words].iter().enumerate() {
+            let mut v = word.load(Ordering::SeqCst);
+            while v != 0 {
+                let idx = w as u32 * 64 + v.trailing_zeros();
+                v &= v - 1;
+                if let Some(e) = entries(idx) {
+                    f(e);
+                }
+            }
+        }
+    }
+
     /// Waiters published per tier by the processes `entries` yields (a
     /// process's words are read only if its waiting bit is set).
     pub fn waiter_counts<'a>(
@@ -495,20 +516,12 @@ impl RegistryArea {
         entries: impl Fn(u32) -> Option<&'a ProcEntry>,
         process_slots: u32,
     ) -> [u64; LEVELS] {
-        let words = (process_slots as usize).div_ceil(64).clamp(1, MAP_WORDS);
         let mut out = [0u64; LEVELS];
-        for (w, word) in self.waiting[..words].iter().enumerate() {
-            let mut v = word.load(Ordering::SeqCst);
-            while v != 0 {
-                let idx = w as u32 * 64 + v.trailing_zeros();
-                v &= v - 1;
-                if let Some(e) = entries(idx) {
-                    for (t, o) in out.iter_mut().enumerate() {
-                        *o += e.obj[t].load(Ordering::Relaxed) >> 32;
-                    }
-                }
+        self.each_waiting(entries, process_slots, |e| {
+            for (t, o) in out.iter_mut().enumerate() {
+                *o += e.obj[t].load(Ordering::Relaxed) >> 32;
             }
-        }
+        });
         out
     }
 
@@ -522,22 +535,14 @@ impl RegistryArea {
         process_slots: u32,
         mut f: impl FnMut(usize, u32),
     ) {
-        let words = (process_slots as usize).div_ceil(64).clamp(1, MAP_WORDS);
-        for (w, word) in self.waiting[..words].iter().enumerate() {
-            let mut v = word.load(Ordering::SeqCst);
-            while v != 0 {
-                let idx = w as u32 * 64 + v.trailing_zeros();
-                v &= v - 1;
-                if let Some(e) = entries(idx) {
-                    for t in 0..LEVELS {
-                        if e.obj[t].load(Ordering::SeqCst) >> 32 != 0 {
-                            let cn = e.obj[FRONT_WORDS + t].load(Ordering::SeqCst);
-                            f(t, (cn >> 32) as u32);
-                        }
-                    }
+        self.each_waiting(entries, process_slots, |e| {
+            for t in 0..LEVELS {
+                if e.obj[t].load(Ordering::SeqCst) >> 32 != 0 {
+                    let cn = e.obj[FRONT_WORDS + t].load(Ordering::SeqCst);
+                    f(t, (cn >> 32) as u32);
                 }
             }
-        }
+        });
     }
 }
 
