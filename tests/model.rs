@@ -765,6 +765,75 @@ fn concurrent_rebalances_are_exact() {
     });
 }
 
+// ---- 3d. a lease's end against a lapse ---------------------------------------------
+
+/// Max 4 at its own ceiling of 4; a cluster lease armed whose deadline has
+/// passed (safe level 1). Process 1 ends the lease and restores the own
+/// level (`cluster::release`, as `shmsched cluster release` does) while
+/// process 0 admits (its slow path reads the deadline and lowers the
+/// ceiling to 1). Afterwards the lease is disarmed and the ceiling is 4,
+/// whatever the order: a lowering decided on the deadline before the end
+/// used to land after the restore, leaving the region at 1 with no lease.
+#[test]
+fn lapse_races_end_of_lease() {
+    explore("lapse_races_end_of_lease", 15000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(2, Concurrency::max(4)));
+        shmsched::cluster::lease_until(&ps[1].sched, 4, 1, Instant::now()).unwrap();
+        let p0 = ps.clone();
+        let admit = spawn(Some(ps[0].map.clone()), "p0t0", move || {
+            p0[0].sched.try_acquire(Priority::Normal).is_some()
+        });
+        let p1 = ps.clone();
+        let end = spawn(Some(ps[1].map.clone()), "p1t0", move || {
+            shmsched::cluster::release(&p1[1].sched, true).unwrap()
+        });
+        let got = admit.join().unwrap().unwrap();
+        let rel = end.join().unwrap().unwrap();
+        cover(if got { "admitted" } else { "refused" });
+        assert_eq!(rel.restored, Some(4), "{rel:?}");
+        let g = ps[0].sched.stats();
+        assert_eq!(ps[0].sched.ceiling(), 4, "the restore was undone: {g:?}");
+        assert!(
+            ps[0].sched.try_acquire(Priority::Normal).is_some(),
+            "nothing admissible after the restore"
+        );
+        for p in ps.iter() {
+            assert_quiescent(p, 4);
+        }
+    });
+}
+
+/// The same for a limiter: rate 1,000/s (capacity 1,000) leased, safe rate
+/// 10, deadline passed; process 1 ends the lease restoring 1,000 while
+/// process 0 consumes (its slow path lapses the rate to 10). Afterwards the
+/// rate is 1,000 and the capacity 1,000.
+#[test]
+fn limiter_lapse_races_end_of_lease() {
+    explore("limiter_lapse_races_end_of_lease", 15000, || {
+        model::set_timeouts(false);
+        let (lims, maps) = limiter_procs(2, 1_000, 1_000);
+        let lims = Arc::new(lims);
+        shmsched::cluster::lease_until(&lims[1], 1_000, 10, Instant::now()).unwrap();
+        let l0 = lims.clone();
+        let take = spawn(Some(maps[0].clone()), "p0t0", move || {
+            let _ = l0[0].try_consume(1);
+        });
+        let l1 = lims.clone();
+        let end = spawn(Some(maps[1].clone()), "p1t0", move || {
+            shmsched::cluster::release(&l1[1], true).unwrap()
+        });
+        take.join().unwrap();
+        let rel = end.join().unwrap().unwrap();
+        assert_eq!(rel.restored, Some(1_000), "{rel:?}");
+        assert_eq!(
+            (lims[0].tokens_per_second(), lims[0].capacity()),
+            (1_000, 1_000),
+            "the restore was undone"
+        );
+    });
+}
+
 // ---- 4. death ------------------------------------------------------------------
 
 /// A process dies at a point the checker picks: while its one thread sleeps

@@ -722,14 +722,13 @@ impl Run {
                 let handover =
                     reg.standby_seen_within(ms(poll * 2 + Duration::from_millis(100)) * 1_000_000);
                 let g = reg.lease_guard();
-                let restore = g.own_level.filter(|_| !handover);
-                if restore.is_some() {
-                    reg.disarm_lease();
-                }
-                if let Some(own) = restore {
-                    let _ = self.target.restore(own, g.own_burst);
-                    self.mode = LeaseMode::None;
-                    self.publish();
+                if let Some(own) = g.own_level.filter(|_| !handover) {
+                    // Disarmed and restored as one step against every
+                    // process's lapse (see `Target::end_lease`).
+                    if self.target.end_lease(Some((own, g.own_burst))).is_ok() {
+                        self.mode = LeaseMode::None;
+                        self.publish();
+                    }
                 }
             }
             if let Ok(reg) = self.target.registry() {

@@ -204,21 +204,27 @@ pub fn release(target: impl Into<Target>, restore: bool) -> Result<Released, Clu
             reg.agent_owner()
         )));
     }
-    let g = reg.lease_guard();
-    reg.disarm_lease();
-    let mut restored = None;
-    if restore {
-        if let Some(own) = g.own_level {
-            target.restore(own, g.own_burst)?;
-            restored = Some(target.own().0);
+    // Resign whatever happens below: an error must not leave the region
+    // with an agent nobody runs (a standby would wait for it for ever).
+    struct Resign<'a>(&'a crate::region::registry::Registry);
+    impl Drop for Resign<'_> {
+        fn drop(&mut self) {
+            self.0.resign_agent();
         }
     }
+    let _resign = Resign(reg);
+    let g = reg.lease_guard();
+    let restore = g
+        .own_level
+        .filter(|_| restore)
+        .map(|own| (own, g.own_burst));
+    target.end_lease(restore)?;
+    let restored = restore.map(|_| target.own().0);
     let mut l = reg.lease().unwrap_or_default();
     l.grant = 0;
     l.deadline_unix_ms = 0;
     l.mode = LeaseMode::None.to_word();
     reg.set_lease(&l);
-    reg.resign_agent();
     Ok(Released {
         was_armed: g.armed,
         restored,

@@ -175,6 +175,33 @@ impl Target {
         }
     }
 
+    /// Ends a lease's hold on the region (the deadline and `GATE_LEASED`
+    /// cleared) and, with `restore` (level, burst), moves the object back
+    /// to it, so that no process's lapse decided before the end lowers the
+    /// object after it: a scheduler does both under its ceiling lock, where
+    /// a lapse re-reads the deadline; a limiter's lapse re-reads it on each
+    /// attempt to publish its parameters, so disarming first is enough.
+    pub(crate) fn end_lease(&self, restore: Option<(u64, u64)>) -> Result<(), ClusterError> {
+        match self {
+            Target::Scheduler(s) => {
+                let level = restore.map(|(l, _)| l.min(self.max_units()) as u32);
+                s.end_lease(level).map(|_| ()).map_err(|holder| {
+                    ClusterError::Config(format!(
+                        "the region's ceiling lock is held by owner id {holder} beyond its bound \
+                         (a stopped process?): nothing changed; try again"
+                    ))
+                })
+            }
+            Target::Limiter(_) => {
+                self.registry()?.disarm_lease();
+                match restore {
+                    Some((level, burst)) => self.restore(level, burst),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
     /// Reads the region now.
     pub(crate) fn sample(&self) -> Sample {
         match self {

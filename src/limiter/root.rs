@@ -443,14 +443,23 @@ impl LimRoot {
             return;
         }
         let tat = &self.bucket.state().tat;
-        let _ = self.bucket.update_params(|p| Params {
-            gcra: p.gcra.recapped(
-                tat,
-                p.clock.now_ns(),
-                (p.gcra.rate() as u32).min(safe),
-                (p.gcra.cap() as u32).min(burst),
-            ),
-            ..p
+        // The deadline is read again on every attempt to publish: a renewal
+        // or the lease's end publishes its own parameters after moving the
+        // deadline, so an attempt that loses the race to them runs again,
+        // finds the lease no longer due and leaves their level alone.
+        let _ = self.bucket.update_params(|p| {
+            if self.reg().lapse_due().is_none() {
+                return p;
+            }
+            Params {
+                gcra: p.gcra.recapped(
+                    tat,
+                    p.clock.now_ns(),
+                    (p.gcra.rate() as u32).min(safe),
+                    (p.gcra.cap() as u32).min(burst),
+                ),
+                ..p
+            }
         });
         self.fronts_moved();
         let reg = self.reg();

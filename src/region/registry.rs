@@ -1423,6 +1423,22 @@ impl Registry {
         }
     }
 
+    /// True if a lease is in force and its deadline is clearly ahead: more
+    /// than [`COARSE_SLACK_NS`](crate::sys::clock::COARSE_SLACK_NS) beyond
+    /// the coarse clock, so beyond the precise one. The fast paths' test
+    /// while [`GATE_LEASED`] is the gate's only bit: one load and a coarse
+    /// clock read, then the same take as without a lease; near or past the
+    /// deadline (and during an arm or disarm, deadline 0) they take the
+    /// cold path, which reads the precise clock ([`lapse_due`](Self::lapse_due)).
+    #[inline]
+    pub fn lease_clearly_in_force(&self) -> bool {
+        let fall = self.area().cluster.fall_ns.load(Ordering::Acquire);
+        fall != 0
+            && crate::sys::clock::monotonic_coarse_ns()
+                .saturating_add(crate::sys::clock::COARSE_SLACK_NS)
+                < fall
+    }
+
     /// The lease's deadline has passed (or its words are scribbled): the
     /// safe level and burst the object must run at now. `None` while the
     /// lease is in force or there is none: a deadline of 0 with the gate's

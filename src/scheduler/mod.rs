@@ -342,6 +342,21 @@ impl Scheduler {
         }
     }
 
+    /// Ends a cluster lease's hold on the region and, with `restore`,
+    /// moves the ceiling there, atomically against every process's lapse
+    /// (for the cluster module). `Ok(None)`: the ceiling lock was held by a
+    /// live process beyond its bound (its owner id is the error's), nothing
+    /// changed.
+    pub(crate) fn end_lease(&self, restore: Option<u32>) -> Result<Option<bool>, u32> {
+        match self.root().level() {
+            Level::Shared(r) if !r.forked() => match r.end_lease(restore) {
+                Some(done) => Ok(Some(done)),
+                None => Err(r.slots().ceiling_lock_holder()),
+            },
+            _ => Ok(None),
+        }
+    }
+
     /// The wait registry of the region this scheduler's root is shared
     /// through (for crate modules that work on the region: the cluster
     /// agent).

@@ -1047,6 +1047,14 @@ impl SharedRoot {
         Ok(done)
     }
 
+    /// Ends a cluster lease's hold on the region, restoring a ceiling (see
+    /// [`SharedSlots::end_lease`]); waiters are served if it went up.
+    pub fn end_lease(&self, restore: Option<u32>) -> Option<bool> {
+        let done = self.slots.end_lease(restore)?;
+        self.serve_now(false);
+        Some(done)
+    }
+
     /// Cells held by this process.
     pub fn held_here(&self) -> u32 {
         self.slots.held_by(self.slots.owner())

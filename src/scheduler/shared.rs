@@ -963,8 +963,47 @@ impl SharedSlots {
             )));
         }
         self.reg.set_counting();
-        self.header().ceiling.store(target + 1, Ordering::SeqCst);
-        Ok(self.rebalance(true))
+        // The store is made under the ceiling lock, where a lapsing lease
+        // re-checks its deadline (`lapse_if_due`) and a lease ends
+        // (`end_lease`): a lowering decided on a deadline read before a
+        // renewal or an end cannot land after it. Behind a holder that does
+        // not let go within the lock's bound (stopped), the store is made
+        // anyway, as before the lock: the caller's level must not be lost.
+        match self.ceiling_lock() {
+            Some(lock) => {
+                self.header().ceiling.store(target + 1, Ordering::SeqCst);
+                Ok(self.rebalance_locked(true, &lock))
+            }
+            None => {
+                self.header().ceiling.store(target + 1, Ordering::SeqCst);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Ends a cluster lease's hold on the region (see
+    /// [`Registry::disarm_lease`]) and, with `restore`, moves the ceiling
+    /// to that level (clamped to the max), both under the ceiling lock: a
+    /// process that read the deadline as passed before this call re-reads
+    /// it under the lock and leaves the restored ceiling alone. Returns
+    /// whether the ceiling is reached now, or `None` (nothing changed: try
+    /// again) if a live process held the ceiling lock beyond its bound.
+    pub fn end_lease(&self, restore: Option<u32>) -> Option<bool> {
+        let lock = self.ceiling_lock()?;
+        self.reg.disarm_lease();
+        let Some(level) = restore else {
+            return Some(true);
+        };
+        self.reg.set_counting();
+        self.header()
+            .ceiling
+            .store(level.min(self.max) + 1, Ordering::SeqCst);
+        Some(self.rebalance_locked(true, &lock))
+    }
+
+    /// The owner id holding the ceiling lock now (0: none), for messages.
+    pub fn ceiling_lock_holder(&self) -> u32 {
+        self.header().ceiling_lock.load(Ordering::Relaxed)
     }
 
     /// A cluster lease's deadline has passed ([`Registry::lapse_due`]): the
@@ -977,7 +1016,18 @@ impl SharedSlots {
         let (safe, _) = self.reg.lapse_due()?;
         let safe = u32::try_from(safe).unwrap_or(u32::MAX).min(self.max);
         if self.ceiling() > safe {
-            let _ = self.set_ceiling(safe);
+            // Lowered under the ceiling lock with the deadline read again
+            // there: a renewal or the lease's end may have come since the
+            // read above, and its level must stand. Without the lock (a
+            // stopped holder) the ceiling stays; the caller still caps its
+            // take at `safe`.
+            if let Some(lock) = self.ceiling_lock() {
+                if self.reg.lapse_due().is_some() && self.ceiling() > safe {
+                    self.reg.set_counting();
+                    self.header().ceiling.store(safe + 1, Ordering::SeqCst);
+                    self.rebalance_locked(true, &lock);
+                }
+            }
         }
         Some(safe)
     }
@@ -990,9 +1040,15 @@ impl SharedSlots {
     /// table only if the running count says a cell is free. False if short
     /// (or if the lock could not be had).
     pub fn rebalance(&self, scan: bool) -> bool {
-        let Some(_lock) = self.ceiling_lock() else {
-            return false;
-        };
+        match self.ceiling_lock() {
+            Some(lock) => self.rebalance_locked(scan, &lock),
+            None => false,
+        }
+    }
+
+    /// [`rebalance`](Self::rebalance) with the ceiling lock held (`_lock`
+    /// proves it).
+    fn rebalance_locked(&self, scan: bool, _lock: &CeilingLock<'_>) -> bool {
         let h = self.header();
         let cells = self.cells();
         let block = |c: &AtomicU32| {

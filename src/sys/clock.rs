@@ -45,6 +45,34 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// How far `CLOCK_MONOTONIC_COARSE` may lag `CLOCK_MONOTONIC`, with margin:
+/// the coarse clock moves once per scheduler tick (4 ms at `HZ=250`, 10 ms
+/// at the slowest common `HZ=100`). A reading of the coarse clock plus this
+/// is later than the precise clock read at the same moment.
+pub const COARSE_SLACK_NS: u64 = 50_000_000;
+
+/// Nanoseconds of `CLOCK_MONOTONIC_COARSE`: the same timebase as
+/// [`monotonic_ns`], at the last tick (behind it by less than
+/// [`COARSE_SLACK_NS`]), for a few ns (the vDSO reads two words, no TSC).
+/// For checks that only need to know they are well before an instant.
+#[inline]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as in `monotonic_ns`: a valid, writable `timespec` and a
+    // clock id every Linux kernel since 2.6.32 supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    if rc != 0 {
+        // Not reachable on Linux; the caller then takes its precise path.
+        return u64::MAX;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// Milliseconds of `CLOCK_MONOTONIC` (see [`monotonic_ns`]).
 pub fn monotonic_ms() -> u64 {
     monotonic_ns() / 1_000_000

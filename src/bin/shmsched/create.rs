@@ -163,9 +163,18 @@ pub fn set(a: SetArgs) -> CliResult {
                     )
                 })?
             };
+            if target > max {
+                return Err(CliError::new(
+                    ErrorKind::InvalidInput,
+                    format!("--ceiling {target} is above the region's max {max}"),
+                ));
+            }
             let before = sched.ceiling();
-            let reached = sched.set_ceiling(target).map_err(lib)?;
+            // The dead agent's lease goes first: released after the change,
+            // a process that found its deadline passed in between would
+            // lower the new ceiling to the lease's safe level.
             forget_lease(&a.region, shmsched::cluster::release(&sched, false));
+            let reached = sched.set_ceiling(target).map_err(lib)?;
             let held = sched.global_running();
             if reached {
                 outln!("{}: ceiling {target} (was {before}; max {max})", a.region)?;
@@ -181,13 +190,14 @@ pub fn set(a: SetArgs) -> CliResult {
         }
         (ObjectKind::Limiter, None) => {
             let lim = Limiter::attach(&region).map_err(lib)?;
+            // First, as for a ceiling (above).
+            forget_lease(&a.region, shmsched::cluster::release(&lim, false));
             if let Some(r) = a.rate {
                 lim.set_rate(r).map_err(lib)?;
             }
             if let Some(c) = a.capacity {
                 lim.set_capacity(c).map_err(lib)?;
             }
-            forget_lease(&a.region, shmsched::cluster::release(&lim, false));
             outln!(
                 "{}: {} bytes/s, capacity {} bytes",
                 a.region,
