@@ -15,6 +15,15 @@
 //!   `SHMSCHED_BENCH_SAME_CPU=1`) so every row of a run measures the same
 //!   wakeup path; see `common::Placement`.
 //!
+//! - `vs_tokio`: the in-process scheduler against `tokio::sync::Semaphore`,
+//!   which an in-process async Rust user would otherwise pick, both with
+//!   [`PERMITS`] permits: `try_acquire` + drop; an uncontended async
+//!   acquire + drop (awaited inside one `block_on` of a current-thread
+//!   runtime); and a contended async hand-off: [`HANDOFF_TASKS`] tasks on a
+//!   two-worker runtime share one permit, each holding it across a
+//!   `yield_now`, so nearly every release hands the permit to a queued
+//!   task (one element is one acquisition).
+//!
 //! - `acquire_release/shmsched_queue_drain` is the one contended row: cap 1,
 //!   [`DRAIN_WAITERS`] threads queued behind a held permit; the timer runs
 //!   from the release of that permit until the last waiter has been admitted
@@ -86,8 +95,9 @@ fn acquire_release(c: &mut Criterion) {
 
     {
         // The same pair on a region a cluster lease holds (armed a day
-        // before its deadline, as an agent arms it): GATE_LEASED sends every
-        // admission through the cold side's deadline check.
+        // before its deadline, as an agent arms it): with GATE_LEASED the
+        // only gate bit, the fast path reads the deadline and the coarse
+        // clock, then takes as without a lease.
         let region = Region::anonymous().expect("region");
         let s = Scheduler::shared(&region, PERMITS).expect("shared scheduler");
         let until = Instant::now() + Duration::from_secs(24 * 3600);
@@ -536,12 +546,124 @@ fn handoff_latency(c: &mut Criterion) {
     g.finish();
 }
 
+/// Tasks sharing one permit in `vs_tokio/*_async_handoff`.
+const HANDOFF_TASKS: usize = 4;
+
+/// `vs_tokio`: see the module docs.
+fn vs_tokio(c: &mut Criterion) {
+    use std::sync::Arc;
+    let mut g = c.benchmark_group("vs_tokio");
+    g.throughput(Throughput::Elements(1));
+
+    let sched = Scheduler::new(Concurrency::max(PERMITS)).expect("scheduler");
+    let sem = tokio::sync::Semaphore::new(PERMITS as usize);
+    g.bench_function("shmsched_try_acquire", |b| {
+        b.iter(|| {
+            drop(black_box(
+                sched.try_acquire(Priority::Normal).expect("free"),
+            ))
+        })
+    });
+    g.bench_function("tokio_try_acquire", |b| {
+        b.iter(|| drop(black_box(sem.try_acquire().expect("free"))))
+    });
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    g.bench_function("shmsched_async_acquire", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let p = sched
+                        .acquire_async(Priority::Normal)
+                        .await
+                        .expect("acquire");
+                    drop(black_box(p));
+                }
+                t.elapsed()
+            })
+        })
+    });
+    g.bench_function("tokio_async_acquire", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let p = sem.acquire().await.expect("acquire");
+                    drop(black_box(p));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    let one = Scheduler::new(Concurrency::max(1)).expect("scheduler");
+    let one_sem = Arc::new(tokio::sync::Semaphore::new(1));
+    g.bench_function("shmsched_async_handoff", |b| {
+        b.iter_custom(|iters| {
+            let per = iters.div_ceil(HANDOFF_TASKS as u64).max(1);
+            mt.block_on(async {
+                let t = Instant::now();
+                let tasks: Vec<_> = (0..HANDOFF_TASKS)
+                    .map(|_| {
+                        let s = one.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..per {
+                                let p = s.acquire_async(Priority::Normal).await.expect("acquire");
+                                tokio::task::yield_now().await;
+                                drop(p);
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("task");
+                }
+                t.elapsed()
+                    .mul_f64(iters as f64 / (per * HANDOFF_TASKS as u64) as f64)
+            })
+        })
+    });
+    g.bench_function("tokio_async_handoff", |b| {
+        b.iter_custom(|iters| {
+            let per = iters.div_ceil(HANDOFF_TASKS as u64).max(1);
+            mt.block_on(async {
+                let t = Instant::now();
+                let tasks: Vec<_> = (0..HANDOFF_TASKS)
+                    .map(|_| {
+                        let s = one_sem.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..per {
+                                let p = s.acquire().await.expect("acquire");
+                                tokio::task::yield_now().await;
+                                drop(p);
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("task");
+                }
+                t.elapsed()
+                    .mul_f64(iters as f64 / (per * HANDOFF_TASKS as u64) as f64)
+            })
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(30);
-    targets = acquire_release, handoff_latency
+    targets = acquire_release, handoff_latency, vs_tokio
 }
 criterion_main!(benches);
