@@ -187,13 +187,12 @@ impl Node {
         }
     }
 
+    /// Fails in a forked child (the handle is its parent's). Inline, the
+    /// error built out of line: this runs on every consume.
+    #[inline(always)]
     pub fn check_usable(&self) -> Result<()> {
         if self.fork_gen != fork_generation() {
-            return Err(Error::Forked(
-                "a Limiter belongs to the process that created it; in a forked child, \
-                 create a new one from the Region (Limiter::shared or Limiter::attach)"
-                    .into(),
-            ));
+            return Err(forked_error());
         }
         Ok(())
     }
@@ -754,4 +753,15 @@ fn outcome(w: &Waiter) -> Option<Result<bool>> {
             w.corrupt[1].load(Ordering::Relaxed),
         ))),
     }
+}
+
+/// The error of a limiter handle used in a forked child.
+#[cold]
+#[inline(never)]
+fn forked_error() -> Error {
+    Error::Forked(
+        "a Limiter belongs to the process that created it; in a forked child, \
+         create a new one from the Region (Limiter::shared or Limiter::attach)"
+            .into(),
+    )
 }
