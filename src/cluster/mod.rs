@@ -71,12 +71,21 @@
 //!   `CLOCK_MONOTONIC` deadline (the lease's deadline minus the drain time)
 //!   and the safe level, and sets the gate's `GATE_LEASED` bit. The fast
 //!   paths already test the gate word once; the bit joins the mask of that
-//!   one test (no new load, no clock read for a region without a lease), so
-//!   admissions of a leased region go to the cold side, which reads the
-//!   deadline (one vDSO clock read) and, once it has passed, lowers the
+//!   one test (no new load, no clock read for a region without a lease).
+//!   With the bit alone set, a scheduler's fast path reads the deadline and
+//!   `CLOCK_MONOTONIC_COARSE` (a few ns, no TSC) and takes as without a
+//!   lease while the deadline is more than
+//!   [`COARSE_SLACK_NS`](crate::sys::clock::COARSE_SLACK_NS) (50 ms, more
+//!   than the coarse clock's lag at any common `HZ`) ahead; nearer, and
+//!   for a limiter always, admissions go to the cold side, which reads the
+//!   precise clock and, once the deadline has passed, lowers the
 //!   ceiling or rate to the safe level (idempotent: every process may do
 //!   it; a scheduler's take is then capped by the ceiling against the exact
-//!   count). A SIGKILLed or SIGSTOPped lone agent therefore costs nothing:
+//!   count). A lapse and a lease's end are ordered: a scheduler's lapse
+//!   lowers under the region's ceiling lock after reading the deadline
+//!   again there, where [`release`] and a leaving agent disarm and restore;
+//!   a limiter's lapse reads the deadline again on each attempt to publish
+//!   its parameters. A SIGKILLed or SIGSTOPped lone agent therefore costs nothing:
 //!   the host is at its safe capacity by the deadline. An agent leaving
 //!   without a standby restores the region's own level (recorded by the
 //!   first agent); after a crash, [`release`] (`shmsched cluster release`)
