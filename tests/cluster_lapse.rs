@@ -183,3 +183,63 @@ fn a_lapsed_limiter_lease_holds_every_process_at_the_safe_rate() {
     assert!(line.ends_with("rate 10"), "{line}");
     assert_eq!(lim.tokens_per_second(), 10);
 }
+
+/// Admissions that start after the deadline are held to the safe level
+/// even while the leased fast path runs right up to it (its coarse-clock
+/// check must hand over to the precise one before the deadline: the
+/// coarse clock lags 2 to 6 ms here). One thread takes up to one slot more
+/// than the safe level and gives them back, in a loop from 150 ms before
+/// the deadline to 100 ms after it; a round never asks for more than that,
+/// so no failed take's slow path lowers the ceiling for it. No round that
+/// started after the deadline gets more than the safe level; rounds before
+/// it get what they ask.
+#[test]
+fn admissions_across_the_deadline_never_exceed_safe_after_it() {
+    if role().is_some() {
+        return;
+    }
+    let region = Region::anonymous().unwrap();
+    let sched = Scheduler::shared(&region, MAX).unwrap();
+    let until = Instant::now() + Duration::from_millis(150);
+    cluster::lease_until(&sched, u64::from(MAX), SAFE, until).unwrap();
+    // The recorded deadline is read after `until` was: a few µs later.
+    let after = until + Duration::from_millis(1);
+    let ask = SAFE as usize + 1;
+    let (mut full_before, mut rounds_after, mut over) = (0u64, 0u64, Vec::new());
+    let mut held = Vec::with_capacity(ask);
+    while Instant::now() < until + Duration::from_millis(100) {
+        let start = Instant::now();
+        for _ in 0..ask {
+            if let Some(p) = sched.try_acquire(Priority::Normal) {
+                held.push(p);
+            }
+        }
+        if start > after {
+            rounds_after += 1;
+            if held.len() > SAFE as usize {
+                over.push((start.duration_since(until), held.len()));
+            }
+        } else if start < until && held.len() == ask {
+            full_before += 1;
+        }
+        held.clear();
+    }
+    println!(
+        "{rounds_after} rounds after the deadline, {} over the safe level",
+        over.len()
+    );
+    assert!(
+        over.is_empty(),
+        "rounds over the safe level after the deadline (time after it, held): {:?}",
+        &over[..over.len().min(10)]
+    );
+    assert!(
+        rounds_after > 100,
+        "only {rounds_after} rounds after the deadline"
+    );
+    assert!(
+        full_before > 100,
+        "the leased level before the deadline: {full_before} rounds"
+    );
+    assert_eq!(u64::from(sched.ceiling()), SAFE);
+}

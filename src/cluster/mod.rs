@@ -72,12 +72,13 @@
 //!   and the safe level, and sets the gate's `GATE_LEASED` bit. The fast
 //!   paths already test the gate word once; the bit joins the mask of that
 //!   one test (no new load, no clock read for a region without a lease).
-//!   With the bit alone set, a scheduler's fast path reads the deadline and
+//!   With the bit set, a fast path reads the deadline and
 //!   `CLOCK_MONOTONIC_COARSE` (a few ns, no TSC) and takes as without a
 //!   lease while the deadline is more than
-//!   [`COARSE_SLACK_NS`](crate::sys::clock::COARSE_SLACK_NS) (50 ms, more
-//!   than the coarse clock's lag at any common `HZ`) ahead; nearer, and
-//!   for a limiter always, admissions go to the cold side, which reads the
+//!   [`COARSE_SLACK_NS`](crate::sys::clock::COARSE_SLACK_NS) (100 ms, more
+//!   than the coarse clock's lag at any common `HZ`, a stalled timekeeping
+//!   CPU included) ahead; nearer,
+//!   admissions go to the cold side, which reads the
 //!   precise clock and, once the deadline has passed, lowers the
 //!   ceiling or rate to the safe level (idempotent: every process may do
 //!   it; a scheduler's take is then capped by the ceiling against the exact
