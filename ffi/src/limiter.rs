@@ -523,10 +523,9 @@ pub struct shmsched_limiter_stats {
     pub refunded: [u64; 7],
 }
 
-const _: () =
-    assert!(
-        std::mem::size_of::<shmsched_limiter_region_stats>() == 8 * 8 + 4 * 2 + 8 * 2 + 8 * 7 * 2
-    );
+const _: () = assert!(
+    std::mem::size_of::<shmsched_limiter_region_stats>() == 8 * 8 + 4 * 2 + 8 * 2 + 8 * 7 * 2
+);
 const _: () = assert!(
     std::mem::size_of::<shmsched_limiter_stats>()
         == 4 * 2
