@@ -230,6 +230,60 @@ fn limiter_token_counters_are_exact_and_shown() {
     assert_eq!(one(&s, m, &[("priority", "high")]), 2_000.0);
 }
 
+/// `served` (tasks granted a slot after waiting, region-wide) in `stat`,
+/// `stat --json` and `stat --prometheus`: 0 on a fresh region and after
+/// acquires that went at once; exactly 3 after three waited grants; a wait
+/// that timed out is not counted.
+#[test]
+fn scheduler_served_counter_is_exact_and_shown() {
+    let name = unique_name("metrics-served");
+    let _g = Gone(name.clone());
+    let region = Region::create(&name).unwrap();
+    let sched = Scheduler::shared(&region, 1).unwrap();
+    let shown = |want: u64| {
+        let v = stat_json(&name);
+        assert_eq!(v["scheduler"]["served"], want, "{v}");
+        let out = Command::new(BIN).args(["stat", &name]).bounded_output();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let noun = if want == 1 { "task" } else { "tasks" };
+        let line = format!("served      {want} {noun} after waiting");
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
+        let out = Command::new(BIN)
+            .args(["stat", &name, "--prometheus"])
+            .bounded_output();
+        let s = parse(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(
+            one(&s, "shmsched_served_waiters_total", &[("region", &name)]),
+            want as f64
+        );
+    };
+    shown(0);
+
+    let held = sched.acquire(Priority::High).unwrap(); // at once: not counted
+    let waiters: Vec<_> = [Priority::Low, Priority::Normal, Priority::High]
+        .into_iter()
+        .map(|p| {
+            let s = sched.clone();
+            std::thread::spawn(move || drop(s.acquire(p).unwrap()))
+        })
+        .collect();
+    until("three waiters", 20, || {
+        sched.stats().shared.unwrap().waiters.iter().sum::<u32>() == 3
+    });
+    shown(0);
+    drop(held); // each waiter in turn gets the slot and frees it
+    for t in waiters {
+        t.join().unwrap();
+    }
+    let late = {
+        let _held = sched.acquire(Priority::Normal).unwrap();
+        sched.acquire_timeout(Priority::Normal, Duration::from_millis(1))
+    };
+    assert!(matches!(late, Err(shmsched::Error::Timeout)), "{late:?}");
+    assert_eq!(sched.stats().shared.unwrap().served, 3);
+    shown(3);
+}
+
 #[test]
 fn serve_under_load_counters_rise_and_gauges_match_stat() {
     let sname = unique_name("metrics-sched");

@@ -587,6 +587,16 @@ typedef struct shmsched_limiter_region_stats {
    * Counter: futex wake-ups that found a thread asleep.
    */
   uint64_t wakes;
+  /**
+   * Counter: tokens charged at the root per priority (index = priority
+   * + 3), by all processes.
+   */
+  uint64_t consumed[7];
+  /**
+   * Counter: tokens refunded to the root per priority, by all processes
+   * (`consumed - refunded` is what the region's consumers kept).
+   */
+  uint64_t refunded[7];
 } shmsched_limiter_region_stats;
 
 /**
@@ -643,6 +653,19 @@ typedef struct shmsched_limiter_stats {
    * Region-wide figures when `has_region` is 1.
    */
   struct shmsched_limiter_region_stats region;
+  /**
+   * Counter: tokens charged per priority (index = priority + 3) through
+   * this handle at this level: at once, after waiting, forced through,
+   * or by `try_consume` (which counts at Normal, index 3).
+   */
+  uint64_t consumed[7];
+  /**
+   * Counter: tokens given back per priority through this handle at this
+   * level (a consume that gave up after this level charged it, a
+   * waitset completion cancelled before it was taken).
+   * `Δ(consumed - refunded) / Δt` is the rate a priority achieved.
+   */
+  uint64_t refunded[7];
 } shmsched_limiter_stats;
 
 /**

@@ -472,6 +472,12 @@ pub struct shmsched_limiter_region_stats {
     pub stall_ns: u64,
     /// Counter: futex wake-ups that found a thread asleep.
     pub wakes: u64,
+    /// Counter: tokens charged at the root per priority (index = priority
+    /// + 3), by all processes.
+    pub consumed: [u64; 7],
+    /// Counter: tokens refunded to the root per priority, by all processes
+    /// (`consumed - refunded` is what the region's consumers kept).
+    pub refunded: [u64; 7],
 }
 
 /// A snapshot of one limiter level. Before the call set `size` to
@@ -504,10 +510,22 @@ pub struct shmsched_limiter_stats {
     pub reserved: u32,
     /// Region-wide figures when `has_region` is 1.
     pub region: shmsched_limiter_region_stats,
+    // Fields added after the first release go here, at the end (the `size`
+    // protocol: an older caller gets the prefix it knows).
+    /// Counter: tokens charged per priority (index = priority + 3) through
+    /// this handle at this level: at once, after waiting, forced through,
+    /// or by `try_consume` (which counts at Normal, index 3).
+    pub consumed: [u64; 7],
+    /// Counter: tokens given back per priority through this handle at this
+    /// level (a consume that gave up after this level charged it, a
+    /// waitset completion cancelled before it was taken).
+    /// `Δ(consumed - refunded) / Δt` is the rate a priority achieved.
+    pub refunded: [u64; 7],
 }
 
-const _: () =
-    assert!(std::mem::size_of::<shmsched_limiter_region_stats>() == 8 * 8 + 4 * 2 + 8 * 2);
+const _: () = assert!(
+    std::mem::size_of::<shmsched_limiter_region_stats>() == 8 * 8 + 4 * 2 + 8 * 2 + 8 * 7 * 2
+);
 const _: () = assert!(
     std::mem::size_of::<shmsched_limiter_stats>()
         == 4 * 2
@@ -516,6 +534,7 @@ const _: () = assert!(
             + 40 * 7
             + 4 * 2
             + std::mem::size_of::<shmsched_limiter_region_stats>()
+            + 8 * 7 * 2
 );
 
 impl From<&LimiterStats> for shmsched_limiter_stats {
@@ -540,6 +559,8 @@ impl From<&LimiterStats> for shmsched_limiter_stats {
                     tsc_clock: u32::from(r.tsc.is_some()),
                     stall_ns: r.stall_ns,
                     wakes: r.wakes,
+                    consumed: r.consumed,
+                    refunded: r.refunded,
                 },
             ),
             None => (0, shmsched_limiter_region_stats::default()),
@@ -557,6 +578,8 @@ impl From<&LimiterStats> for shmsched_limiter_stats {
             has_region,
             reserved: 0,
             region,
+            consumed: s.queues.map(|q| q.consumed),
+            refunded: s.queues.map(|q| q.refunded),
         }
     }
 }

@@ -50,13 +50,13 @@ export function defineTypes(koffi) {
   });
   koffi.struct('shmsched_limiter_region_stats', {
     forced: 'uint64_t', waiters: u64x7, processes: 'uint32_t', tsc_clock: 'uint32_t',
-    stall_ns: 'uint64_t', wakes: 'uint64_t',
+    stall_ns: 'uint64_t', wakes: 'uint64_t', consumed: u64x7, refunded: u64x7,
   });
   koffi.struct('shmsched_limiter_stats', {
     size: 'uint32_t', tokens_per_second: 'uint32_t', tokens: 'int64_t', pending: 'uint64_t',
     forced: 'uint64_t', clock: 'uint64_t', stall_ns: 'uint64_t', total: queue,
     queues: koffi.array(limQueue, 7, 'Array'), has_region: 'uint32_t', reserved: 'uint32_t',
-    region: 'shmsched_limiter_region_stats',
+    region: 'shmsched_limiter_region_stats', consumed: u64x7, refunded: u64x7,
   });
   koffi.struct('shmsched_completion', {
     tag: 'uint64_t', id: 'uint64_t', permit: 'shmsched_permit', status: 'uint32_t', kind: 'uint32_t',

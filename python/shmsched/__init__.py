@@ -768,7 +768,7 @@ class LimiterSnapshot(_Snapshot):
     """The limiter's gauges and counters read through the C struct (no
     JSON): the same figures as :meth:`Limiter.stats`."""
 
-    __slots__ = ("tokens_per_second", "tokens", "forced", "clock")
+    __slots__ = ("tokens_per_second", "tokens", "forced", "clock", "consumed", "refunded")
 
     def __init__(self, s: Any) -> None:
         super().__init__(s)
@@ -777,6 +777,15 @@ class LimiterSnapshot(_Snapshot):
         self.tokens: int = d["tokens"]
         self.forced: int = d["forced"]
         self.clock: int = d["clock"]
+        #: Tokens charged per priority (index = priority + 3) through this
+        #: handle at this level (``try_consume`` counts at normal). The
+        #: region's, by every process, are ``shared["consumed"]``.
+        self.consumed: List[int] = d["consumed"]
+        #: Tokens given back per priority through this handle at this level
+        #: (a consume that gave up after this level charged it, a waitset
+        #: completion cancelled before it was taken); the region's are
+        #: ``shared["refunded"]``.
+        self.refunded: List[int] = d["refunded"]
 
     def __repr__(self) -> str:
         return (

@@ -121,6 +121,8 @@ class LimiterRegionStats(ctypes.Structure):
         ("tsc_clock", ctypes.c_uint32),
         ("stall_ns", ctypes.c_uint64),
         ("wakes", ctypes.c_uint64),
+        ("consumed", ctypes.c_uint64 * 7),
+        ("refunded", ctypes.c_uint64 * 7),
     ]
 
 
@@ -138,6 +140,8 @@ class LimiterStats(ctypes.Structure):
         ("has_region", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
         ("region", LimiterRegionStats),
+        ("consumed", ctypes.c_uint64 * 7),
+        ("refunded", ctypes.c_uint64 * 7),
     ]
 
 

@@ -4,6 +4,7 @@ Run against the library named by SHMSCHED_LIB (ffi/tests/python.rs sets it
 to the freshly built one), else target/release or target/debug.
 """
 
+import ctypes
 import io
 import os
 import subprocess
@@ -291,6 +292,57 @@ class WholeApiTest(RegionTest):
         self.assertEqual(ls.tokens_per_second, 1000)
         self.assertLessEqual(ls.tokens, 1000)
         self.assertEqual(ls.shared["processes"], 1)
+
+    def test_limiter_snapshot_counts_tokens_consumed_and_refunded(self):
+        r = self.region("limctr")
+        lim = shmsched.Limiter.shared(r, 1000)
+        other = shmsched.Limiter.attach(r)
+        # 360 of a full bucket of 1000: everything goes at once.
+        lim.consume(200, "high")
+        ws = shmsched.Waitset()
+        try:
+            # Granted at start, cancelled before it is taken: refunded.
+            ws.cancel(ws.start_consume(lim, 100, "high"))
+            (done,) = ws.take()
+            self.assertIsInstance(done.error, shmsched.Cancelled)
+        finally:
+            ws.close()
+        self.assertTrue(lim.try_consume(10))  # counted at normal
+        other.consume(50, "low")
+        hi, normal, lo = 1 + 3, 0 + 3, -1 + 3
+        s = lim.snapshot()
+        want = [0] * 7
+        want[hi], want[normal] = 300, 10
+        self.assertEqual(s.consumed, want)
+        self.assertEqual(s.refunded, [0, 0, 0, 0, 100, 0, 0])
+        assert s.shared is not None
+        want[lo] = 50
+        self.assertEqual(s.shared["consumed"], want)
+        self.assertEqual(s.shared["refunded"], [0, 0, 0, 0, 100, 0, 0])
+        o = other.snapshot()
+        self.assertEqual(o.consumed, [0, 0, 50, 0, 0, 0, 0])
+        self.assertEqual(o.refunded, [0] * 7)
+        self.assertEqual(o.shared["consumed"], want)
+        # The JSON stats say the same.
+        st = lim.stats()
+        self.assertEqual([q["consumed"] for q in st["queues"]], s.consumed)
+        self.assertEqual([q["refunded"] for q in st["queues"]], s.refunded)
+        self.assertEqual(st["shared"]["consumed"], s.shared["consumed"])
+        self.assertEqual(st["shared"]["refunded"], s.shared["refunded"])
+
+    def test_limiter_stats_struct_matches_the_library(self):
+        # Offered more room than any version needs, the library fills (and
+        # reports) exactly its own sizeof: the ctypes mirror must match.
+        lim = shmsched.Limiter.shared(self.region("limsize"), 1000)
+        big = (ctypes.c_uint8 * 4096)()
+        ctypes.c_uint32.from_buffer(big).value = len(big)
+        st = shmsched._lib.shmsched_limiter_get_stats(
+            lim._h, ctypes.cast(big, ctypes.POINTER(shmsched._ffi.LimiterStats))
+        )
+        self.assertEqual(st, 0)
+        self.assertEqual(
+            ctypes.c_uint32.from_buffer(big).value, ctypes.sizeof(shmsched._ffi.LimiterStats)
+        )
 
     def test_callbacks_run_on_a_library_thread(self):
         sched = shmsched.Scheduler.shared(self.region("cb"), 1)

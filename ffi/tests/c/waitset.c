@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -377,6 +378,84 @@ static void across_processes(void) {
   unlink(path("xp"));
 }
 
+/* The per-priority token counters of shmsched_limiter_stats, exact: per
+ * handle (this handle at this level) and region-wide (every handle), with
+ * a refund made by cancelling a completed consume before it is taken. And
+ * the size protocol: a caller built before the counters existed gets the
+ * prefix it knows, nothing written past it. */
+static void counters(void) {
+  shmsched_region *r;
+  shmsched_limiter *l, *other;
+  shmsched_waitset *ws;
+  unlink(path("ctr"));
+  ok("region_create", shmsched_region_create(path("ctr"), 0, 0, &r));
+  ok("limiter_shared", shmsched_limiter_shared(r, 1000, &l));
+  ok("limiter_attach", shmsched_limiter_attach(r, &other));
+  ok("waitset_create", shmsched_waitset_create(&ws));
+  /* 360 of a full bucket of 1000: everything goes at once. */
+  ok("consume 200 High", shmsched_limiter_consume(l, 200, SHMSCHED_PRIORITY_HIGH, NULL));
+  uint64_t id;
+  ok("consume_start 100 High",
+     shmsched_limiter_consume_start(l, 100, SHMSCHED_PRIORITY_HIGH, SHMSCHED_FOREVER, ws, 1, &id));
+  ok("waitset_cancel", shmsched_waitset_cancel(ws, id));
+  shmsched_completion c[2];
+  size_t n = 0;
+  ok("waitset_take", shmsched_waitset_take(ws, c, 2, &n));
+  check(n == 1 && c[0].status == SHMSCHED_STATUS_CANCELLED, "the cancelled consume is refunded");
+  ok("try_consume 10", shmsched_limiter_try_consume(l, 10));
+  ok("consume 50 Low", shmsched_limiter_consume(other, 50, SHMSCHED_PRIORITY_LOW, NULL));
+
+  shmsched_limiter_stats st;
+  memset(&st, 0xab, sizeof st);
+  st.size = sizeof st;
+  ok("limiter get_stats", shmsched_limiter_get_stats(l, &st));
+  check(st.size == sizeof st, "the whole struct filled");
+  const int hi = SHMSCHED_PRIORITY_HIGH + 3, lo = SHMSCHED_PRIORITY_LOW + 3,
+            normal = SHMSCHED_PRIORITY_NORMAL + 3;
+  for (int p = 0; p < 7; p++) {
+    uint64_t want_c = p == hi ? 300 : p == normal ? 10 : 0;
+    uint64_t want_r = p == hi ? 100 : 0;
+    uint64_t region_c = want_c + (p == lo ? 50 : 0);
+    if (st.consumed[p] != want_c || st.refunded[p] != want_r || st.region.consumed[p] != region_c ||
+        st.region.refunded[p] != want_r) {
+      char why[200];
+      snprintf(why, sizeof why,
+               "priority index %d: handle consumed %llu refunded %llu, region consumed %llu "
+               "refunded %llu; want %llu %llu %llu %llu",
+               p, (unsigned long long)st.consumed[p], (unsigned long long)st.refunded[p],
+               (unsigned long long)st.region.consumed[p], (unsigned long long)st.region.refunded[p],
+               (unsigned long long)want_c, (unsigned long long)want_r,
+               (unsigned long long)region_c, (unsigned long long)want_r);
+      fail("limiter counters", why);
+    }
+  }
+  shmsched_limiter_stats o;
+  o.size = sizeof o;
+  ok("other get_stats", shmsched_limiter_get_stats(other, &o));
+  check(o.consumed[lo] == 50 && o.consumed[hi] == 0 && o.refunded[hi] == 0 &&
+            o.region.consumed[hi] == 300 && o.region.refunded[hi] == 100,
+        "the other handle: its own 50 at Low, the region's 300/100 at High");
+
+  /* The struct as it was before the counters: it ended with region.wakes. */
+  const size_t old = offsetof(shmsched_limiter_stats, region) +
+                     offsetof(shmsched_limiter_region_stats, consumed);
+  memset(&st, 0xab, sizeof st);
+  st.size = (uint32_t)old;
+  ok("limiter get_stats (old size)", shmsched_limiter_get_stats(l, &st));
+  check(st.size == old && st.region.processes == 1 && st.region.wakes != 0xababababababababull,
+        "an old caller gets the old prefix");
+  const unsigned char *tail = (const unsigned char *)&st + old;
+  int untouched = 1;
+  for (size_t i = 0; i < sizeof st - old; i++) untouched &= tail[i] == 0xab;
+  check(untouched, "nothing written past an old caller's size");
+
+  shmsched_waitset_close(ws);
+  shmsched_limiter_close(other);
+  shmsched_limiter_close(l);
+  shmsched_region_close(r);
+  unlink(path("ctr"));
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: waitset PREFIX\n");
@@ -385,6 +464,7 @@ int main(int argc, char **argv) {
   snprintf(prefix, sizeof prefix, "%s", argv[1]);
   many_waits();
   consumes();
+  counters();
   across_processes();
   printf("failures %d\n", failures);
   return failures == 0 ? 0 : 1;

@@ -64,6 +64,7 @@ struct Families {
     stall: FloatCounter,
     running: IntGauge,
     max: IntGauge,
+    served: IntCounter,
     reclaimed: IntCounter,
     reaped: IntCounter,
     tokens: IntGauge,
@@ -104,6 +105,7 @@ impl Families {
             stall: family(r, "shmsched_stall_seconds", "Seconds during which at least one task or consume waited, in any process"),
             running: family(r, "shmsched_running", "Scheduler slots held now, across all processes"),
             max: family(r, "shmsched_max", "The scheduler's global max"),
+            served: family(r, "shmsched_served_waiters", "Scheduler tasks granted a slot after waiting, in any process"),
             reclaimed: family(r, "shmsched_reclaimed_slots", "Scheduler slots returned on behalf of processes that died holding them"),
             reaped: family(r, "shmsched_reaped_processes", "Dead processes reaped (scheduler regions)"),
             tokens: family(r, "shmsched_limiter_tokens", "Tokens in the limiter's bucket now; negative while in debt"),
@@ -161,6 +163,7 @@ impl Families {
             self.stall
                 .get_or_create(&l)
                 .inc_by(sh.stall_ns as f64 / 1e9);
+            self.served.get_or_create(&l).inc_by(sh.served);
             self.reclaimed.get_or_create(&l).inc_by(sh.reclaimed);
             self.reaped.get_or_create(&l).inc_by(sh.reaped_processes);
         }

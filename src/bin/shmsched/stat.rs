@@ -106,6 +106,9 @@ pub struct SchedView {
     pub max: u32,
     waiters: std::collections::BTreeMap<&'static str, u32>,
     waiting_total: u32,
+    /// Tasks granted a slot after waiting, in any process, since creation
+    /// (an acquire that went at once is not counted, nor a cancelled wait).
+    served: u64,
     processes_alive: u32,
     processes: Vec<Proc>,
     slots_reclaimed: u64,
@@ -218,6 +221,7 @@ fn sched_view(name: &str, v: &RegionView) -> Result<SchedView, CliError> {
         max: shared.max,
         waiters,
         waiting_total: shared.waiters.iter().sum(),
+        served: shared.served,
         processes_alive: shared.processes,
         processes,
         slots_reclaimed: shared.reclaimed,
@@ -586,6 +590,11 @@ fn human(v: &StatView) -> String {
             waiting.join(", ")
         );
     }
+    let _ = writeln!(
+        o,
+        "served      {} after waiting",
+        count(s.served, "task", "tasks")
+    );
     let _ = writeln!(
         o,
         "reclaimed   {} from {} reaped",
