@@ -356,15 +356,10 @@ impl Node {
         if self.disposed.load(Ordering::Relaxed) {
             return None;
         }
-        // A leased region (`GATE_LEASED`) is in the same one test; a lease
-        // alone, its deadline clearly ahead (one load, a coarse clock read),
-        // takes as without it; near its deadline the cold way checks it.
-        let reg = root.slots().reg();
-        let g = reg.gate();
-        if g & (GATE_STRICT | GATE_LEASED | above(tier)) != 0
-            && (g & (GATE_STRICT | above(tier)) != 0 || !reg.lease_clearly_in_force())
-        {
-            return root.fast_beside_waiters(tier, n, self.caps[tier]);
+        // A leased region (`GATE_LEASED`) is in the same one test; its
+        // deadline is checked out of line (`SharedRoot::fast_gated`).
+        if root.slots().reg().gate() & (GATE_STRICT | GATE_LEASED | above(tier)) != 0 {
+            return root.fast_gated(tier, n, self.caps[tier]);
         }
         root.take(n, self.caps[tier])
     }

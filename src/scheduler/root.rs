@@ -329,13 +329,26 @@ impl SharedRoot {
 
     /// [`take`](Self::take) on a slow path: while a cluster lease may hold
     /// the region above its safe level (`GATE_LEASED`), its deadline is
-    /// checked first; past it the ceiling comes down to the safe level, and
-    /// the take is capped by the ceiling against the exact running count
-    /// (so a lowering that another process left half-done, stopped while
-    /// it blocked cells, does not let anyone past the safe level).
+    /// checked first (by the coarse clock while it is clearly ahead, else
+    /// by the precise one); past it the ceiling comes down to the safe
+    /// level, and the take is capped by the ceiling against the exact
+    /// running count (so a lowering that another process left half-done,
+    /// stopped while it blocked cells, does not let anyone past the safe
+    /// level).
     #[inline]
     pub fn admit(&self, need: u32, cap: u32) -> Option<Slots> {
         if self.reg().gate() & GATE_LEASED != 0 {
+            return self.admit_leased(need, cap);
+        }
+        self.take(need, cap)
+    }
+
+    /// [`admit`](Self::admit) while `GATE_LEASED` is set (cold: the
+    /// unleased paths stay as they were).
+    #[cold]
+    #[inline(never)]
+    fn admit_leased(&self, need: u32, cap: u32) -> Option<Slots> {
+        if !self.reg().lease_clearly_in_force() {
             if let Some(safe) = self.slots.lapse_if_due() {
                 return self.take(need, cap.min(safe));
             }
@@ -966,6 +979,21 @@ impl SharedRoot {
             self.pass_on_after_backoff();
         }
         got
+    }
+
+    /// The fast path of an acquire at `tier` when the gate is not clear:
+    /// with a lease alone, its deadline clearly ahead (one load and a
+    /// coarse clock read), the take as without it; otherwise
+    /// [`fast_beside_waiters`](Self::fast_beside_waiters). Out of line, so
+    /// that the unleased fast path stays a leaf; not cold, so that the
+    /// leased one is compiled for speed.
+    #[inline(never)]
+    pub fn fast_gated(&self, tier: usize, need: u32, cap: u32) -> Option<Slots> {
+        let reg = self.reg();
+        if reg.gate() & (GATE_STRICT | above(tier)) == 0 && reg.lease_clearly_in_force() {
+            return self.take(need, cap);
+        }
+        self.fast_beside_waiters(tier, need, cap)
     }
 
     /// The fast path of an acquire at `tier` when waiters above it are
