@@ -549,6 +549,38 @@ fn handoff_latency(c: &mut Criterion) {
 /// Tasks sharing one permit in `vs_tokio/*_async_handoff`.
 const HANDOFF_TASKS: usize = 4;
 
+/// `iters` acquisitions of one permit by [`HANDOFF_TASKS`] tasks on `rt`,
+/// each holding it across a `yield_now` (see the module docs); `acquire`
+/// makes one acquisition's future.
+fn handoff_rounds<A, F, P>(rt: &tokio::runtime::Runtime, iters: u64, acquire: A) -> Duration
+where
+    A: Fn() -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = P> + Send,
+    P: Send,
+{
+    let per = iters.div_ceil(HANDOFF_TASKS as u64).max(1);
+    rt.block_on(async {
+        let t = Instant::now();
+        let tasks: Vec<_> = (0..HANDOFF_TASKS)
+            .map(|_| {
+                let acquire = acquire.clone();
+                tokio::spawn(async move {
+                    for _ in 0..per {
+                        let p = acquire().await;
+                        tokio::task::yield_now().await;
+                        drop(p);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        t.elapsed()
+            .mul_f64(iters as f64 / (per * HANDOFF_TASKS as u64) as f64)
+    })
+}
+
 /// `vs_tokio`: see the module docs.
 fn vs_tokio(c: &mut Criterion) {
     use std::sync::Arc;
@@ -607,51 +639,24 @@ fn vs_tokio(c: &mut Criterion) {
     let one_sem = Arc::new(tokio::sync::Semaphore::new(1));
     g.bench_function("shmsched_async_handoff", |b| {
         b.iter_custom(|iters| {
-            let per = iters.div_ceil(HANDOFF_TASKS as u64).max(1);
-            mt.block_on(async {
-                let t = Instant::now();
-                let tasks: Vec<_> = (0..HANDOFF_TASKS)
-                    .map(|_| {
-                        let s = one.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..per {
-                                let p = s.acquire_async(Priority::Normal).await.expect("acquire");
-                                tokio::task::yield_now().await;
-                                drop(p);
-                            }
-                        })
-                    })
-                    .collect();
-                for task in tasks {
-                    task.await.expect("task");
+            let one = one.clone();
+            handoff_rounds(&mt, iters, move || {
+                let s = one.clone();
+                async move {
+                    s.acquire_async(Priority::Normal)
+                        .await
+                        .expect("acquire")
+                        .into_owned()
                 }
-                t.elapsed()
-                    .mul_f64(iters as f64 / (per * HANDOFF_TASKS as u64) as f64)
             })
         })
     });
     g.bench_function("tokio_async_handoff", |b| {
         b.iter_custom(|iters| {
-            let per = iters.div_ceil(HANDOFF_TASKS as u64).max(1);
-            mt.block_on(async {
-                let t = Instant::now();
-                let tasks: Vec<_> = (0..HANDOFF_TASKS)
-                    .map(|_| {
-                        let s = one_sem.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..per {
-                                let p = s.acquire().await.expect("acquire");
-                                tokio::task::yield_now().await;
-                                drop(p);
-                            }
-                        })
-                    })
-                    .collect();
-                for task in tasks {
-                    task.await.expect("task");
-                }
-                t.elapsed()
-                    .mul_f64(iters as f64 / (per * HANDOFF_TASKS as u64) as f64)
+            let sem = one_sem.clone();
+            handoff_rounds(&mt, iters, move || {
+                let s = sem.clone();
+                async move { s.acquire_owned().await.expect("acquire") }
             })
         })
     });
