@@ -89,6 +89,7 @@ pub mod child;
 pub mod cluster;
 pub mod error;
 pub mod fair;
+mod few;
 pub mod io;
 pub mod jobserver;
 pub mod limiter;

@@ -9,6 +9,7 @@ use std::task::Waker;
 
 use super::bucket::{Gcra, Mode, Refused};
 use super::{STALL_TICKS, TICK_NS};
+use crate::few::Few;
 use crate::region::park::{Park, Parked};
 
 pub(crate) const WAITING: u32 = 0;
@@ -95,14 +96,15 @@ impl Parked for Waiter {
 /// What to wake once the lock is released (wakers never run under it).
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    tasks: Vec<Waker>,
+    /// Async tasks (the first without an allocation, as every list here).
+    tasks: Few<Waker>,
     /// This process's threads at a shared root (parked: see
     /// [`park`](crate::region::park)).
-    pub parked: Vec<Arc<Waiter>>,
+    pub parked: Few<Arc<Waiter>>,
     /// The process's helper thread must look again (the tiers it stands in
     /// for changed).
     pub helper: bool,
-    threads: Vec<Arc<Waiter>>,
+    threads: Few<Arc<Waiter>>,
 }
 
 impl Wakeups {
@@ -125,11 +127,11 @@ impl Wakeups {
     /// Wakes the in-process threads and the tasks; a waker that panics is
     /// caught and the rest are still woken.
     pub fn wake_local(&mut self) {
-        for w in self.threads.drain(..) {
+        for w in self.threads.drain() {
             w.wake.fetch_add(1, Ordering::SeqCst);
             crate::sys::futex::futex_wake(&w.wake, 1);
         }
-        for t in self.tasks.drain(..) {
+        for t in self.tasks.drain() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.wake()));
         }
     }

@@ -21,6 +21,7 @@ use super::node::Node;
 use super::waiter::{Slots, Waiter, FAILED, GRANTED, WAITING};
 use super::{Permit, Scheduler};
 use crate::error::{Error, Result};
+use crate::few::Few;
 use crate::priority::Priority;
 
 /// The future returned by [`Scheduler::acquire_async`].
@@ -33,7 +34,7 @@ pub struct Acquire<'a> {
     /// The level being acquired (0 = the scheduler itself, then parents).
     level: usize,
     /// Ids of the levels already taken (for dispose of a child).
-    via: Vec<u64>,
+    via: Few<u64>,
     waiter: Option<Arc<Waiter>>,
     done: bool,
 }
@@ -45,7 +46,7 @@ impl<'a> Acquire<'a> {
             priority,
             n,
             level: 0,
-            via: Vec::new(),
+            via: Few::default(),
             waiter: None,
             done: false,
         }

@@ -601,7 +601,7 @@ impl Scheduler {
             chain.push(node);
             cur = node.parent().map(|p| &**p);
         }
-        let mut via = Vec::new();
+        let mut via = crate::few::Few::default();
         for (i, node) in chain.iter().enumerate() {
             match node.acquire_level(priority, n, deadline, via.clone()) {
                 Ok(slots) if i == chain.len() - 1 => {

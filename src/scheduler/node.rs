@@ -38,6 +38,7 @@ use super::root::{above, SharedRoot};
 use super::stats::{QueueStats, SchedulerStats};
 use super::waiter::{Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
+use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
 use crate::region::registry::{GATE_LEASED, GATE_STRICT};
 use crate::stall::StallClock;
@@ -465,7 +466,7 @@ impl Node {
         p: Priority,
         n: u32,
         deadline: Option<Instant>,
-        via: Vec<u64>,
+        via: Few<u64>,
     ) -> Result<Slots> {
         self.check_usable(n)?;
         if let Some(s) = self.fast(p, n) {
@@ -480,7 +481,7 @@ impl Node {
         &self,
         p: Priority,
         n: u32,
-        mut via: Vec<u64>,
+        mut via: Few<u64>,
         is_async: bool,
     ) -> Result<Arc<Waiter>> {
         via.push(self.id);

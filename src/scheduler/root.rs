@@ -117,6 +117,7 @@ use super::lottery::pick_tier;
 use super::shared::SharedSlots;
 use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
 use crate::error::{Error, Result};
+use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
 use crate::region::park::{wake_parked, Fronts};
 use crate::region::registry::{
@@ -416,7 +417,7 @@ impl SharedRoot {
         priority: Priority,
         need: u32,
         cap: u32,
-        via: Vec<u64>,
+        via: Few<u64>,
         counters: Arc<Counters>,
         is_async: bool,
     ) -> Result<Arc<Waiter>> {
@@ -618,7 +619,7 @@ impl SharedRoot {
 
     fn wake(&self, mut out: Wakeups) {
         let reg = self.reg();
-        if out.parked.is_some() {
+        if out.has_parked() {
             wake_parked(reg, out.parked().map(|w| (&w.park, w.tier())));
         }
         if out.helper {

@@ -15,6 +15,7 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::task::Waker;
 
+use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
 use crate::region::park::{Park, Parked};
 
@@ -191,7 +192,7 @@ pub(crate) struct Waiter {
     /// The handle (node id) it came through, and the child nodes between
     /// the caller's scheduler and the level it waits in: disposing any of
     /// them fails it.
-    pub via: Vec<u64>,
+    pub via: Few<u64>,
     /// The counters of the handle it came through.
     pub counters: std::sync::Arc<Counters>,
     /// True for a waiter behind an async future (no thread sleeps on it).
@@ -212,7 +213,7 @@ impl Waiter {
         need: u32,
         cap: u32,
         ticket: u32,
-        via: Vec<u64>,
+        via: Few<u64>,
         counters: std::sync::Arc<Counters>,
         is_async: bool,
     ) -> Waiter {
@@ -287,19 +288,18 @@ impl Parked for Waiter {
 /// What to wake once the lock is released.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    /// Async tasks.
-    pub tasks: Vec<Waker>,
+    /// Async tasks (the first without an allocation, as every list here:
+    /// a release almost always wakes one).
+    tasks: Few<Waker>,
     /// This process's threads blocked at a shared root (parked: see
-    /// [`park`](crate::region::park)), the first without an allocation.
-    pub parked: Option<std::sync::Arc<Waiter>>,
-    /// More of them.
-    pub more_parked: Vec<std::sync::Arc<Waiter>>,
+    /// [`park`](crate::region::park)).
+    parked: Few<std::sync::Arc<Waiter>>,
     /// The process's helper thread must look again (the tiers it stands in
     /// for changed).
     pub helper: bool,
     /// Threads blocked at an in-process level (each sleeps on its waiter's
     /// state word).
-    pub threads: Vec<std::sync::Arc<Waiter>>,
+    threads: Few<std::sync::Arc<Waiter>>,
 }
 
 impl Wakeups {
@@ -321,22 +321,23 @@ impl Wakeups {
     /// Adds a thread blocked at a shared root to wake (granted, or it has a
     /// new role: its tier's front, the keeper).
     pub fn add_parked(&mut self, w: &std::sync::Arc<Waiter>) {
-        if self.parked.is_none() {
-            self.parked = Some(w.clone());
-        } else {
-            self.more_parked.push(w.clone());
-        }
+        self.parked.push(w.clone());
+    }
+
+    /// True if a thread blocked at a shared root is to be woken.
+    pub fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
     }
 
     /// The threads to wake at a shared root.
     pub fn parked(&self) -> impl Iterator<Item = &std::sync::Arc<Waiter>> + Clone {
-        self.parked.iter().chain(self.more_parked.iter())
+        self.parked.iter()
     }
 
     /// Wakes the in-process threads and the tasks (not the shared bits:
     /// the root does that through the region).
     pub fn wake_local(&mut self) {
-        for w in self.threads.drain(..) {
+        for w in self.threads.drain() {
             crate::sys::futex::futex_wake(&w.state, 1);
         }
         self.wake_tasks();
@@ -345,7 +346,7 @@ impl Wakeups {
     /// Wakes the tasks; a waker that panics is caught (the scheduler's
     /// state is already consistent) and the rest are still woken.
     pub fn wake_tasks(&mut self) {
-        for w in self.tasks.drain(..) {
+        for w in self.tasks.drain() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
         }
     }
