@@ -332,10 +332,10 @@ impl Node {
         }
     }
 
-    /// `try_consume` at this level: charges exactly `n` (never into debt)
-    /// only if nothing waits here (in any process, for a shared root, after
-    /// reaping dead waiters).
-    pub fn try_level(&self, n: u64) -> Result<bool> {
+    /// `try_consume_at` at this level: charges exactly `n` (never into
+    /// debt), counted at `tier`, only if nothing waits here (in any process,
+    /// for a shared root, after reaping dead waiters).
+    pub fn try_level(&self, n: u64, tier: usize) -> Result<bool> {
         let open = match &self.home {
             Home::Local(b) => b.queued.load(Ordering::SeqCst) == 0,
             Home::Shared(r) => {
@@ -362,7 +362,7 @@ impl Node {
         })?;
         match charged {
             Ok(_) => {
-                self.charged(super::TRY_PRIORITY.index(), n);
+                self.charged(tier, n);
                 Ok(true)
             }
             Err(Refused::Until(_)) => Ok(false),
