@@ -367,7 +367,10 @@ fn try_consume_at_counts_and_refunds_at_its_priority() {
     let s = root.stats();
     assert_eq!(s.queues[hi].consumed, 300);
     assert_eq!(s.queues[lo].consumed, 200);
-    assert_eq!(s.queues[no].consumed, 100, "try_consume still counts at Normal");
+    assert_eq!(
+        s.queues[no].consumed, 100,
+        "try_consume still counts at Normal"
+    );
     assert_eq!(s.consumed, 600);
     assert_eq!(s.refunded, 0);
     assert_eq!(s.total.deferred, 0, "never queued");
@@ -386,7 +389,9 @@ fn try_consume_at_counts_and_refunds_at_its_priority() {
     let s = root.stats();
     assert_eq!((s.queues[lo].consumed, s.refunded), (200, 0));
     // Validation is try_consume's.
-    let e = root.try_consume_at(MAX_CONSUME + 1, Priority::High).unwrap_err();
+    let e = root
+        .try_consume_at(MAX_CONSUME + 1, Priority::High)
+        .unwrap_err();
     assert!(invalid(e).contains(&(MAX_CONSUME + 1).to_string()));
 }
 
