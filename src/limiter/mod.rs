@@ -442,7 +442,7 @@ impl Limiter {
         let mut node = &*self.node;
         loop {
             node.check_usable()?;
-            let ok = match node.try_level(n, tier) {
+            let ok = match node.try_level(n) {
                 Ok(ok) => ok,
                 Err(e) => {
                     self.refund_below(node, n, priority);
@@ -453,6 +453,7 @@ impl Limiter {
                 self.refund_below(node, n, priority);
                 return Ok(false);
             }
+            node.charged(tier, n);
             match node.parent() {
                 None => return Ok(true),
                 Some(p) => node = p,
