@@ -334,6 +334,8 @@ export class Limiter extends Handle {
   consumeSync(n: Integer, priority?: Priority, options?: SyncWaitOptions): Grant;
   /** Consumes only if available now; whether it did. */
   tryConsume(n: Integer): boolean;
+  /** `tryConsume`, counted at `priority` in the stats. */
+  tryConsumeAt(n: Integer, priority: Priority): boolean;
   readonly tokens: number;
   readonly tokensPerSecond: number;
   readonly capacity: number;

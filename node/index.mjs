@@ -627,7 +627,8 @@ export class Limiter extends Handle {
       const timeout = v.timeoutNs(o.timeout);
       const signal = v.signal(o.signal);
       if (signal?.aborted) throw abortedError(signal);
-      const st = C.shmsched_limiter_try_consume(ptr, tokens);
+      // At the caller's priority, so the stats count it there.
+      const st = C.shmsched_limiter_try_consume_at(ptr, tokens, p);
       if (st === 0) return Promise.resolve({ immediate: true, forced: false });
       if (st !== WOULD_BLOCK) throw lastError(st);
       enter(this);
@@ -654,10 +655,21 @@ export class Limiter extends Handle {
   }
 
   /** Consumes `n` only if every level holds it now and nobody waits; true
-   * if it did. */
+   * if it did. Counted at normal in the stats (see `tryConsumeAt`). */
   tryConsume(n) {
     const ptr = ptrOf(this, 'Limiter', 'this');
     const st = C.shmsched_limiter_try_consume(ptr, v.int('n', n, 0, MAX_I32));
+    if (st === WOULD_BLOCK) return false;
+    check(st);
+    return true;
+  }
+
+  /** `tryConsume`, counted at `priority` in the stats' `consumed` (the
+   * rule is the same: it refuses while anything waits at any priority). */
+  tryConsumeAt(n, priority) {
+    const ptr = ptrOf(this, 'Limiter', 'this');
+    const tokens = v.int('n', n, 0, MAX_I32);
+    const st = C.shmsched_limiter_try_consume_at(ptr, tokens, v.priority(priority));
     if (st === WOULD_BLOCK) return false;
     check(st);
     return true;

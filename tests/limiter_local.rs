@@ -351,3 +351,62 @@ fn long_run_rate_holds_with_many_threads() {
         "{total} {s:?}"
     );
 }
+
+#[test]
+fn try_consume_at_counts_and_refunds_at_its_priority() {
+    let (hi, no, lo) = (
+        Priority::High.index(),
+        Priority::Normal.index(),
+        Priority::Low.index(),
+    );
+    // 1 token/s: nothing measurable refills while the test runs.
+    let root = Limiter::with_capacity(1, 1000).unwrap();
+    assert!(root.try_consume_at(300, Priority::High).unwrap());
+    assert!(root.try_consume_at(200, Priority::Low).unwrap());
+    assert!(root.try_consume(100).unwrap());
+    let s = root.stats();
+    assert_eq!(s.queues[hi].consumed, 300);
+    assert_eq!(s.queues[lo].consumed, 200);
+    assert_eq!(
+        s.queues[no].consumed, 100,
+        "try_consume still counts at Normal"
+    );
+    assert_eq!(s.consumed, 600);
+    assert_eq!(s.refunded, 0);
+    assert_eq!(s.total.deferred, 0, "never queued");
+    // Never into debt: a refusal charges and counts nothing.
+    assert!(!root.try_consume_at(401, Priority::High).unwrap());
+    assert_eq!(root.stats().queues[hi].consumed, 300);
+    // A chain that refuses at the root refunds the child at the priority.
+    assert!(root.try_consume_at(400, Priority::Normal).unwrap());
+    let child = root.child_with_capacity(1, 1000).unwrap();
+    assert!(!child.try_consume_at(250, Priority::Low).unwrap());
+    let c = child.stats();
+    assert_eq!(c.queues[lo].consumed, 250);
+    assert_eq!(c.queues[lo].refunded, 250);
+    assert_eq!(c.refunded, 250, "refunded at Low only");
+    assert!(child.tokens().unwrap() >= 1000, "undone exactly");
+    let s = root.stats();
+    assert_eq!((s.queues[lo].consumed, s.refunded), (200, 0));
+    // Validation is try_consume's.
+    let e = root
+        .try_consume_at(MAX_CONSUME + 1, Priority::High)
+        .unwrap_err();
+    assert!(invalid(e).contains(&(MAX_CONSUME + 1).to_string()));
+}
+
+#[test]
+fn try_consume_at_never_overtakes_a_waiter_of_any_priority() {
+    let l = Arc::new(Limiter::with_capacity(100, 100).unwrap());
+    assert!(l.try_consume(100).unwrap());
+    let w = {
+        let l = l.clone();
+        thread::spawn(move || l.consume(100, Priority::Low).unwrap())
+    };
+    until("the Low consume queues", 5, || l.stats().pending == 1);
+    // Even zero tokens at the highest priority refuse while a Low waits.
+    assert!(!l.try_consume_at(0, Priority::Highest).unwrap());
+    assert!(!l.try_consume_at(1, Priority::High).unwrap());
+    assert_eq!(l.stats().queues[Priority::High.index()].consumed, 0);
+    w.join().unwrap();
+}

@@ -249,3 +249,39 @@ fn processes_killed_mid_consume_leave_a_valid_bucket_and_are_reaped() {
         .unwrap();
     assert!(!g.forced);
 }
+
+#[test]
+fn try_consume_at_counts_at_its_priority_in_the_region() {
+    let (hi, no, lo) = (
+        Priority::High.index(),
+        Priority::Normal.index(),
+        Priority::Low.index(),
+    );
+    let name = procs::unique_name("limt");
+    let _c = Cleanup(name.clone());
+    let region = Region::create(&name).unwrap();
+    // 1 token/s: nothing measurable refills while the test runs.
+    let a = Limiter::shared_with_capacity(&region, 1, 1000).unwrap();
+    let b = Limiter::attach(&Region::open(&name).unwrap()).unwrap();
+    assert!(a.try_consume_at(300, Priority::High).unwrap());
+    assert!(b.try_consume_at(200, Priority::Low).unwrap());
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.queues[hi].consumed, sa.queues[lo].consumed), (300, 0));
+    assert_eq!((sb.queues[hi].consumed, sb.queues[lo].consumed), (0, 200));
+    let sh = sb.shared.unwrap();
+    assert_eq!(sh.consumed[hi], 300);
+    assert_eq!(sh.consumed[lo], 200);
+    assert_eq!(sh.consumed[no], 0);
+    // Empty the bucket; a child's try then refuses at the root, and the
+    // child (charged first) is refunded at the priority; the region is not.
+    assert!(a.try_consume(500).unwrap());
+    let child = a.child_with_capacity(1, 1000).unwrap();
+    assert!(!child.try_consume_at(250, Priority::High).unwrap());
+    let c = child.stats();
+    assert_eq!((c.queues[hi].consumed, c.queues[hi].refunded), (250, 250));
+    assert_eq!(c.refunded, 250);
+    let sh = a.stats().shared.unwrap();
+    assert_eq!(sh.consumed[hi], 300);
+    assert_eq!(sh.consumed[no], 500);
+    assert_eq!(sh.refunded, [0; 7]);
+}

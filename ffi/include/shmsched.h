@@ -1285,6 +1285,25 @@ shmsched_status shmsched_limiter_consume_async(const struct shmsched_limiter *li
 shmsched_status shmsched_limiter_try_consume(const struct shmsched_limiter *lim, uint64_t n);
 
 /**
+ * Like `shmsched_limiter_try_consume`, counted at `priority` (a
+ * `SHMSCHED_PRIORITY_*` value) in the stats' `consumed` counters, and
+ * refunded there on a chain that refuses part-way. The rule does not depend
+ * on the priority: it refuses while anything is queued at any priority on
+ * any level, so it never overtakes a waiter. For a first attempt before a
+ * consume at the same priority.
+ *
+ * Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT`,
+ * `INVALID_PRIORITY`, `FORKED`. Threads: any. Fork: see the handle.
+ *
+ * # Safety
+ *
+ * `lim` must be NULL or an open limiter handle.
+ */
+shmsched_status shmsched_limiter_try_consume_at(const struct shmsched_limiter *lim,
+                                                uint64_t n,
+                                                int32_t priority);
+
+/**
  * Writes the token balance now (negative while in debt).
  *
  * Errors: `NULL_ARGUMENT`, `FORKED`, `BAD_REGION`. Threads: any. Fork: see

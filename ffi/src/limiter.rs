@@ -323,6 +323,36 @@ pub unsafe extern "C" fn shmsched_limiter_try_consume(
     }
 }
 
+/// Like `shmsched_limiter_try_consume`, counted at `priority` (a
+/// `SHMSCHED_PRIORITY_*` value) in the stats' `consumed` counters, and
+/// refunded there on a chain that refuses part-way. The rule does not depend
+/// on the priority: it refuses while anything is queued at any priority on
+/// any level, so it never overtakes a waiter. For a first attempt before a
+/// consume at the same priority.
+///
+/// Errors: `WOULD_BLOCK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT`,
+/// `INVALID_PRIORITY`, `FORKED`. Threads: any. Fork: see the handle.
+///
+/// # Safety
+///
+/// `lim` must be NULL or an open limiter handle.
+#[no_mangle]
+pub unsafe extern "C" fn shmsched_limiter_try_consume_at(
+    lim: *const shmsched_limiter,
+    n: u64,
+    priority: i32,
+) -> shmsched_status {
+    ffi! {
+        let (h, p) = (try_ref!(lim), try_priority!(priority));
+        if !h.usable()?.try_consume_at(n, p)? {
+            return Err(Fail::new(
+                shmsched_status::WouldBlock,
+                "the bucket does not hold the tokens now (or consumes are queued)",
+            ));
+        }
+    }
+}
+
 /// Writes the token balance now (negative while in debt).
 ///
 /// Errors: `NULL_ARGUMENT`, `FORKED`, `BAD_REGION`. Threads: any. Fork: see

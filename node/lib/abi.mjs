@@ -96,6 +96,7 @@ export const FUNCTIONS = Object.freeze([
   'uint32_t shmsched_limiter_consume_timeout(shmsched_limiter *lim, uint64_t n, int32_t priority, uint64_t timeout_ns, _Out_ shmsched_grant *out_grant)',
   'uint32_t shmsched_limiter_consume_async(shmsched_limiter *lim, uint64_t n, int32_t priority, uint64_t timeout_ns, shmsched_consume_callback *callback, void *ctx)',
   'uint32_t shmsched_limiter_try_consume(shmsched_limiter *lim, uint64_t n)',
+  'uint32_t shmsched_limiter_try_consume_at(shmsched_limiter *lim, uint64_t n, int32_t priority)',
   'uint32_t shmsched_limiter_tokens(shmsched_limiter *lim, _Out_ int64_t *out)',
   'uint32_t shmsched_limiter_tokens_per_second(shmsched_limiter *lim, _Out_ uint32_t *out)',
   'uint32_t shmsched_limiter_capacity(shmsched_limiter *lim, _Out_ uint32_t *out)',

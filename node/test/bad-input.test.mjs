@@ -391,6 +391,8 @@ const SIGNATURES = {
       ['options', () => undefined, syncWaitOptions]]],
     ['Limiter#tryConsume', (t, n) => method('Limiter', 'tryConsume').call(t, n), false, [
       T('Limiter'), ['n', () => 1, ints(0, 2 ** 31 - 1)]]],
+    ['Limiter#tryConsumeAt', (t, n, p) => method('Limiter', 'tryConsumeAt').call(t, n, p), false, [
+      T('Limiter'), ['n', () => 1, ints(0, 2 ** 31 - 1)], ['priority', () => 'high', priorities(false)]]],
     ['Limiter#tokens', (t) => getter('Limiter', 'tokens').call(t), false, [T('Limiter')]],
     ['Limiter#tokensPerSecond', (t) => getter('Limiter', 'tokensPerSecond').call(t), false, [T('Limiter')]],
     ['Limiter#capacity', (t) => getter('Limiter', 'capacity').call(t), false, [T('Limiter')]],

@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
 
-import { regionPath } from './support.mjs';
+import { Limiter } from 'shmsched';
+import { region, regionPath } from './support.mjs';
 
 const require = createRequire(import.meta.url);
 const pkgDir = dirname(require.resolve('shmsched/package.json'));
@@ -110,4 +111,29 @@ test('limiter stats: consumed and refunded per priority, per handle and region-w
   C.shmsched_limiter_close(other);
   C.shmsched_limiter_close(lim);
   C.shmsched_region_close(r);
+});
+
+test('an async consume that goes at once counts at its priority, not at Normal', async () => {
+  const r = region('limprio');
+  // 1 token/s: nothing measurable refills while the test runs.
+  const lim = Limiter.shared(r, 1, { capacity: 1000 });
+  assert.deepEqual(await lim.consume(300, 'high'), { immediate: true, forced: false });
+  assert.deepEqual(await lim.consume(200, 'low'), { immediate: true, forced: false });
+  const want = [0, 0, 200, 0, 300, 0, 0];
+  const j = lim.stats();
+  assert.deepEqual(j.queues.map((q) => q.consumed), want);
+  assert.deepEqual(j.shared.consumed, want);
+  assert.deepEqual(j.queues.map((q) => q.refunded), [0, 0, 0, 0, 0, 0, 0]);
+  // tryConsumeAt: the same counting; a child refused at the emptied root
+  // is refunded at the priority.
+  assert.equal(lim.tryConsumeAt(500, 'higher'), true);
+  const child = lim.child(1, { capacity: 1000 });
+  assert.equal(child.tryConsumeAt(250, 'low'), false);
+  const c = child.stats();
+  assert.deepEqual(c.queues.map((q) => q.consumed), [0, 0, 250, 0, 0, 0, 0]);
+  assert.deepEqual(c.queues.map((q) => q.refunded), [0, 0, 250, 0, 0, 0, 0]);
+  assert.deepEqual(lim.stats().queues.map((q) => q.consumed), [0, 0, 200, 0, 300, 500, 0]);
+  child.close();
+  lim.close();
+  r.close();
 });

@@ -880,8 +880,22 @@ class Limiter(_Handle):
 
     def try_consume(self, n: int) -> bool:
         """Consumes ``n`` only if available now (and nobody waits); True if
-        it did."""
+        it did. Counted at normal in the stats (see :meth:`try_consume_at`)."""
         st = _lib.shmsched_limiter_try_consume(self._h, _args.tokens(n))
+        if st == _ffi.WOULD_BLOCK:
+            return False
+        _check(st)
+        return True
+
+    def try_consume_at(self, n: int, priority: PriorityLike) -> bool:
+        """:meth:`try_consume`, counted at ``priority`` in the stats'
+        ``consumed`` (the rule is the same: it refuses while anything waits
+        at any priority, so it never overtakes a waiter)."""
+        return self._try_at(_args.tokens(n), _prio(priority))
+
+    def _try_at(self, n: int, p: int) -> bool:
+        # ``n`` and ``p`` already checked (the async consume's first try).
+        st = _lib.shmsched_limiter_try_consume_at(self._h, n, p)
         if st == _ffi.WOULD_BLOCK:
             return False
         _check(st)

@@ -179,7 +179,8 @@ async def _acquire(sched: "Scheduler", p: int, priority: "PriorityLike", units: 
 async def _consume(lim: "Limiter", n: int, p: int, ns: Optional[int]) -> "Grant":
     from . import Grant
 
-    if lim.try_consume(n):
+    # At the caller's priority, so the stats count it there.
+    if lim._try_at(n, p):
         return Grant(True, False)
     w = _waits()
     grant: "Grant" = await _wait(w, *w.start_consume(lim, n, p, ns))

@@ -251,6 +251,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "shmsched_limiter_consume_timeout": (_S, [_P, _U64, _I32, _U64, ctypes.POINTER(Grant)]),
     "shmsched_limiter_consume_async": (_S, [_P, _U64, _I32, _U64, CONSUME_CALLBACK, _P]),
     "shmsched_limiter_try_consume": (_S, [_P, _U64]),
+    "shmsched_limiter_try_consume_at": (_S, [_P, _U64, _I32]),
     "shmsched_limiter_tokens": (_S, [_P, _I64P]),
     "shmsched_limiter_tokens_per_second": (_S, [_P, _U32P]),
     "shmsched_limiter_capacity": (_S, [_P, _U32P]),

@@ -134,6 +134,43 @@ class AsyncApiTest(AioTest):
         asyncio.run(main())
         self.assertEqual(lim.snapshot().pending, 0)
 
+    def test_consume_async_at_once_counts_at_its_priority(self):
+        # 1 token/s: nothing measurable refills while the test runs.
+        lim = shmsched.Limiter.shared(self.region("limprio"), 1, capacity=1000)
+        hi, normal, lo = 1 + 3, 0 + 3, -1 + 3
+
+        async def main():
+            g = await lim.consume_async(300, "high")
+            self.assertTrue(g.immediate)
+            g = await lim.consume_async(200, "low")
+            self.assertTrue(g.immediate)
+
+        asyncio.run(main())
+        s = lim.snapshot()
+        want = [0] * 7
+        want[hi], want[lo] = 300, 200
+        self.assertEqual(s.consumed, want, "not at normal")
+        self.assertEqual(s.shared["consumed"], want)
+        self.assertEqual(s.refunded, [0] * 7)
+        self.assertEqual(s.consumed[normal], 0)
+
+    def test_try_consume_at(self):
+        lim = shmsched.Limiter.shared(self.region("limtry"), 1, capacity=1000)
+        self.assertTrue(lim.try_consume_at(600, "high"))
+        self.assertFalse(lim.try_consume_at(600, "low"))  # 400 left
+        # A child of the emptied root is charged, refused at the root and
+        # refunded, both at the priority.
+        self.assertTrue(lim.try_consume(400))
+        child = lim.child(1, capacity=1000)
+        self.assertFalse(child.try_consume_at(250, "low"))
+        c = child.snapshot()
+        self.assertEqual(c.consumed, [0, 0, 250, 0, 0, 0, 0])
+        self.assertEqual(c.refunded, [0, 0, 250, 0, 0, 0, 0])
+        self.assertEqual(lim.snapshot().consumed, [0, 0, 0, 400, 600, 0, 0])
+        with self.assertRaises(shmsched.InvalidPriority) as e:
+            lim.try_consume_at(1, 7)
+        self.assertIn("7", str(e.exception))
+
 
 class CancellationTest(AioTest):
     def test_cancel_leaves_no_waiter_and_takes_nothing(self):

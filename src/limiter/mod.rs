@@ -406,24 +406,54 @@ impl Limiter {
     /// Consumes `n` only if every level of the chain holds `n` tokens now and
     /// nothing waits at any level (in any process, for a shared root);
     /// never queues, never goes into debt (so `n` above the capacity is
-    /// always `false`).
+    /// always `false`). Counted at [`TRY_PRIORITY`]; see
+    /// [`try_consume_at`](Self::try_consume_at) to count at another.
     #[inline]
     pub fn try_consume(&self, n: u64) -> Result<bool> {
+        self.try_consume_at(n, TRY_PRIORITY)
+    }
+
+    /// [`try_consume`](Self::try_consume), counted at `priority` in the
+    /// stats' `consumed` counters (and, on a chain that refuses part-way,
+    /// the levels already charged are refunded at `priority`). The rule is
+    /// the same whatever the priority: it refuses if anything waits at any
+    /// priority on any level of the chain, so it never overtakes a waiter.
+    /// For a first attempt that queues with [`consume`](Self::consume) at
+    /// the same priority only if this refuses.
+    ///
+    /// ```
+    /// use shmsched::limiter::Limiter;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let lim = Limiter::with_capacity(1_000, 100)?;
+    /// assert!(lim.try_consume_at(60, Priority::High)?);
+    /// assert!(!lim.try_consume_at(60, Priority::Low)?); // 40 left
+    /// let st = lim.stats();
+    /// assert_eq!(st.queues[Priority::High.index()].consumed, 60);
+    /// assert_eq!(st.queues[Priority::Low.index()].consumed, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: as [`try_consume`](Self::try_consume).
+    #[inline]
+    pub fn try_consume_at(&self, n: u64, priority: Priority) -> Result<bool> {
         check_consume(n)?;
+        let tier = priority.index();
         let mut node = &*self.node;
         loop {
             node.check_usable()?;
             let ok = match node.try_level(n) {
                 Ok(ok) => ok,
                 Err(e) => {
-                    self.refund_below(node, n, TRY_PRIORITY);
+                    self.refund_below(node, n, priority);
                     return Err(e);
                 }
             };
             if !ok {
-                self.refund_below(node, n, TRY_PRIORITY);
+                self.refund_below(node, n, priority);
                 return Ok(false);
             }
+            node.charged(tier, n);
             match node.parent() {
                 None => return Ok(true),
                 Some(p) => node = p,

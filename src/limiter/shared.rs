@@ -74,7 +74,8 @@ pub(crate) struct LimCounters {
 #[repr(C, align(128))]
 pub(crate) struct LimTotals {
     /// Per tier: tokens charged at the root (at once, after waiting, forced
-    /// or by `try_consume`, counted at [`TRY_PRIORITY`](super::TRY_PRIORITY)).
+    /// by `try_consume_at` at its priority, or by `try_consume`, counted at
+    /// [`TRY_PRIORITY`](super::TRY_PRIORITY)).
     pub(crate) consumed: [AtomicU64; LEVELS],
     /// Per tier: tokens given back to the root (a consume that gave up
     /// after it was charged, an I/O adapter's unused bytes).

@@ -29,8 +29,9 @@ pub struct LimiterQueueStats {
     /// consume queued here.
     pub stall: u64,
     /// Counter: tokens charged at this priority through this handle at this
-    /// level: at once, after waiting, forced through, or (at
-    /// [`TRY_PRIORITY`](super::TRY_PRIORITY)) by `try_consume`. Together
+    /// level: at once, after waiting, forced through, by `try_consume_at`
+    /// at this priority, or (at [`TRY_PRIORITY`](super::TRY_PRIORITY)) by
+    /// `try_consume`. Together
     /// with `refunded`, `Δ(consumed − refunded) / Δt` is the rate this
     /// priority achieved. (A region's view reports the region's.)
     pub consumed: u64,

@@ -553,6 +553,18 @@ static void limiters(void) {
          SHMSCHED_STATUS_INVALID_ARGUMENT, "3000000000");
   expect("try_consume on an empty bucket", shmsched_limiter_try_consume(l, 500),
          SHMSCHED_STATUS_WOULD_BLOCK, NULL);
+  expect("try_consume_at on an empty bucket",
+         shmsched_limiter_try_consume_at(l, 500, SHMSCHED_PRIORITY_HIGH),
+         SHMSCHED_STATUS_WOULD_BLOCK, NULL);
+  expect("try_consume_at priority 5", shmsched_limiter_try_consume_at(l, 1, 5),
+         SHMSCHED_STATUS_INVALID_PRIORITY, "priority 5 is out of range: expected -3..=3");
+  expect("try_consume_at priority -4", shmsched_limiter_try_consume_at(l, 1, -4),
+         SHMSCHED_STATUS_INVALID_PRIORITY, "priority -4 is out of range");
+  expect("try_consume_at too much",
+         shmsched_limiter_try_consume_at(l, 3000000000ull, SHMSCHED_PRIORITY_HIGH),
+         SHMSCHED_STATUS_INVALID_ARGUMENT, "3000000000");
+  expect("try_consume_at NULL", shmsched_limiter_try_consume_at(NULL, 1, 0),
+         SHMSCHED_STATUS_NULL_ARGUMENT, NULL);
   expect("consume_timeout on an empty bucket",
          shmsched_limiter_consume_timeout(l, 900, SHMSCHED_PRIORITY_LOW, 1000000, NULL),
          SHMSCHED_STATUS_TIMEOUT, NULL);

@@ -392,7 +392,7 @@ static void counters(void) {
   ok("limiter_shared", shmsched_limiter_shared(r, 1000, &l));
   ok("limiter_attach", shmsched_limiter_attach(r, &other));
   ok("waitset_create", shmsched_waitset_create(&ws));
-  /* 360 of a full bucket of 1000: everything goes at once. */
+  /* 400 of a full bucket of 1000: everything goes at once. */
   ok("consume 200 High", shmsched_limiter_consume(l, 200, SHMSCHED_PRIORITY_HIGH, NULL));
   uint64_t id;
   ok("consume_start 100 High",
@@ -403,6 +403,8 @@ static void counters(void) {
   ok("waitset_take", shmsched_waitset_take(ws, c, 2, &n));
   check(n == 1 && c[0].status == SHMSCHED_STATUS_CANCELLED, "the cancelled consume is refunded");
   ok("try_consume 10", shmsched_limiter_try_consume(l, 10));
+  /* A try at a priority counts there, not at Normal. */
+  ok("try_consume_at 40 High", shmsched_limiter_try_consume_at(l, 40, SHMSCHED_PRIORITY_HIGH));
   ok("consume 50 Low", shmsched_limiter_consume(other, 50, SHMSCHED_PRIORITY_LOW, NULL));
 
   shmsched_limiter_stats st;
@@ -413,7 +415,7 @@ static void counters(void) {
   const int hi = SHMSCHED_PRIORITY_HIGH + 3, lo = SHMSCHED_PRIORITY_LOW + 3,
             normal = SHMSCHED_PRIORITY_NORMAL + 3;
   for (int p = 0; p < 7; p++) {
-    uint64_t want_c = p == hi ? 300 : p == normal ? 10 : 0;
+    uint64_t want_c = p == hi ? 340 : p == normal ? 10 : 0;
     uint64_t want_r = p == hi ? 100 : 0;
     uint64_t region_c = want_c + (p == lo ? 50 : 0);
     if (st.consumed[p] != want_c || st.refunded[p] != want_r || st.region.consumed[p] != region_c ||
@@ -433,8 +435,8 @@ static void counters(void) {
   o.size = sizeof o;
   ok("other get_stats", shmsched_limiter_get_stats(other, &o));
   check(o.consumed[lo] == 50 && o.consumed[hi] == 0 && o.refunded[hi] == 0 &&
-            o.region.consumed[hi] == 300 && o.region.refunded[hi] == 100,
-        "the other handle: its own 50 at Low, the region's 300/100 at High");
+            o.region.consumed[hi] == 340 && o.region.refunded[hi] == 100,
+        "the other handle: its own 50 at Low, the region's 340/100 at High");
 
   /* The struct as it was before the counters: it ended with region.wakes. */
   const size_t old = offsetof(shmsched_limiter_stats, region) +
