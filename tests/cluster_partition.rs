@@ -430,9 +430,12 @@ fn a_grant_an_agent_never_learned_returns_within_one_renew_period() {
     let proxy = Proxy::start(srv.sock.clone());
     let mut a = Host::new("a");
     let mut b = Host::new("b");
-    // TTL 3 s: A keeps its learned half through the test's phases.
-    a.start_agent(&proxy.url(), &bud, R, 3000);
-    b.start_agent(&srv.url(), &bud, R, 3000);
+    // TTL 10 s: A keeps its learned half through the test's phases, also
+    // when a loaded machine makes them slow (with 3 s, A stopped through
+    // a slow "B idle" phase lapsed to its safe 0 and reported holding
+    // nothing, so the grant it never learned was already cut to 0).
+    a.start_agent(&proxy.url(), &bud, R, 10_000);
+    b.start_agent(&srv.url(), &bud, R, 10_000);
     a.start_workers(24);
     b.start_workers(24);
     let mut s = Sampler::new(&srv, &bud);
