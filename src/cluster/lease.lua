@@ -105,37 +105,58 @@ local NB = #KEYS - 3
 local EXPIRE_PER_CALL = 64
 local MOVES_PER_CALL = 32
 local EPS = 1e-9
+local WANTS_FMT = string.rep('%d,', NB - 1) .. '%d'
 
+-- One pattern match per record (a loop of string.gmatch and a table per
+-- field costs several times more; parsing is most of a call's Lua time).
+local REC = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$'
 local function parse(rec)
   if not rec then return nil end
-  local f = {}
-  for w in string.gmatch(rec, '%S+') do f[#f + 1] = w end
-  if #f ~= 9 then return nil end
+  local a, b, c, d, e, f, ws, h, i = string.match(rec, REC)
+  if not a then return nil end
   local r = {
-    token = tonumber(f[1]), grant = tonumber(f[2]), has = tonumber(f[3]),
-    safe = tonumber(f[4]), deadline = tonumber(f[5]), weight = tonumber(f[6]),
-    seq = tonumber(f[8]), target = tonumber(f[9]), wants = {}
+    token = tonumber(a), grant = tonumber(b), has = tonumber(c),
+    safe = tonumber(d), deadline = tonumber(e), weight = tonumber(f),
+    seq = tonumber(h), target = tonumber(i), wants = {}
   }
   if not (r.token and r.grant and r.has and r.safe and r.deadline and r.weight
       and r.seq and r.target) or r.weight <= 0 then
     return nil
   end
-  for w in string.gmatch(f[7], '[^,]+') do
+  local k = 0
+  for w in string.gmatch(ws, '[^,]+') do
     local v = tonumber(w)
     if not v then return nil end
-    r.wants[#r.wants + 1] = v
+    k = k + 1
+    r.wants[k] = v
   end
-  if #r.wants > NB then return nil end
+  if k > NB then return nil end
   return r
 end
 
+-- A number as text that reads back exactly: '%d' (integer formatting, far
+-- cheaper than '%.17g') for whole numbers below 2^53.
+local function numstr(v)
+  if v == math.floor(v) and v < 9007199254740992 and v > -9007199254740992 then
+    return string.format('%d', v)
+  end
+  return string.format('%.17g', v)
+end
+
 local function encode(r)
-  local ws = {}
-  for i = 1, #r.wants do ws[i] = string.format('%d', r.wants[i]) end
-  if #ws == 0 then ws[1] = '0' end
-  return string.format('%d %d %d %d %d %.17g %s %d %d', r.token, r.grant,
-    r.has, r.safe, r.deadline, r.weight, table.concat(ws, ','), r.seq,
-    r.target)
+  local ws
+  local nw = #r.wants
+  if nw == 0 then
+    ws = '0'
+  elseif nw == NB then
+    ws = string.format(WANTS_FMT, unpack(r.wants))
+  else
+    local t = {}
+    for i = 1, nw do t[i] = string.format('%d', r.wants[i]) end
+    ws = table.concat(t, ',')
+  end
+  return string.format('%d %d %d %d %d %s %s %d %d', r.token, r.grant,
+    r.has, r.safe, r.deadline, numstr(r.weight), ws, r.seq, r.target)
 end
 
 if op == 'peek' then
@@ -190,47 +211,44 @@ local pool = cap - reserve
 local FIELDS = {'epoch', 'learn_until', 'capacity', 'reserve', 'held', 'safe',
   'tsum', 'kept'}
 local NG = #FIELDS
-local BF = {'w', 'u', 'q', 'n', 'c', 'sw', 'su'}
--- A band's seven aggregates are one meta field, 'b' .. band: "w u q n c sw
--- su". N.w[b] names band b's w in the table A, and so on.
-local N, FB = {}, {}
-for _, p in ipairs(BF) do N[p] = {} end
-for b = 1, NB do
-  FIELDS[NG + b] = 'b' .. b
-  for _, p in ipairs(BF) do
-    N[p][b] = p .. b
-    FB[N[p][b]] = b
-  end
-end
+local BNAMES = {'b1', 'b2', 'b3', 'b4', 'b5', 'b6', 'b7', 'b8'}
+for b = 1, NB do FIELDS[NG + b] = BNAMES[b] or ('b' .. b) end
 local A, A0 = {}, {}
 local mv = redis.call('HMGET', META, unpack(FIELDS))
 for i = 1, NG do
   A[FIELDS[i]] = tonumber(mv[i]) or 0
   A0[FIELDS[i]] = mv[i]
 end
--- Band fields are parsed on first use (most calls touch one or two bands).
+-- A band's seven aggregates, one array each, indexed by band: Σ wants (W),
+-- Σ weights (U), Σ weight² (Q), hosts (NH), the boundary (C) and the
+-- saturated hosts' wants and weights (SW, SU). Stored as one meta field
+-- 'b' .. band, packed by struct ('<Bddddddd', tag 3: exact doubles, no
+-- text formatting or parsing); revision 2's text "w u q n c sw su" is read
+-- too (an upgrade in place) and written back packed. Parsed on first use
+-- (most calls touch a few bands): band(b) before any access.
+local W, U, Q, NH, C, SW, SU = {}, {}, {}, {}, {}, {}, {}
 local loaded, orig = {}, {}
-local function load_band(b)
+local BPACK = '<Bddddddd'
+local function band(b)
+  if loaded[b] then return end
   loaded[b] = true
-  local k, o = 0, {}
-  for v in string.gmatch(mv[NG + b] or '', '%S+') do
-    k = k + 1
-    if BF[k] then o[k] = tonumber(v) or 0 end
+  local s = mv[NG + b]
+  local o
+  if s and #s == 57 and string.byte(s, 1) == 3 then
+    o = {select(2, struct.unpack(BPACK, s))}
+    o[8] = nil
+  else
+    o = {}
+    local k = 0
+    for v in string.gmatch(s or '', '%S+') do
+      k = k + 1
+      if k <= 7 then o[k] = tonumber(v) end
+    end
   end
-  for j = 1, #BF do
-    o[j] = o[j] or 0
-    rawset(A, N[BF[j]][b], o[j])
-  end
+  for j = 1, 7 do o[j] = o[j] or 0 end
+  W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = o[1], o[2], o[3], o[4], o[5], o[6], o[7]
   orig[b] = o
 end
-setmetatable(A, {__index = function(t, k)
-  local b = FB[k]
-  if b and not loaded[b] then
-    load_band(b)
-    return rawget(t, k)
-  end
-  return nil
-end})
 local fresh_epoch = not mv[1]
 local created = false
 
@@ -241,11 +259,8 @@ if fresh_epoch then
   for b = 1, NB do redis.call('DEL', KEYS[3 + b]) end
   for i = 1, NG do A[FIELDS[i]] = 0 end
   for b = 1, NB do
-    load_band(b)
-    for j = 1, #BF do
-      A[N[BF[j]][b]] = 0
-      orig[b][j] = nil
-    end
+    loaded[b], orig[b] = true, {}
+    W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = 0, 0, 0, 0, 0, 0, 0
   end
   learn_until = now + ttl
   A.epoch, A.learn_until, A.capacity, A.reserve = now, learn_until, cap, reserve
@@ -268,42 +283,46 @@ local learning = now < learn_until
 local function band_out(id, r, b)
   local w = r.wants[b] or 0
   if w <= 0 then return end
+  band(b)
   local z = KEYS[3 + b]
   local rank = redis.call('ZRANK', z, id)
   if not rank then return end
-  if rank < A[N.c[b]] then
-    A[N.c[b]] = A[N.c[b]] - 1
-    A[N.sw[b]] = A[N.sw[b]] - w
-    A[N.su[b]] = A[N.su[b]] - r.weight
+  if rank < C[b] then
+    C[b] = C[b] - 1
+    SW[b] = SW[b] - w
+    SU[b] = SU[b] - r.weight
   end
   redis.call('ZREM', z, id)
-  A[N.w[b]] = A[N.w[b]] - w
-  A[N.u[b]] = A[N.u[b]] - r.weight
-  A[N.q[b]] = A[N.q[b]] - r.weight * r.weight
-  A[N.n[b]] = A[N.n[b]] - 1
-  if A[N.n[b]] <= 0 then
-    A[N.w[b]], A[N.u[b]], A[N.q[b]], A[N.n[b]] = 0, 0, 0, 0
+  W[b] = W[b] - w
+  U[b] = U[b] - r.weight
+  Q[b] = Q[b] - r.weight * r.weight
+  NH[b] = NH[b] - 1
+  if NH[b] <= 0 then
+    W[b], U[b], Q[b], NH[b] = 0, 0, 0, 0
   end
-  if A[N.c[b]] <= 0 then A[N.c[b]], A[N.sw[b]], A[N.su[b]] = 0, 0, 0 end
+  if C[b] <= 0 then C[b], SW[b], SU[b] = 0, 0, 0 end
 end
 
 local function band_in(id, r, b)
   local w = r.wants[b] or 0
   if w <= 0 then return end
+  band(b)
   local z = KEYS[3 + b]
-  if redis.call('ZADD', z, string.format('%.17g', w / r.weight), id) == 1 then
+  -- A band with no hosts has no key: this ZADD creates it, without a TTL.
+  -- (Moving a host within a live band needs no PEXPIRE of every key.)
+  if redis.call('ZADD', z, numstr(w / r.weight), id) == 1 and NH[b] <= 0 then
     created = true
   end
   local rank = redis.call('ZRANK', z, id)
-  if rank < A[N.c[b]] then
-    A[N.c[b]] = A[N.c[b]] + 1
-    A[N.sw[b]] = A[N.sw[b]] + w
-    A[N.su[b]] = A[N.su[b]] + r.weight
+  if rank < C[b] then
+    C[b] = C[b] + 1
+    SW[b] = SW[b] + w
+    SU[b] = SU[b] + r.weight
   end
-  A[N.w[b]] = A[N.w[b]] + w
-  A[N.u[b]] = A[N.u[b]] + r.weight
-  A[N.q[b]] = A[N.q[b]] + r.weight * r.weight
-  A[N.n[b]] = A[N.n[b]] + 1
+  W[b] = W[b] + w
+  U[b] = U[b] + r.weight
+  Q[b] = Q[b] + r.weight * r.weight
+  NH[b] = NH[b] + 1
 end
 
 local function drop(id, r)
@@ -321,7 +340,8 @@ local function rebuild()
   redis.call('DEL', DL)
   for b = 1, NB do
     redis.call('DEL', KEYS[3 + b])
-    for _, p in ipairs(BF) do A[N[p][b]] = 0 end
+    if not loaded[b] then loaded[b], orig[b] = true, {} end
+    W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = 0, 0, 0, 0, 0, 0, 0
   end
   A.held, A.safe, A.tsum = 0, 0, 0
   local raw = redis.call('HGETALL', HOSTS)
@@ -353,21 +373,17 @@ local function save()
     local v = A[f]
     if A0[f] == nil or tonumber(A0[f]) ~= v then
       out[#out + 1] = f
-      out[#out + 1] = string.format('%.17g', v)
+      out[#out + 1] = numstr(v)
     end
   end
   for b = 1, NB do
     if loaded[b] then
-      local vs, changed = {}, false
-      for j, p in ipairs(BF) do
-        local v = A[N[p][b]]
-        if orig[b][j] ~= v then changed = true end
-        vs[j] = v
-      end
-      if changed then
-        for j = 1, #BF do vs[j] = string.format('%.17g', vs[j]) end
+      local o = orig[b]
+      if o[1] ~= W[b] or o[2] ~= U[b] or o[3] ~= Q[b] or o[4] ~= NH[b] or
+          o[5] ~= C[b] or o[6] ~= SW[b] or o[7] ~= SU[b] then
         out[#out + 1] = FIELDS[NG + b]
-        out[#out + 1] = table.concat(vs, ' ')
+        out[#out + 1] = struct.pack(BPACK, 3, W[b], U[b], Q[b], NH[b], C[b],
+          SW[b], SU[b])
       end
     end
   end
@@ -451,24 +467,26 @@ local function want_weight(id, b)
 end
 
 local function level(b, left)
-  local d = A[N.u[b]] - A[N.su[b]]
-  if d > EPS then return (left - A[N.sw[b]]) / d end
-  if A[N.sw[b]] <= left + EPS then return math.huge end
+  band(b)
+  local d = U[b] - SU[b]
+  if d > EPS then return (left - SW[b]) / d end
+  if SW[b] <= left + EPS then return math.huge end
   return -math.huge
 end
 
 local function converge(b, left)
+  band(b)
   local z = KEYS[3 + b]
   for _ = 1, MOVES_PER_CALL do
     local lam = level(b, left)
-    local c, n = A[N.c[b]], A[N.n[b]]
+    local c, n = C[b], NH[b]
     local moved = false
     if c < n then
       local e = redis.call('ZRANGE', z, c, c, 'WITHSCORES')
       if #e == 2 and tonumber(e[2]) <= lam then
         local w, u = want_weight(e[1], b)
         if w then
-          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c + 1, A[N.sw[b]] + w, A[N.su[b]] + u
+          C[b], SW[b], SU[b] = c + 1, SW[b] + w, SU[b] + u
           moved = true
         end
       end
@@ -478,7 +496,7 @@ local function converge(b, left)
       if #e == 2 and tonumber(e[2]) > lam then
         local w, u = want_weight(e[1], b)
         if w then
-          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c - 1, A[N.sw[b]] - w, A[N.su[b]] - u
+          C[b], SW[b], SU[b] = c - 1, SW[b] - w, SU[b] - u
           moved = true
         end
       end
@@ -493,22 +511,23 @@ local left = pool
 for b = 1, NB do
   if left <= EPS then break end
   local mine = wants[b] or 0
-  if A[N.w[b]] <= left + EPS then
+  band(b)
+  if W[b] <= left + EPS then
     target = target + mine
-    left = left - A[N.w[b]]
+    left = left - W[b]
   else
     local lam, settled = converge(b, left)
     local share = math.max(0, math.min(mine, weight * lam))
-    local n, c = A[N.n[b]], A[N.c[b]]
+    local n, c = NH[b], C[b]
     local rank = nil
     if mine > 0 and mine > share + EPS and settled and n > c then
       rank = redis.call('ZRANK', KEYS[3 + b], host)
     end
-    local u, q = A[N.u[b]], A[N.q[b]]
+    local u, q = U[b], Q[b]
     local uniform = n > 0 and math.abs(n * q - u * u) <= 1e-9 * u * u
     if rank and rank >= c and uniform then
       -- One weight: cumulative rounding over the unsaturated hosts.
-      local sh = (u - A[N.su[b]]) / (n - c) * lam
+      local sh = (u - SU[b]) / (n - c) * lam
       local j = rank - c
       target = target + math.floor((j + 1) * sh + EPS) - math.floor(j * sh + EPS)
     else
