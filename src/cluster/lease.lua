@@ -107,31 +107,68 @@ local MOVES_PER_CALL = 32
 local EPS = 1e-9
 local WANTS_FMT = string.rep('%d,', NB - 1) .. '%d'
 
--- One pattern match per record (a loop of string.gmatch and a table per
--- field costs several times more; parsing is most of a call's Lua time).
+-- Parsing records is much of a call's Lua time: one pattern match takes a
+-- record with up to 7 wants (the Rust client's bands) apart, wants and
+-- all; other records take the general path.
+local REC7 = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ([^ ,]+),?([^ ,]*),?' ..
+  '([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*) (%S+) (%S+)$'
 local REC = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$'
 local function parse(rec)
   if not rec then return nil end
-  local a, b, c, d, e, f, ws, h, i = string.match(rec, REC)
-  if not a then return nil end
+  local a, b, c, d, e, f, w1, w2, w3, w4, w5, w6, w7, h, i = string.match(rec, REC7)
+  local wants
+  if a then
+    local ws = {w1, w2, w3, w4, w5, w6, w7}
+    wants = {}
+    for k = 1, 7 do
+      local w = ws[k]
+      if w == '' then break end
+      local v = tonumber(w)
+      if not v then return nil end
+      wants[k] = v
+    end
+    if #wants > NB then return nil end
+  else
+    local ws
+    a, b, c, d, e, f, ws, h, i = string.match(rec, REC)
+    if not a then return nil end
+    wants = {}
+    local k = 0
+    for w in string.gmatch(ws, '[^,]+') do
+      local v = tonumber(w)
+      if not v then return nil end
+      k = k + 1
+      wants[k] = v
+    end
+    if k > NB then return nil end
+  end
   local r = {
     token = tonumber(a), grant = tonumber(b), has = tonumber(c),
     safe = tonumber(d), deadline = tonumber(e), weight = tonumber(f),
-    seq = tonumber(h), target = tonumber(i), wants = {}
+    seq = tonumber(h), target = tonumber(i), wants = wants
   }
   if not (r.token and r.grant and r.has and r.safe and r.deadline and r.weight
       and r.seq and r.target) or r.weight <= 0 then
     return nil
   end
+  return r
+end
+
+-- A record's weight and its want in band b, for a boundary move (these two
+-- fields only: a quarter of parse's cost). nil for a record parse refuses.
+local LIGHT = '^%S+ %S+ %S+ %S+ %S+ (%S+) (%S+) %S+ %S+$'
+local function weight_want(rec, b)
+  if not rec then return nil end
+  local wt, ws = string.match(rec, LIGHT)
+  local u = tonumber(wt)
+  if not u or u <= 0 then return nil end
   local k = 0
   for w in string.gmatch(ws, '[^,]+') do
-    local v = tonumber(w)
-    if not v then return nil end
     k = k + 1
-    r.wants[k] = v
+    if k == b then return u, tonumber(w) end
   end
   if k > NB then return nil end
-  return r
+  return u, 0
 end
 
 -- A number as text that reads back exactly: '%d' (integer formatting, far
@@ -219,33 +256,24 @@ for i = 1, NG do
   A[FIELDS[i]] = tonumber(mv[i]) or 0
   A0[FIELDS[i]] = mv[i]
 end
--- A band's seven aggregates, one array each, indexed by band: Σ wants (W),
--- Σ weights (U), Σ weight² (Q), hosts (NH), the boundary (C) and the
--- saturated hosts' wants and weights (SW, SU). Stored as one meta field
--- 'b' .. band, packed by struct ('<Bddddddd', tag 3: exact doubles, no
--- text formatting or parsing); revision 2's text "w u q n c sw su" is read
--- too (an upgrade in place) and written back packed. Parsed on first use
--- (most calls touch a few bands): band(b) before any access.
+-- A band's seven aggregates "w u q n c sw su", one array each, indexed by
+-- band: Σ wants (W), Σ weights (U), Σ weight² (Q), hosts (NH), the
+-- boundary (C) and the saturated hosts' wants and weights (SW, SU). Parsed
+-- on first use (most calls touch a few bands): band(b) before any access.
 local W, U, Q, NH, C, SW, SU = {}, {}, {}, {}, {}, {}, {}
 local loaded, orig = {}, {}
-local BPACK = '<Bddddddd'
+local BAND = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)'
+local ZERO = {0, 0, 0, 0, 0, 0, 0}
 local function band(b)
   if loaded[b] then return end
   loaded[b] = true
   local s = mv[NG + b]
-  local o
-  if s and #s == 57 and string.byte(s, 1) == 3 then
-    o = {select(2, struct.unpack(BPACK, s))}
-    o[8] = nil
-  else
-    o = {}
-    local k = 0
-    for v in string.gmatch(s or '', '%S+') do
-      k = k + 1
-      if k <= 7 then o[k] = tonumber(v) end
-    end
+  local o = ZERO
+  if s and s ~= '0 0 0 0 0 0 0' then
+    local w, u, q, n, c, sw, su = string.match(s, BAND)
+    if w then o = {tonumber(w) or 0, tonumber(u) or 0, tonumber(q) or 0, tonumber(n) or 0,
+      tonumber(c) or 0, tonumber(sw) or 0, tonumber(su) or 0} end
   end
-  for j = 1, 7 do o[j] = o[j] or 0 end
   W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = o[1], o[2], o[3], o[4], o[5], o[6], o[7]
   orig[b] = o
 end
@@ -382,8 +410,9 @@ local function save()
       if o[1] ~= W[b] or o[2] ~= U[b] or o[3] ~= Q[b] or o[4] ~= NH[b] or
           o[5] ~= C[b] or o[6] ~= SW[b] or o[7] ~= SU[b] then
         out[#out + 1] = FIELDS[NG + b]
-        out[#out + 1] = struct.pack(BPACK, 3, W[b], U[b], Q[b], NH[b], C[b],
-          SW[b], SU[b])
+        out[#out + 1] = numstr(W[b]) .. ' ' .. numstr(U[b]) .. ' ' .. numstr(Q[b]) ..
+          ' ' .. numstr(NH[b]) .. ' ' .. numstr(C[b]) .. ' ' .. numstr(SW[b]) ..
+          ' ' .. numstr(SU[b])
       end
     end
   end
@@ -461,9 +490,9 @@ end
 -- 4. Water-filling.
 local function want_weight(id, b)
   if id == host then return me.wants[b] or 0, me.weight end
-  local r = parse(redis.call('HGET', HOSTS, id))
-  if not r then return nil end
-  return r.wants[b] or 0, r.weight
+  local u, w = weight_want(redis.call('HGET', HOSTS, id), b)
+  if not u or not w then return nil end
+  return w, u
 end
 
 local function level(b, left)
