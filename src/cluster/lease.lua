@@ -102,7 +102,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 local META, HOSTS, DL = KEYS[1], KEYS[2], KEYS[3]
 local NB = #KEYS - 3
-local EXPIRE_PER_CALL = 64
+local EXPIRE_PER_CALL = '64' -- (text: a redis.call argument)
 local MOVES_PER_CALL = 32
 local EPS = 1e-9
 local WANTS_FMT = string.rep('%d,', NB - 1) .. '%d'
@@ -308,7 +308,9 @@ end
 local learning = now < learn_until
 
 -- Band membership, keeping the boundary "the first c members are in".
-local function band_out(id, r, b)
+-- stay: the host goes back in at once (band_in): its ZADD updates the
+-- score, no ZREM.
+local function band_out(id, r, b, stay)
   local w = r.wants[b] or 0
   if w <= 0 then return end
   band(b)
@@ -320,7 +322,7 @@ local function band_out(id, r, b)
     SW[b] = SW[b] - w
     SU[b] = SU[b] - r.weight
   end
-  redis.call('ZREM', z, id)
+  if not stay then redis.call('ZREM', z, id) end
   W[b] = W[b] - w
   U[b] = U[b] - r.weight
   Q[b] = Q[b] - r.weight * r.weight
@@ -351,6 +353,7 @@ local function band_in(id, r, b)
   U[b] = U[b] + r.weight
   Q[b] = Q[b] + r.weight * r.weight
   NH[b] = NH[b] + 1
+  return rank
 end
 
 local function drop(id, r)
@@ -410,9 +413,19 @@ local function save()
       if o[1] ~= W[b] or o[2] ~= U[b] or o[3] ~= Q[b] or o[4] ~= NH[b] or
           o[5] ~= C[b] or o[6] ~= SW[b] or o[7] ~= SU[b] then
         out[#out + 1] = FIELDS[NG + b]
-        out[#out + 1] = numstr(W[b]) .. ' ' .. numstr(U[b]) .. ' ' .. numstr(Q[b]) ..
-          ' ' .. numstr(NH[b]) .. ' ' .. numstr(C[b]) .. ' ' .. numstr(SW[b]) ..
-          ' ' .. numstr(SU[b])
+        local w, u, q, sw, su = W[b], U[b], Q[b], SW[b], SU[b]
+        local floor = math.floor
+        if u == floor(u) and q == floor(q) and su == floor(su) and w == floor(w) and
+            sw == floor(sw) and w >= 0 and q >= 0 and u >= 0 and
+            w + q + u < 9007199254740992 then
+          -- Whole numbers (whole weights): one format call.
+          out[#out + 1] = string.format('%d %d %d %d %d %d %d', w, u, q, NH[b],
+            C[b], sw, su)
+        else
+          out[#out + 1] = numstr(W[b]) .. ' ' .. numstr(u) .. ' ' .. numstr(q) ..
+            ' ' .. numstr(NH[b]) .. ' ' .. numstr(C[b]) .. ' ' .. numstr(SW[b]) ..
+            ' ' .. numstr(su)
+        end
       end
     end
   end
@@ -423,7 +436,8 @@ local function save()
 end
 
 -- 2. Expiry (bounded per call).
-local expired = redis.call('ZRANGEBYSCORE', DL, '-inf', now, 'LIMIT', 0, EXPIRE_PER_CALL)
+local expired = redis.call('ZRANGEBYSCORE', DL, '-inf', numstr(now), 'LIMIT', '0',
+  EXPIRE_PER_CALL)
 for _, id in ipairs(expired) do
   local raw = redis.call('HGET', HOSTS, id)
   local r = parse(raw)
@@ -477,13 +491,15 @@ else
 end
 if not old then hlen = hlen + 1 end
 
--- Move this host in the bands whose want or weight changed.
+-- Move this host in the bands whose want or weight changed, keeping its
+-- rank there (no set changes before the water-filling reads it).
+local myrank = {}
 for b = 1, NB do
   local wo = old and (old.wants[b] or 0) or 0
   local wn = wants[b] or 0
   if not old or wo ~= wn or old.weight ~= weight then
-    if old then band_out(host, old, b) end
-    band_in(host, me, b)
+    if old then band_out(host, old, b, wn > 0) end
+    myrank[b] = band_in(host, me, b)
   end
 end
 
@@ -510,10 +526,16 @@ local function converge(b, left)
     local lam = level(b, left)
     local c, n = C[b], NH[b]
     local moved = false
+    -- The members at c - 1 (the last one in) and c (the first one out),
+    -- in one call.
+    local e = {}
+    if c < n or c > 0 then
+      e = redis.call('ZRANGE', z, numstr(c > 0 and c - 1 or 0), numstr(c), 'WITHSCORES')
+    end
+    local i = c > 0 and 3 or 1
     if c < n then
-      local e = redis.call('ZRANGE', z, c, c, 'WITHSCORES')
-      if #e == 2 and tonumber(e[2]) <= lam then
-        local w, u = want_weight(e[1], b)
+      if e[i + 1] and tonumber(e[i + 1]) <= lam then
+        local w, u = want_weight(e[i], b)
         if w then
           C[b], SW[b], SU[b] = c + 1, SW[b] + w, SU[b] + u
           moved = true
@@ -521,8 +543,7 @@ local function converge(b, left)
       end
     end
     if not moved and c > 0 then
-      local e = redis.call('ZRANGE', z, c - 1, c - 1, 'WITHSCORES')
-      if #e == 2 and tonumber(e[2]) > lam then
+      if e[2] and tonumber(e[2]) > lam then
         local w, u = want_weight(e[1], b)
         if w then
           C[b], SW[b], SU[b] = c - 1, SW[b] - w, SU[b] - u
@@ -550,7 +571,7 @@ for b = 1, NB do
     local n, c = NH[b], C[b]
     local rank = nil
     if mine > 0 and mine > share + EPS and settled and n > c then
-      rank = redis.call('ZRANK', KEYS[3 + b], host)
+      rank = myrank[b] or redis.call('ZRANK', KEYS[3 + b], host)
     end
     local u, q = U[b], Q[b]
     local uniform = n > 0 and math.abs(n * q - u * u) <= 1e-9 * u * u
@@ -590,7 +611,7 @@ A.tsum = A.tsum - (old and old.target or 0) + target
 
 -- 6. Store.
 if redis.call('HSET', HOSTS, host, encode(me)) == 1 then created = true end
-if redis.call('ZADD', DL, me.deadline, host) == 1 then created = true end
+if redis.call('ZADD', DL, numstr(me.deadline), host) == 1 then created = true end
 if op == 'leave' and has == 0 then
   drop(host, me)
   hlen = hlen - 1
