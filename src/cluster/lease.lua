@@ -78,9 +78,20 @@
 --
 -- COST: steady renewals (wants unchanged) are a fixed number of O(1) or
 -- O(log hosts) calls; a change of wants moves the host in its bands'
--- sorted sets (O(log hosts) each); boundary moves and expiries are bounded
--- per call (32 and 64, each O(log hosts)). Only 'peek' and the rebuild
--- after a corrupt record read every record.
+-- sorted sets (O(log hosts) each; a want that stays above 0 is one ZADD
+-- updating the score, and the host's rank from it is reused by the
+-- water-filling); boundary moves and expiries are bounded per call (32 and
+-- 64, each O(log hosts); one ZRANGE reads both neighbours of the boundary).
+-- Only 'peek' and the rebuild after a corrupt record read every record.
+-- A renewal with a new want is 12 Redis commands, a small part of the
+-- call's Redis time: most is this script's Lua, so the per-call Lua is
+-- kept small. No tables of field names are built per call, a record is one
+-- pattern match (a boundary move matches only the weight and one want),
+-- whole numbers are written with '%d' (read back exactly, several times
+-- cheaper than '%.17g') and passed to redis.call as text (a Lua number
+-- would be formatted with '%.14g'), and only changed meta fields are
+-- written. The formats are revision 2's as they were: older builds of
+-- revision 2 and this one can share a budget.
 --
 -- Ops: ARGV[1] = 'renew', 'leave' (a renewal with no wants that deletes
 -- the record once the host holds nothing from the pool) or 'peek'.
@@ -530,7 +541,8 @@ local function converge(b, left)
     -- in one call.
     local e = {}
     if c < n or c > 0 then
-      e = redis.call('ZRANGE', z, numstr(c > 0 and c - 1 or 0), numstr(c), 'WITHSCORES')
+      e = redis.call('ZRANGE', z, numstr(c > 0 and c - 1 or 0), numstr(c),
+        'WITHSCORES')
     end
     local i = c > 0 and 3 or 1
     if c < n then
