@@ -252,3 +252,60 @@ fn script_reloaded_after_script_flush() {
         assert!(k.starts_with("{shmsched:s7}:"), "{k}");
     }
 }
+
+/// A record the script cannot read (revision 1's seven fields, left in
+/// Redis by an older build, or garbage) never fails a call: `peek` skips
+/// it, the first renewal that meets it rebuilds the aggregates from the
+/// readable records (dropping the others), the host it belonged to is told
+/// its token is stale and registers again, and the live hosts' grants and
+/// shares are as before.
+#[test]
+fn unreadable_records_are_dropped_and_their_host_registers_again() {
+    let Some(srv) = RedisServer::start("script-old") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s9", T).unwrap();
+    past_learning(&mut c, 12);
+    let ttl = 60_000;
+    let (g, ta, _, _) = granted(c.renew(&req("a", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(g, 12);
+    let (_, tb, _, tg) = granted(c.renew(&req("b", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(tg, 6);
+    let st = c.peek().unwrap();
+    let far = st.now_ms + 600_000;
+    let hosts = &BudgetClient::keys("s9")[1];
+    let mut con = srv.con();
+    let _: () = redis::cmd("HSET")
+        .arg(hosts)
+        .arg("old")
+        .arg(format!("7 3 0 0 {far} 1 0,0,0,4,0,0,0"))
+        .arg("junk")
+        .arg("not a record")
+        .query(&mut con)
+        .unwrap();
+    // Unreadable records are not live hosts.
+    let st = c.peek().unwrap();
+    assert_eq!(st.hosts.len(), 2, "{:?}", st.hosts);
+    // The old host renews with its old token: refused as stale (its record
+    // is dropped with the rebuild), then it registers.
+    match c.renew(&req("old", 7, 12, 0, 100, ttl), T).unwrap() {
+        RenewReply::Stale { .. } => {}
+        r => panic!("an unreadable record's token was accepted: {r:?}"),
+    }
+    let raw: Vec<String> = redis::cmd("HKEYS").arg(hosts).query(&mut con).unwrap();
+    assert!(
+        !raw.iter().any(|h| h == "junk" || h == "old"),
+        "unreadable records are dropped: {raw:?}"
+    );
+    let (g, _, _, tg) = granted(c.renew(&req("old", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (0, 4), "a holds the pool: nothing yet, target 4");
+    // The live hosts' records and the aggregates survived the rebuild: a
+    // (holding 12) is shrunk to its share of three, b keeps waiting.
+    let (g, _, _, tg) = granted(c.renew(&req("a", ta, 12, 12, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (4, 4));
+    let (g, _, _, tg) = granted(c.renew(&req("b", tb, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (0, 4), "a still holds 12");
+    let st = c.peek().unwrap();
+    assert_eq!(st.hosts.len(), 3);
+    assert_eq!(st.held(), 12);
+}
