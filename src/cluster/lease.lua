@@ -119,11 +119,13 @@ local EPS = 1e-9
 local WANTS_FMT = string.rep('%d,', NB - 1) .. '%d'
 
 -- Parsing records is much of a call's Lua time: one pattern match takes a
--- record with up to 7 wants (the Rust client's bands) apart, wants and
--- all; other records take the general path.
+-- record with up to 7 wants (the Rust client's bands) and single spaces
+-- (as encode writes it) apart, wants and all; other records take the
+-- general path (any whitespace, any number of wants).
 local REC7 = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ([^ ,]+),?([^ ,]*),?' ..
   '([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*) (%S+) (%S+)$'
-local REC = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$'
+local REC = '^%s*(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+' ..
+  '(%S+)%s*$'
 local function parse(rec)
   if not rec then return nil end
   local a, b, c, d, e, f, w1, w2, w3, w4, w5, w6, w7, h, i = string.match(rec, REC7)
@@ -131,15 +133,21 @@ local function parse(rec)
   if a then
     local ws = {w1, w2, w3, w4, w5, w6, w7}
     wants = {}
+    local n = 0
     for k = 1, 7 do
       local w = ws[k]
-      if w == '' then break end
-      local v = tonumber(w)
-      if not v then return nil end
-      wants[k] = v
+      if w ~= '' then
+        -- An empty want before this one ("1,,2"): the general path.
+        if n < k - 1 then a = nil break end
+        local v = tonumber(w)
+        if not v then return nil end
+        n = k
+        wants[k] = v
+      end
     end
-    if #wants > NB then return nil end
-  else
+    if a and n > NB then return nil end
+  end
+  if not a then
     local ws
     a, b, c, d, e, f, ws, h, i = string.match(rec, REC)
     if not a then return nil end
@@ -166,28 +174,36 @@ local function parse(rec)
 end
 
 -- A record's weight and its want in band b, for a boundary move (these two
--- fields only: a quarter of parse's cost). nil for a record parse refuses.
-local LIGHT = '^%S+ %S+ %S+ %S+ %S+ (%S+) (%S+) %S+ %S+$'
+-- fields only: a quarter of parse's cost). nil for a record without a
+-- positive weight, with a want that is not a number or with more wants than
+-- bands; the other fields are checked when the record's own renewal or
+-- expiry parses it.
+local LIGHT = '^%s*%S+%s+%S+%s+%S+%s+%S+%s+%S+%s+(%S+)%s+(%S+)%s+%S+%s+%S+%s*$'
 local function weight_want(rec, b)
   if not rec then return nil end
   local wt, ws = string.match(rec, LIGHT)
   local u = tonumber(wt)
   if not u or u <= 0 then return nil end
-  local k = 0
+  local k, want = 0, 0
   for w in string.gmatch(ws, '[^,]+') do
     k = k + 1
-    if k == b then return u, tonumber(w) end
+    local v = tonumber(w)
+    if not v then return nil end
+    if k == b then want = v end
   end
   if k > NB then return nil end
-  return u, 0
+  return u, want
+end
+
+-- True for a whole number below 2^53 in magnitude: '%d' writes it exactly.
+local function whole(v)
+  return v == math.floor(v) and v < 9007199254740992 and v > -9007199254740992
 end
 
 -- A number as text that reads back exactly: '%d' (integer formatting, far
--- cheaper than '%.17g') for whole numbers below 2^53.
+-- cheaper than '%.17g') for whole numbers.
 local function numstr(v)
-  if v == math.floor(v) and v < 9007199254740992 and v > -9007199254740992 then
-    return string.format('%d', v)
-  end
+  if whole(v) then return string.format('%d', v) end
   return string.format('%.17g', v)
 end
 
@@ -424,18 +440,14 @@ local function save()
       if o[1] ~= W[b] or o[2] ~= U[b] or o[3] ~= Q[b] or o[4] ~= NH[b] or
           o[5] ~= C[b] or o[6] ~= SW[b] or o[7] ~= SU[b] then
         out[#out + 1] = FIELDS[NG + b]
-        local w, u, q, sw, su = W[b], U[b], Q[b], SW[b], SU[b]
-        local floor = math.floor
-        if u == floor(u) and q == floor(q) and su == floor(su) and w == floor(w) and
-            sw == floor(sw) and w >= 0 and q >= 0 and u >= 0 and
-            w + q + u < 9007199254740992 then
+        local w, u, q, n, c, sw, su = W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b]
+        if whole(w) and whole(u) and whole(q) and whole(n) and whole(c) and
+            whole(sw) and whole(su) then
           -- Whole numbers (whole weights): one format call.
-          out[#out + 1] = string.format('%d %d %d %d %d %d %d', w, u, q, NH[b],
-            C[b], sw, su)
+          out[#out + 1] = string.format('%d %d %d %d %d %d %d', w, u, q, n, c, sw, su)
         else
-          out[#out + 1] = numstr(W[b]) .. ' ' .. numstr(u) .. ' ' .. numstr(q) ..
-            ' ' .. numstr(NH[b]) .. ' ' .. numstr(C[b]) .. ' ' .. numstr(SW[b]) ..
-            ' ' .. numstr(su)
+          out[#out + 1] = numstr(w) .. ' ' .. numstr(u) .. ' ' .. numstr(q) .. ' ' ..
+            numstr(n) .. ' ' .. numstr(c) .. ' ' .. numstr(sw) .. ' ' .. numstr(su)
         end
       end
     end
