@@ -1,7 +1,9 @@
 //! The lease script against a real `redis-server`, call by call: fencing,
 //! water-filling by weight and band, the grant rule (Σ max(grant, has) ≤
 //! pool, a shrinking host keeps what it has), expiry, learning mode after a
-//! loss of state, refusals, and the reload after `SCRIPT FLUSH`.
+//! loss of state, refusals, the reload after `SCRIPT FLUSH`, unreadable
+//! records, and the same results as revision 2's first, plainer code on
+//! random requests.
 
 mod redis_util;
 mod tools;
@@ -308,4 +310,175 @@ fn unreadable_records_are_dropped_and_their_host_registers_again() {
     let st = c.peek().unwrap();
     assert_eq!(st.hosts.len(), 3);
     assert_eq!(st.held(), 12);
+}
+
+/// The script against revision 2's first, plainer code
+/// (`tests/redis_util/lease_v2_reference.lua`) on the same random requests
+/// (hosts registering, renewing with new wants in several bands, weights,
+/// reports of less held, leaving, stale tokens, replayed sequence numbers,
+/// acknowledgements missing): the same replies, and in the end the same
+/// records, band sets and aggregates. Every other step runs the reference
+/// on the script's budget too: both read and write one format.
+#[test]
+fn the_script_matches_the_reference_on_random_requests() {
+    let Some(srv) = RedisServer::start("script-ref") else {
+        return;
+    };
+    let mut con = srv.con();
+    let reference = redis::Script::new(include_str!("redis_util/lease_v2_reference.lua"));
+    let script = redis::Script::new(include_str!("../src/cluster/lease.lua"));
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for (round, pool) in [10u64, 100, 1000].into_iter().enumerate() {
+        let (ka, kb) = (
+            BudgetClient::keys(&format!("ref{round}")),
+            BudgetClient::keys(&format!("new{round}")),
+        );
+        let mut tok = std::collections::HashMap::<u64, (u64, u64, u64, u64, f64)>::new();
+        let mut seq = 1_000_000u64;
+        for step in 0..1500u64 {
+            if step == 3 {
+                for k in [&ka, &kb] {
+                    let _: () = redis::cmd("HSET")
+                        .arg(&k[0])
+                        .arg("learn_until")
+                        .arg(0)
+                        .query(&mut con)
+                        .unwrap();
+                }
+            }
+            let h = rnd(60);
+            // (token here, token there, has, last accepted seq, weight)
+            let e = tok.entry(h).or_insert((0, 0, 0, 0, 1.0));
+            if rnd(20) == 0 {
+                (e.0, e.1) = (0, 0);
+            }
+            if round != 1 && rnd(10) == 0 {
+                e.4 = [1.0, 2.0, 0.5, 1.5, 3.0][rnd(5) as usize];
+            }
+            let mut wants = [0u64; BANDS];
+            for _ in 0..rnd(4) {
+                wants[rnd(4) as usize] = rnd(31);
+            }
+            let has = if rnd(5) == 0 { rnd(e.2 + 3) } else { e.2 };
+            seq += 1;
+            let s = if e.3 > 0 && rnd(30) == 0 { e.3 } else { seq };
+            let ack = if rnd(10) == 0 { 0 } else { seq - 1 };
+            let op = if rnd(33) == 0 { "leave" } else { "renew" };
+            let ws: Vec<String> = wants.iter().map(u64::to_string).collect();
+            let call =
+                |sc: &redis::Script, keys: &[String], token: u64, con: &mut redis::Connection| {
+                    let mut inv = sc.prepare_invoke();
+                    for k in keys {
+                        inv.key(k);
+                    }
+                    inv.arg(op)
+                        .arg(format!("h{h}"))
+                        .arg(token)
+                        .arg(pool)
+                        .arg(0)
+                        .arg(format!("{:?}", e.4))
+                        .arg(has)
+                        .arg(0)
+                        .arg(600_000)
+                        .arg(ws.join(","))
+                        .arg(s)
+                        .arg(ack);
+                    inv.invoke::<Vec<i64>>(con).unwrap()
+                };
+            let b_script = if step % 2 == 0 { &script } else { &reference };
+            let va = call(&reference, &ka, e.0, &mut con);
+            let vb = call(b_script, &kb, e.1, &mut con);
+            let pick = |v: &[i64]| -> Vec<i64> {
+                let mut f: Vec<i64> = [0, 1, 4, 6, 7, 8]
+                    .iter()
+                    .filter_map(|&i| v.get(i).copied())
+                    .collect();
+                if v[0] == 6 {
+                    f.push(v[1]);
+                }
+                f
+            };
+            assert_eq!(
+                pick(&va),
+                pick(&vb),
+                "step {step} of pool {pool}: {va:?} vs {vb:?}"
+            );
+            match va[0] {
+                1 => (e.0, e.2, e.3) = (va[3] as u64, va[1] as u64, s),
+                2 => e.0 = 0,
+                _ => {}
+            }
+            match vb[0] {
+                1 => e.1 = vb[3] as u64,
+                2 => e.1 = 0,
+                _ => {}
+            }
+        }
+        // Records (but tokens and deadlines), band sets and aggregates.
+        let recs = |k: &[String], con: &mut redis::Connection| {
+            let m: std::collections::BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(&k[1]).query(con).unwrap();
+            m.into_iter()
+                .map(|(h, r)| {
+                    let f: Vec<String> = r.split(' ').map(str::to_string).collect();
+                    let w: f64 = f[5].parse().unwrap();
+                    (
+                        h,
+                        (
+                            f[1].clone(),
+                            f[2].clone(),
+                            f[3].clone(),
+                            w,
+                            f[6].clone(),
+                            f[8].clone(),
+                        ),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            recs(&ka, &mut con),
+            recs(&kb, &mut con),
+            "records of pool {pool}"
+        );
+        for b in 0..BANDS {
+            let z = |k: &[String], con: &mut redis::Connection| {
+                let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(&k[3 + b])
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(con)
+                    .unwrap();
+                v
+            };
+            assert_eq!(
+                z(&ka, &mut con),
+                z(&kb, &mut con),
+                "band {b} of pool {pool}"
+            );
+        }
+        let meta = |k: &[String], con: &mut redis::Connection| {
+            let m: std::collections::BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(&k[0]).query(con).unwrap();
+            m.into_iter()
+                .filter(|(f, _)| !["token", "epoch", "learn_until", "kept"].contains(&f.as_str()))
+                .map(|(f, v)| {
+                    let n: Vec<f64> = v.split(' ').map(|x| x.parse().unwrap()).collect();
+                    (f, n)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            meta(&ka, &mut con),
+            meta(&kb, &mut con),
+            "aggregates of pool {pool}"
+        );
+    }
 }
