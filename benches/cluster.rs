@@ -189,6 +189,21 @@ fn cpu_us() -> u64 {
     us(u.ru_utime) + us(u.ru_stime)
 }
 
+/// Tells the parent this client is set up ("ready") and waits for its go
+/// (a line on stdin), so that no client's setup (a peek at 10,000 hosts is
+/// about 0.1 s of Redis time) falls in another's timed row or in the
+/// row's Redis statistics.
+fn ready_then_go() {
+    use std::io::{BufRead, Write};
+    println!("ready");
+    std::io::stdout().flush().expect("stdout");
+    let mut go = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut go)
+        .expect("the go line");
+}
+
 /// A client process: renews hosts first, first + step, … of `n` for
 /// `ROW`, printing how many renewals it made and the CPU time they took.
 fn renew_child(spec: &str) {
@@ -199,8 +214,7 @@ fn renew_child(spec: &str) {
     let mine: Vec<usize> = (first..n).step_by(CLIENTS).collect();
     let mut k = 0u64;
     let mut has = vec![0u64; mine.len()];
-    let t0 = Instant::now();
-    let mut cpu0 = cpu_us();
+    let cpu0;
     if rev == "v2" {
         let mut c = BudgetClient::new(url, budget, Duration::from_secs(30)).expect("client");
         let st = c.peek().expect("peek");
@@ -209,6 +223,7 @@ fn renew_child(spec: &str) {
             .iter()
             .map(|h| (h.host.as_str(), h.token))
             .collect();
+        ready_then_go();
         let t0 = Instant::now();
         cpu0 = cpu_us();
         while t0.elapsed() < ROW {
@@ -227,6 +242,9 @@ fn renew_child(spec: &str) {
         let mut con = cl.get_connection().expect("connect");
         let script = redis::Script::new(V1);
         let keys = BudgetClient::keys(budget);
+        ready_then_go();
+        let t0 = Instant::now();
+        cpu0 = cpu_us();
         while t0.elapsed() < ROW {
             let j = (k as usize) % mine.len();
             let i = mine[j];
@@ -288,25 +306,45 @@ fn reset_stats(url: &str) {
 /// Redis's time per call and the client processes' CPU time per renewal
 /// (µs both: a client side near 1 s/s per core would be the bottleneck).
 fn rate(rev: &str, url: &str, budget: &str, n: usize) -> (f64, f64, f64) {
-    reset_stats(url);
+    use std::io::{BufRead, Read, Write};
     let exe = std::env::current_exe().expect("exe");
-    let kids: Vec<_> = (0..CLIENTS)
+    let mut kids: Vec<_> = (0..CLIENTS)
         .map(|c| {
             std::process::Command::new(&exe)
                 .env(
                     "SHMSCHED_RENEW_CHILD",
                     format!("{rev} {url} {budget} {c} {n}"),
                 )
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("spawn a client process")
         })
         .collect();
+    // Every client set up, then the statistics reset, then all go at once.
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| {
+            let mut out = std::io::BufReader::new(k.stdout.take().expect("piped"));
+            let mut line = String::new();
+            out.read_line(&mut line).expect("a client's ready line");
+            assert_eq!(line.trim(), "ready", "a client process failed to set up");
+            out
+        })
+        .collect();
+    reset_stats(url);
+    for k in kids.iter_mut() {
+        let mut stdin = k.stdin.take().expect("piped");
+        stdin.write_all(b"go\n").expect("a client's go line");
+    }
     let (mut total, mut cpu) = (0u64, 0u64);
-    for k in kids {
-        let out = k.wait_with_output().expect("client process");
-        assert!(out.status.success(), "a client process failed");
-        let s = String::from_utf8_lossy(&out.stdout);
+    for (k, out) in kids.iter_mut().zip(outs.iter_mut()) {
+        let mut s = String::new();
+        out.read_to_string(&mut s).expect("a client's output");
+        assert!(
+            k.wait().expect("client process").success(),
+            "a client process failed"
+        );
         total += s
             .lines()
             .find_map(|l| l.strip_prefix("renewals "))
