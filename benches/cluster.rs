@@ -13,7 +13,9 @@
 //!    with a new want: the lease script of revision 2 (O(log N) per call)
 //!    beside revision 1 (`benches/lease_v1.lua`: every call reads and
 //!    water-fills all N records) in the same run. With a renew period R, N
-//!    hosts need N / R renewals per second.
+//!    hosts need N / R renewals per second. The last column is the client
+//!    processes' CPU time per v2 renewal: the client side is not the
+//!    bottleneck while it is well below Redis's time per call.
 //!
 //! `cargo bench --bench cluster` (about a minute); `cargo bench --bench
 //! cluster -- renew` for the renewal rows only.
@@ -174,8 +176,36 @@ fn setup_v1(url: &str, budget: &str, n: usize) {
     }
 }
 
+/// This process's CPU time (user + system), µs.
+fn cpu_us() -> u64 {
+    // SAFETY: getrusage writes the struct it is given; zeroed is a valid
+    // value of it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always a valid target.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
+}
+
+/// Tells the parent this client is set up ("ready") and waits for its go
+/// (a line on stdin), so that no client's setup (a peek at 10,000 hosts is
+/// about 0.1 s of Redis time) falls in another's timed row or in the
+/// row's Redis statistics.
+fn ready_then_go() {
+    use std::io::{BufRead, Write};
+    println!("ready");
+    std::io::stdout().flush().expect("stdout");
+    let mut go = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut go)
+        .expect("the go line");
+}
+
 /// A client process: renews hosts first, first + step, … of `n` for
-/// `ROW`, printing how many renewals it made.
+/// `ROW`, printing how many renewals it made and the CPU time they took.
 fn renew_child(spec: &str) {
     let f: Vec<&str> = spec.split(' ').collect();
     let (rev, url, budget) = (f[0], f[1], f[2]);
@@ -184,7 +214,7 @@ fn renew_child(spec: &str) {
     let mine: Vec<usize> = (first..n).step_by(CLIENTS).collect();
     let mut k = 0u64;
     let mut has = vec![0u64; mine.len()];
-    let t0 = Instant::now();
+    let cpu0;
     if rev == "v2" {
         let mut c = BudgetClient::new(url, budget, Duration::from_secs(30)).expect("client");
         let st = c.peek().expect("peek");
@@ -193,7 +223,9 @@ fn renew_child(spec: &str) {
             .iter()
             .map(|h| (h.host.as_str(), h.token))
             .collect();
+        ready_then_go();
         let t0 = Instant::now();
+        cpu0 = cpu_us();
         while t0.elapsed() < ROW {
             let j = (k as usize) % mine.len();
             let i = mine[j];
@@ -210,6 +242,9 @@ fn renew_child(spec: &str) {
         let mut con = cl.get_connection().expect("connect");
         let script = redis::Script::new(V1);
         let keys = BudgetClient::keys(budget);
+        ready_then_go();
+        let t0 = Instant::now();
+        cpu0 = cpu_us();
         while t0.elapsed() < ROW {
             let j = (k as usize) % mine.len();
             let i = mine[j];
@@ -239,6 +274,7 @@ fn renew_child(spec: &str) {
         }
     }
     println!("renewals {k}");
+    println!("cpu_us {}", cpu_us().saturating_sub(cpu0));
 }
 
 /// Redis's own time per script call since the last reset (INFO
@@ -267,34 +303,64 @@ fn reset_stats(url: &str) {
 }
 
 /// Renewals per second from `CLIENTS` client processes against one budget,
-/// and Redis's time per call.
-fn rate(rev: &str, url: &str, budget: &str, n: usize) -> (f64, f64) {
-    reset_stats(url);
+/// Redis's time per call and the client processes' CPU time per renewal
+/// (µs both: a client side near 1 s/s per core would be the bottleneck).
+fn rate(rev: &str, url: &str, budget: &str, n: usize) -> (f64, f64, f64) {
+    use std::io::{BufRead, Read, Write};
     let exe = std::env::current_exe().expect("exe");
-    let kids: Vec<_> = (0..CLIENTS)
+    let mut kids: Vec<_> = (0..CLIENTS)
         .map(|c| {
             std::process::Command::new(&exe)
                 .env(
                     "SHMSCHED_RENEW_CHILD",
                     format!("{rev} {url} {budget} {c} {n}"),
                 )
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("spawn a client process")
         })
         .collect();
-    let mut total = 0u64;
-    for k in kids {
-        let out = k.wait_with_output().expect("client process");
-        assert!(out.status.success(), "a client process failed");
-        let s = String::from_utf8_lossy(&out.stdout);
+    // Every client set up, then the statistics reset, then all go at once.
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| {
+            let mut out = std::io::BufReader::new(k.stdout.take().expect("piped"));
+            let mut line = String::new();
+            out.read_line(&mut line).expect("a client's ready line");
+            assert_eq!(line.trim(), "ready", "a client process failed to set up");
+            out
+        })
+        .collect();
+    reset_stats(url);
+    for k in kids.iter_mut() {
+        let mut stdin = k.stdin.take().expect("piped");
+        stdin.write_all(b"go\n").expect("a client's go line");
+    }
+    let (mut total, mut cpu) = (0u64, 0u64);
+    for (k, out) in kids.iter_mut().zip(outs.iter_mut()) {
+        let mut s = String::new();
+        out.read_to_string(&mut s).expect("a client's output");
+        assert!(
+            k.wait().expect("client process").success(),
+            "a client process failed"
+        );
         total += s
             .lines()
             .find_map(|l| l.strip_prefix("renewals "))
             .and_then(|v| v.trim().parse::<u64>().ok())
             .expect("a count");
+        cpu += s
+            .lines()
+            .find_map(|l| l.strip_prefix("cpu_us "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("a CPU time");
     }
-    (total as f64 / ROW.as_secs_f64(), server_us(url))
+    (
+        total as f64 / ROW.as_secs_f64(),
+        server_us(url),
+        cpu as f64 / total.max(1) as f64,
+    )
 }
 
 fn renew_rows(url: &str) {
@@ -302,21 +368,30 @@ fn renew_rows(url: &str) {
         "renewals per second, one redis-server, N hosts' records in Redis, {CLIENTS} client \
          processes, every renewal a new want (pool {POOL}):"
     );
-    println!("  (µs/call: Redis's own time per script call, INFO commandstats)");
     println!(
-        "  {:>6} {:>14} {:>11} {:>14} {:>11} {:>9}",
-        "hosts", "v1 renewals/s", "v1 µs/call", "v2 renewals/s", "v2 µs/call", "v2 vs 10"
+        "  (µs/call: Redis's own time per script call, INFO commandstats; client µs: the \
+         client processes' CPU per v2 renewal)"
+    );
+    println!(
+        "  {:>6} {:>14} {:>11} {:>14} {:>11} {:>9} {:>10}",
+        "hosts",
+        "v1 renewals/s",
+        "v1 µs/call",
+        "v2 renewals/s",
+        "v2 µs/call",
+        "v2 vs 10",
+        "client µs"
     );
     let mut base = None;
     for n in [10usize, 100, 1000, 10_000] {
         let (b1, b2) = (format!("bench-v1-{n}"), format!("bench-v2-{n}"));
         setup_v1(url, &b1, n);
         setup_v2(url, &b2, n);
-        let (v1, us1) = rate("v1", url, &b1, n);
-        let (v2, us2) = rate("v2", url, &b2, n);
+        let (v1, us1, _) = rate("v1", url, &b1, n);
+        let (v2, us2, cpu2) = rate("v2", url, &b2, n);
         let b = *base.get_or_insert(us2);
         println!(
-            "  {n:>6} {v1:>14.0} {us1:>11.1} {v2:>14.0} {us2:>11.1} {:>8.2}x",
+            "  {n:>6} {v1:>14.0} {us1:>11.1} {v2:>14.0} {us2:>11.1} {:>8.2}x {cpu2:>10.1}",
             us2 / b
         );
     }

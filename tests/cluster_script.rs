@@ -1,7 +1,9 @@
 //! The lease script against a real `redis-server`, call by call: fencing,
 //! water-filling by weight and band, the grant rule (Σ max(grant, has) ≤
 //! pool, a shrinking host keeps what it has), expiry, learning mode after a
-//! loss of state, refusals, and the reload after `SCRIPT FLUSH`.
+//! loss of state, refusals, the reload after `SCRIPT FLUSH`, unreadable
+//! records, and the same results as revision 2's first, plainer code on
+//! random requests.
 
 mod redis_util;
 mod tools;
@@ -250,5 +252,233 @@ fn script_reloaded_after_script_flush() {
     assert_eq!(keys.len(), 3 + BANDS);
     for k in &keys {
         assert!(k.starts_with("{shmsched:s7}:"), "{k}");
+    }
+}
+
+/// A record the script cannot read (revision 1's seven fields, left in
+/// Redis by an older build, or garbage) never fails a call: `peek` skips
+/// it, the first renewal that meets it rebuilds the aggregates from the
+/// readable records (dropping the others), the host it belonged to is told
+/// its token is stale and registers again, and the live hosts' grants and
+/// shares are as before.
+#[test]
+fn unreadable_records_are_dropped_and_their_host_registers_again() {
+    let Some(srv) = RedisServer::start("script-old") else {
+        return;
+    };
+    let mut c = BudgetClient::new(&srv.url(), "s9", T).unwrap();
+    past_learning(&mut c, 12);
+    let ttl = 60_000;
+    let (g, ta, _, _) = granted(c.renew(&req("a", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(g, 12);
+    let (_, tb, _, tg) = granted(c.renew(&req("b", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!(tg, 6);
+    let st = c.peek().unwrap();
+    let far = st.now_ms + 600_000;
+    let hosts = &BudgetClient::keys("s9")[1];
+    let mut con = srv.con();
+    let _: () = redis::cmd("HSET")
+        .arg(hosts)
+        .arg("old")
+        .arg(format!("7 3 0 0 {far} 1 0,0,0,4,0,0,0"))
+        .arg("junk")
+        .arg("not a record")
+        .query(&mut con)
+        .unwrap();
+    // Unreadable records are not live hosts.
+    let st = c.peek().unwrap();
+    assert_eq!(st.hosts.len(), 2, "{:?}", st.hosts);
+    // The old host renews with its old token: refused as stale (its record
+    // is dropped with the rebuild), then it registers.
+    match c.renew(&req("old", 7, 12, 0, 100, ttl), T).unwrap() {
+        RenewReply::Stale { .. } => {}
+        r => panic!("an unreadable record's token was accepted: {r:?}"),
+    }
+    let raw: Vec<String> = redis::cmd("HKEYS").arg(hosts).query(&mut con).unwrap();
+    assert!(
+        !raw.iter().any(|h| h == "junk" || h == "old"),
+        "unreadable records are dropped: {raw:?}"
+    );
+    let (g, _, _, tg) = granted(c.renew(&req("old", 0, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (0, 4), "a holds the pool: nothing yet, target 4");
+    // The live hosts' records and the aggregates survived the rebuild: a
+    // (holding 12) is shrunk to its share of three, b keeps waiting.
+    let (g, _, _, tg) = granted(c.renew(&req("a", ta, 12, 12, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (4, 4));
+    let (g, _, _, tg) = granted(c.renew(&req("b", tb, 12, 0, 100, ttl), T).unwrap());
+    assert_eq!((g, tg), (0, 4), "a still holds 12");
+    let st = c.peek().unwrap();
+    assert_eq!(st.hosts.len(), 3);
+    assert_eq!(st.held(), 12);
+}
+
+/// The script against revision 2's first, plainer code
+/// (`tests/redis_util/lease_v2_reference.lua`) on the same random requests
+/// (hosts registering, renewing with new wants in several bands, weights,
+/// reports of less held, leaving, stale tokens, replayed sequence numbers,
+/// acknowledgements missing): the same replies, and in the end the same
+/// records, band sets and aggregates. Every other step runs the reference
+/// on the script's budget too: both read and write one format.
+#[test]
+fn the_script_matches_the_reference_on_random_requests() {
+    let Some(srv) = RedisServer::start("script-ref") else {
+        return;
+    };
+    let mut con = srv.con();
+    let reference = redis::Script::new(include_str!("redis_util/lease_v2_reference.lua"));
+    let script = redis::Script::new(include_str!("../src/cluster/lease.lua"));
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for (round, pool) in [10u64, 100, 1000].into_iter().enumerate() {
+        let (ka, kb) = (
+            BudgetClient::keys(&format!("ref{round}")),
+            BudgetClient::keys(&format!("new{round}")),
+        );
+        let mut tok = std::collections::HashMap::<u64, (u64, u64, u64, u64, f64)>::new();
+        let mut seq = 1_000_000u64;
+        for step in 0..1500u64 {
+            if step == 3 {
+                for k in [&ka, &kb] {
+                    let _: () = redis::cmd("HSET")
+                        .arg(&k[0])
+                        .arg("learn_until")
+                        .arg(0)
+                        .query(&mut con)
+                        .unwrap();
+                }
+            }
+            let h = rnd(60);
+            // (token here, token there, has, last accepted seq, weight)
+            let e = tok.entry(h).or_insert((0, 0, 0, 0, 1.0));
+            if rnd(20) == 0 {
+                (e.0, e.1) = (0, 0);
+            }
+            if round != 1 && rnd(10) == 0 {
+                e.4 = [1.0, 2.0, 0.5, 1.5, 3.0][rnd(5) as usize];
+            }
+            let mut wants = [0u64; BANDS];
+            for _ in 0..rnd(4) {
+                wants[rnd(4) as usize] = rnd(31);
+            }
+            let has = if rnd(5) == 0 { rnd(e.2 + 3) } else { e.2 };
+            seq += 1;
+            let s = if e.3 > 0 && rnd(30) == 0 { e.3 } else { seq };
+            let ack = if rnd(10) == 0 { 0 } else { seq - 1 };
+            let op = if rnd(33) == 0 { "leave" } else { "renew" };
+            let ws: Vec<String> = wants.iter().map(u64::to_string).collect();
+            let call =
+                |sc: &redis::Script, keys: &[String], token: u64, con: &mut redis::Connection| {
+                    let mut inv = sc.prepare_invoke();
+                    for k in keys {
+                        inv.key(k);
+                    }
+                    inv.arg(op)
+                        .arg(format!("h{h}"))
+                        .arg(token)
+                        .arg(pool)
+                        .arg(0)
+                        .arg(format!("{:?}", e.4))
+                        .arg(has)
+                        .arg(0)
+                        .arg(600_000)
+                        .arg(ws.join(","))
+                        .arg(s)
+                        .arg(ack);
+                    inv.invoke::<Vec<i64>>(con).unwrap()
+                };
+            let b_script = if step % 2 == 0 { &script } else { &reference };
+            let va = call(&reference, &ka, e.0, &mut con);
+            let vb = call(b_script, &kb, e.1, &mut con);
+            let pick = |v: &[i64]| -> Vec<i64> {
+                let mut f: Vec<i64> = [0, 1, 4, 6, 7, 8]
+                    .iter()
+                    .filter_map(|&i| v.get(i).copied())
+                    .collect();
+                if v[0] == 6 {
+                    f.push(v[1]);
+                }
+                f
+            };
+            assert_eq!(
+                pick(&va),
+                pick(&vb),
+                "step {step} of pool {pool}: {va:?} vs {vb:?}"
+            );
+            match va[0] {
+                1 => (e.0, e.2, e.3) = (va[3] as u64, va[1] as u64, s),
+                2 => e.0 = 0,
+                _ => {}
+            }
+            match vb[0] {
+                1 => e.1 = vb[3] as u64,
+                2 => e.1 = 0,
+                _ => {}
+            }
+        }
+        // Records (but tokens and deadlines), band sets and aggregates.
+        let recs = |k: &[String], con: &mut redis::Connection| {
+            let m: std::collections::BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(&k[1]).query(con).unwrap();
+            m.into_iter()
+                .map(|(h, r)| {
+                    let f: Vec<String> = r.split(' ').map(str::to_string).collect();
+                    let w: f64 = f[5].parse().unwrap();
+                    (
+                        h,
+                        (
+                            f[1].clone(),
+                            f[2].clone(),
+                            f[3].clone(),
+                            w,
+                            f[6].clone(),
+                            f[8].clone(),
+                        ),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            recs(&ka, &mut con),
+            recs(&kb, &mut con),
+            "records of pool {pool}"
+        );
+        for b in 0..BANDS {
+            let z = |k: &[String], con: &mut redis::Connection| {
+                let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(&k[3 + b])
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(con)
+                    .unwrap();
+                v
+            };
+            assert_eq!(
+                z(&ka, &mut con),
+                z(&kb, &mut con),
+                "band {b} of pool {pool}"
+            );
+        }
+        let meta = |k: &[String], con: &mut redis::Connection| {
+            let m: std::collections::BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(&k[0]).query(con).unwrap();
+            m.into_iter()
+                .filter(|(f, _)| !["token", "epoch", "learn_until", "kept"].contains(&f.as_str()))
+                .map(|(f, v)| {
+                    let n: Vec<f64> = v.split(' ').map(|x| x.parse().unwrap()).collect();
+                    (f, n)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            meta(&ka, &mut con),
+            meta(&kb, &mut con),
+            "aggregates of pool {pool}"
+        );
     }
 }

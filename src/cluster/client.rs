@@ -168,6 +168,9 @@ impl BudgetState {
 pub struct BudgetClient {
     client: redis::Client,
     con: Option<redis::Connection>,
+    /// The socket timeouts `con` has now (two system calls to set: only
+    /// when they change).
+    con_timeout: Option<Duration>,
     budget: String,
     keys: Vec<String>,
     script: redis::Script,
@@ -198,6 +201,7 @@ impl BudgetClient {
         Ok(BudgetClient {
             client,
             con: None,
+            con_timeout: None,
             budget: budget.to_string(),
             keys: BudgetClient::keys(budget),
             script: redis::Script::new(script_source()),
@@ -277,10 +281,14 @@ impl BudgetClient {
                 .get_connection_with_timeout(t)
                 .map_err(|e| ClusterError::Redis(format!("connecting: {e}")))?;
             self.con = Some(c);
+            self.con_timeout = None;
         }
         let c = self.con.as_mut().expect("connected above");
-        c.set_read_timeout(Some(t))?;
-        c.set_write_timeout(Some(t))?;
+        if self.con_timeout != Some(t) {
+            c.set_read_timeout(Some(t))?;
+            c.set_write_timeout(Some(t))?;
+            self.con_timeout = Some(t);
+        }
         Ok(c)
     }
 
@@ -293,22 +301,17 @@ impl BudgetClient {
     }
 
     fn call_once(&mut self, args: &[String], timeout: Duration) -> Result<Value, ClusterError> {
-        let keys = self.keys.clone();
-        let hash = self.script.get_hash().to_string();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k);
+        }
+        for a in args {
+            cmd.arg(a);
+        }
         let source = self.source;
         let con = self.con(timeout)?;
-        let evalsha = |con: &mut redis::Connection| {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(&hash).arg(keys.len());
-            for k in &keys {
-                c.arg(k);
-            }
-            for a in args {
-                c.arg(a);
-            }
-            c.query::<Value>(con)
-        };
-        match evalsha(con) {
+        match cmd.query::<Value>(con) {
             Ok(v) => Ok(v),
             Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
                 redis::cmd("SCRIPT")
@@ -317,7 +320,7 @@ impl BudgetClient {
                     .query::<String>(con)?;
                 self.loads += 1;
                 let con = self.con.as_mut().expect("still connected");
-                Ok(evalsha(con)?)
+                Ok(cmd.query::<Value>(con)?)
             }
             Err(e) => Err(e.into()),
         }

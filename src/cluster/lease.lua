@@ -78,9 +78,20 @@
 --
 -- COST: steady renewals (wants unchanged) are a fixed number of O(1) or
 -- O(log hosts) calls; a change of wants moves the host in its bands'
--- sorted sets (O(log hosts) each); boundary moves and expiries are bounded
--- per call (32 and 64, each O(log hosts)). Only 'peek' and the rebuild
--- after a corrupt record read every record.
+-- sorted sets (O(log hosts) each; a want that stays above 0 is one ZADD
+-- updating the score, and the host's rank from it is reused by the
+-- water-filling); boundary moves and expiries are bounded per call (32 and
+-- 64, each O(log hosts); one ZRANGE reads both neighbours of the boundary).
+-- Only 'peek' and the rebuild after a corrupt record read every record.
+-- A renewal with a new want is 12 Redis commands, a small part of the
+-- call's Redis time: most is this script's Lua, so the per-call Lua is
+-- kept small. No tables of field names are built per call, a record is one
+-- pattern match (a boundary move matches only the weight and one want),
+-- whole numbers are written with '%d' (read back exactly, several times
+-- cheaper than '%.17g') and passed to redis.call as text (a Lua number
+-- would be formatted with '%.14g'), and only changed meta fields are
+-- written. The formats are revision 2's as they were: older builds of
+-- revision 2 and this one can share a budget.
 --
 -- Ops: ARGV[1] = 'renew', 'leave' (a renewal with no wants that deletes
 -- the record once the host holds nothing from the pool) or 'peek'.
@@ -102,40 +113,114 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 local META, HOSTS, DL = KEYS[1], KEYS[2], KEYS[3]
 local NB = #KEYS - 3
-local EXPIRE_PER_CALL = 64
+local EXPIRE_PER_CALL = '64' -- (text: a redis.call argument)
 local MOVES_PER_CALL = 32
 local EPS = 1e-9
+local WANTS_FMT = string.rep('%d,', NB - 1) .. '%d'
 
+-- Parsing records is much of a call's Lua time: one pattern match takes a
+-- record with up to 7 wants (the Rust client's bands) and single spaces
+-- (as encode writes it) apart, wants and all; other records take the
+-- general path (any whitespace, any number of wants).
+local REC7 = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ([^ ,]+),?([^ ,]*),?' ..
+  '([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*),?([^ ,]*) (%S+) (%S+)$'
+local REC = '^%s*(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+' ..
+  '(%S+)%s*$'
 local function parse(rec)
   if not rec then return nil end
-  local f = {}
-  for w in string.gmatch(rec, '%S+') do f[#f + 1] = w end
-  if #f ~= 9 then return nil end
+  local a, b, c, d, e, f, w1, w2, w3, w4, w5, w6, w7, h, i = string.match(rec, REC7)
+  local wants
+  if a then
+    local ws = {w1, w2, w3, w4, w5, w6, w7}
+    wants = {}
+    local n = 0
+    for k = 1, 7 do
+      local w = ws[k]
+      if w ~= '' then
+        -- An empty want before this one ("1,,2"): the general path.
+        if n < k - 1 then a = nil break end
+        local v = tonumber(w)
+        if not v then return nil end
+        n = k
+        wants[k] = v
+      end
+    end
+    if a and n > NB then return nil end
+  end
+  if not a then
+    local ws
+    a, b, c, d, e, f, ws, h, i = string.match(rec, REC)
+    if not a then return nil end
+    wants = {}
+    local k = 0
+    for w in string.gmatch(ws, '[^,]+') do
+      local v = tonumber(w)
+      if not v then return nil end
+      k = k + 1
+      wants[k] = v
+    end
+    if k > NB then return nil end
+  end
   local r = {
-    token = tonumber(f[1]), grant = tonumber(f[2]), has = tonumber(f[3]),
-    safe = tonumber(f[4]), deadline = tonumber(f[5]), weight = tonumber(f[6]),
-    seq = tonumber(f[8]), target = tonumber(f[9]), wants = {}
+    token = tonumber(a), grant = tonumber(b), has = tonumber(c),
+    safe = tonumber(d), deadline = tonumber(e), weight = tonumber(f),
+    seq = tonumber(h), target = tonumber(i), wants = wants
   }
   if not (r.token and r.grant and r.has and r.safe and r.deadline and r.weight
       and r.seq and r.target) or r.weight <= 0 then
     return nil
   end
-  for w in string.gmatch(f[7], '[^,]+') do
-    local v = tonumber(w)
-    if not v then return nil end
-    r.wants[#r.wants + 1] = v
-  end
-  if #r.wants > NB then return nil end
   return r
 end
 
+-- A record's weight and its want in band b, for a boundary move (these two
+-- fields only: a quarter of parse's cost). nil for a record without a
+-- positive weight, with a want that is not a number or with more wants than
+-- bands; the other fields are checked when the record's own renewal or
+-- expiry parses it.
+local LIGHT = '^%s*%S+%s+%S+%s+%S+%s+%S+%s+%S+%s+(%S+)%s+(%S+)%s+%S+%s+%S+%s*$'
+local function weight_want(rec, b)
+  if not rec then return nil end
+  local wt, ws = string.match(rec, LIGHT)
+  local u = tonumber(wt)
+  if not u or u <= 0 then return nil end
+  local k, want = 0, 0
+  for w in string.gmatch(ws, '[^,]+') do
+    k = k + 1
+    local v = tonumber(w)
+    if not v then return nil end
+    if k == b then want = v end
+  end
+  if k > NB then return nil end
+  return u, want
+end
+
+-- True for a whole number below 2^53 in magnitude: '%d' writes it exactly.
+local function whole(v)
+  return v == math.floor(v) and v < 9007199254740992 and v > -9007199254740992
+end
+
+-- A number as text that reads back exactly: '%d' (integer formatting, far
+-- cheaper than '%.17g') for whole numbers.
+local function numstr(v)
+  if whole(v) then return string.format('%d', v) end
+  return string.format('%.17g', v)
+end
+
 local function encode(r)
-  local ws = {}
-  for i = 1, #r.wants do ws[i] = string.format('%d', r.wants[i]) end
-  if #ws == 0 then ws[1] = '0' end
-  return string.format('%d %d %d %d %d %.17g %s %d %d', r.token, r.grant,
-    r.has, r.safe, r.deadline, r.weight, table.concat(ws, ','), r.seq,
-    r.target)
+  local ws
+  local nw = #r.wants
+  if nw == 0 then
+    ws = '0'
+  elseif nw == NB then
+    ws = string.format(WANTS_FMT, unpack(r.wants))
+  else
+    local t = {}
+    for i = 1, nw do t[i] = string.format('%d', r.wants[i]) end
+    ws = table.concat(t, ',')
+  end
+  return string.format('%d %d %d %d %d %s %s %d %d', r.token, r.grant,
+    r.has, r.safe, r.deadline, numstr(r.weight), ws, r.seq, r.target)
 end
 
 if op == 'peek' then
@@ -190,47 +275,35 @@ local pool = cap - reserve
 local FIELDS = {'epoch', 'learn_until', 'capacity', 'reserve', 'held', 'safe',
   'tsum', 'kept'}
 local NG = #FIELDS
-local BF = {'w', 'u', 'q', 'n', 'c', 'sw', 'su'}
--- A band's seven aggregates are one meta field, 'b' .. band: "w u q n c sw
--- su". N.w[b] names band b's w in the table A, and so on.
-local N, FB = {}, {}
-for _, p in ipairs(BF) do N[p] = {} end
-for b = 1, NB do
-  FIELDS[NG + b] = 'b' .. b
-  for _, p in ipairs(BF) do
-    N[p][b] = p .. b
-    FB[N[p][b]] = b
-  end
-end
+local BNAMES = {'b1', 'b2', 'b3', 'b4', 'b5', 'b6', 'b7', 'b8'}
+for b = 1, NB do FIELDS[NG + b] = BNAMES[b] or ('b' .. b) end
 local A, A0 = {}, {}
 local mv = redis.call('HMGET', META, unpack(FIELDS))
 for i = 1, NG do
   A[FIELDS[i]] = tonumber(mv[i]) or 0
   A0[FIELDS[i]] = mv[i]
 end
--- Band fields are parsed on first use (most calls touch one or two bands).
+-- A band's seven aggregates "w u q n c sw su", one array each, indexed by
+-- band: Σ wants (W), Σ weights (U), Σ weight² (Q), hosts (NH), the
+-- boundary (C) and the saturated hosts' wants and weights (SW, SU). Parsed
+-- on first use (most calls touch a few bands): band(b) before any access.
+local W, U, Q, NH, C, SW, SU = {}, {}, {}, {}, {}, {}, {}
 local loaded, orig = {}, {}
-local function load_band(b)
+local BAND = '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)'
+local ZERO = {0, 0, 0, 0, 0, 0, 0}
+local function band(b)
+  if loaded[b] then return end
   loaded[b] = true
-  local k, o = 0, {}
-  for v in string.gmatch(mv[NG + b] or '', '%S+') do
-    k = k + 1
-    if BF[k] then o[k] = tonumber(v) or 0 end
+  local s = mv[NG + b]
+  local o = ZERO
+  if s and s ~= '0 0 0 0 0 0 0' then
+    local w, u, q, n, c, sw, su = string.match(s, BAND)
+    if w then o = {tonumber(w) or 0, tonumber(u) or 0, tonumber(q) or 0, tonumber(n) or 0,
+      tonumber(c) or 0, tonumber(sw) or 0, tonumber(su) or 0} end
   end
-  for j = 1, #BF do
-    o[j] = o[j] or 0
-    rawset(A, N[BF[j]][b], o[j])
-  end
+  W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = o[1], o[2], o[3], o[4], o[5], o[6], o[7]
   orig[b] = o
 end
-setmetatable(A, {__index = function(t, k)
-  local b = FB[k]
-  if b and not loaded[b] then
-    load_band(b)
-    return rawget(t, k)
-  end
-  return nil
-end})
 local fresh_epoch = not mv[1]
 local created = false
 
@@ -241,11 +314,8 @@ if fresh_epoch then
   for b = 1, NB do redis.call('DEL', KEYS[3 + b]) end
   for i = 1, NG do A[FIELDS[i]] = 0 end
   for b = 1, NB do
-    load_band(b)
-    for j = 1, #BF do
-      A[N[BF[j]][b]] = 0
-      orig[b][j] = nil
-    end
+    loaded[b], orig[b] = true, {}
+    W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = 0, 0, 0, 0, 0, 0, 0
   end
   learn_until = now + ttl
   A.epoch, A.learn_until, A.capacity, A.reserve = now, learn_until, cap, reserve
@@ -265,45 +335,52 @@ end
 local learning = now < learn_until
 
 -- Band membership, keeping the boundary "the first c members are in".
-local function band_out(id, r, b)
+-- stay: the host goes back in at once (band_in): its ZADD updates the
+-- score, no ZREM.
+local function band_out(id, r, b, stay)
   local w = r.wants[b] or 0
   if w <= 0 then return end
+  band(b)
   local z = KEYS[3 + b]
   local rank = redis.call('ZRANK', z, id)
   if not rank then return end
-  if rank < A[N.c[b]] then
-    A[N.c[b]] = A[N.c[b]] - 1
-    A[N.sw[b]] = A[N.sw[b]] - w
-    A[N.su[b]] = A[N.su[b]] - r.weight
+  if rank < C[b] then
+    C[b] = C[b] - 1
+    SW[b] = SW[b] - w
+    SU[b] = SU[b] - r.weight
   end
-  redis.call('ZREM', z, id)
-  A[N.w[b]] = A[N.w[b]] - w
-  A[N.u[b]] = A[N.u[b]] - r.weight
-  A[N.q[b]] = A[N.q[b]] - r.weight * r.weight
-  A[N.n[b]] = A[N.n[b]] - 1
-  if A[N.n[b]] <= 0 then
-    A[N.w[b]], A[N.u[b]], A[N.q[b]], A[N.n[b]] = 0, 0, 0, 0
+  if not stay then redis.call('ZREM', z, id) end
+  W[b] = W[b] - w
+  U[b] = U[b] - r.weight
+  Q[b] = Q[b] - r.weight * r.weight
+  NH[b] = NH[b] - 1
+  if NH[b] <= 0 then
+    W[b], U[b], Q[b], NH[b] = 0, 0, 0, 0
   end
-  if A[N.c[b]] <= 0 then A[N.c[b]], A[N.sw[b]], A[N.su[b]] = 0, 0, 0 end
+  if C[b] <= 0 then C[b], SW[b], SU[b] = 0, 0, 0 end
 end
 
 local function band_in(id, r, b)
   local w = r.wants[b] or 0
   if w <= 0 then return end
+  band(b)
   local z = KEYS[3 + b]
-  if redis.call('ZADD', z, string.format('%.17g', w / r.weight), id) == 1 then
+  -- A band with no hosts has no key: this ZADD creates it, without a TTL.
+  -- (Moving a host within a live band needs no PEXPIRE of every key.)
+  if redis.call('ZADD', z, numstr(w / r.weight), id) == 1 and NH[b] <= 0 then
     created = true
   end
   local rank = redis.call('ZRANK', z, id)
-  if rank < A[N.c[b]] then
-    A[N.c[b]] = A[N.c[b]] + 1
-    A[N.sw[b]] = A[N.sw[b]] + w
-    A[N.su[b]] = A[N.su[b]] + r.weight
+  if rank < C[b] then
+    C[b] = C[b] + 1
+    SW[b] = SW[b] + w
+    SU[b] = SU[b] + r.weight
   end
-  A[N.w[b]] = A[N.w[b]] + w
-  A[N.u[b]] = A[N.u[b]] + r.weight
-  A[N.q[b]] = A[N.q[b]] + r.weight * r.weight
-  A[N.n[b]] = A[N.n[b]] + 1
+  W[b] = W[b] + w
+  U[b] = U[b] + r.weight
+  Q[b] = Q[b] + r.weight * r.weight
+  NH[b] = NH[b] + 1
+  return rank
 end
 
 local function drop(id, r)
@@ -321,7 +398,8 @@ local function rebuild()
   redis.call('DEL', DL)
   for b = 1, NB do
     redis.call('DEL', KEYS[3 + b])
-    for _, p in ipairs(BF) do A[N[p][b]] = 0 end
+    if not loaded[b] then loaded[b], orig[b] = true, {} end
+    W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b] = 0, 0, 0, 0, 0, 0, 0
   end
   A.held, A.safe, A.tsum = 0, 0, 0
   local raw = redis.call('HGETALL', HOSTS)
@@ -353,21 +431,24 @@ local function save()
     local v = A[f]
     if A0[f] == nil or tonumber(A0[f]) ~= v then
       out[#out + 1] = f
-      out[#out + 1] = string.format('%.17g', v)
+      out[#out + 1] = numstr(v)
     end
   end
   for b = 1, NB do
     if loaded[b] then
-      local vs, changed = {}, false
-      for j, p in ipairs(BF) do
-        local v = A[N[p][b]]
-        if orig[b][j] ~= v then changed = true end
-        vs[j] = v
-      end
-      if changed then
-        for j = 1, #BF do vs[j] = string.format('%.17g', vs[j]) end
+      local o = orig[b]
+      if o[1] ~= W[b] or o[2] ~= U[b] or o[3] ~= Q[b] or o[4] ~= NH[b] or
+          o[5] ~= C[b] or o[6] ~= SW[b] or o[7] ~= SU[b] then
         out[#out + 1] = FIELDS[NG + b]
-        out[#out + 1] = table.concat(vs, ' ')
+        local w, u, q, n, c, sw, su = W[b], U[b], Q[b], NH[b], C[b], SW[b], SU[b]
+        if whole(w) and whole(u) and whole(q) and whole(n) and whole(c) and
+            whole(sw) and whole(su) then
+          -- Whole numbers (whole weights): one format call.
+          out[#out + 1] = string.format('%d %d %d %d %d %d %d', w, u, q, n, c, sw, su)
+        else
+          out[#out + 1] = numstr(w) .. ' ' .. numstr(u) .. ' ' .. numstr(q) .. ' ' ..
+            numstr(n) .. ' ' .. numstr(c) .. ' ' .. numstr(sw) .. ' ' .. numstr(su)
+        end
       end
     end
   end
@@ -378,7 +459,8 @@ local function save()
 end
 
 -- 2. Expiry (bounded per call).
-local expired = redis.call('ZRANGEBYSCORE', DL, '-inf', now, 'LIMIT', 0, EXPIRE_PER_CALL)
+local expired = redis.call('ZRANGEBYSCORE', DL, '-inf', numstr(now), 'LIMIT', '0',
+  EXPIRE_PER_CALL)
 for _, id in ipairs(expired) do
   local raw = redis.call('HGET', HOSTS, id)
   local r = parse(raw)
@@ -432,53 +514,63 @@ else
 end
 if not old then hlen = hlen + 1 end
 
--- Move this host in the bands whose want or weight changed.
+-- Move this host in the bands whose want or weight changed, keeping its
+-- rank there (no set changes before the water-filling reads it).
+local myrank = {}
 for b = 1, NB do
   local wo = old and (old.wants[b] or 0) or 0
   local wn = wants[b] or 0
   if not old or wo ~= wn or old.weight ~= weight then
-    if old then band_out(host, old, b) end
-    band_in(host, me, b)
+    if old then band_out(host, old, b, wn > 0) end
+    myrank[b] = band_in(host, me, b)
   end
 end
 
 -- 4. Water-filling.
 local function want_weight(id, b)
   if id == host then return me.wants[b] or 0, me.weight end
-  local r = parse(redis.call('HGET', HOSTS, id))
-  if not r then return nil end
-  return r.wants[b] or 0, r.weight
+  local u, w = weight_want(redis.call('HGET', HOSTS, id), b)
+  if not u or not w then return nil end
+  return w, u
 end
 
 local function level(b, left)
-  local d = A[N.u[b]] - A[N.su[b]]
-  if d > EPS then return (left - A[N.sw[b]]) / d end
-  if A[N.sw[b]] <= left + EPS then return math.huge end
+  band(b)
+  local d = U[b] - SU[b]
+  if d > EPS then return (left - SW[b]) / d end
+  if SW[b] <= left + EPS then return math.huge end
   return -math.huge
 end
 
 local function converge(b, left)
+  band(b)
   local z = KEYS[3 + b]
   for _ = 1, MOVES_PER_CALL do
     local lam = level(b, left)
-    local c, n = A[N.c[b]], A[N.n[b]]
+    local c, n = C[b], NH[b]
     local moved = false
+    -- The members at c - 1 (the last one in) and c (the first one out),
+    -- in one call.
+    local e = {}
+    if c < n or c > 0 then
+      e = redis.call('ZRANGE', z, numstr(c > 0 and c - 1 or 0), numstr(c),
+        'WITHSCORES')
+    end
+    local i = c > 0 and 3 or 1
     if c < n then
-      local e = redis.call('ZRANGE', z, c, c, 'WITHSCORES')
-      if #e == 2 and tonumber(e[2]) <= lam then
-        local w, u = want_weight(e[1], b)
+      if e[i + 1] and tonumber(e[i + 1]) <= lam then
+        local w, u = want_weight(e[i], b)
         if w then
-          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c + 1, A[N.sw[b]] + w, A[N.su[b]] + u
+          C[b], SW[b], SU[b] = c + 1, SW[b] + w, SU[b] + u
           moved = true
         end
       end
     end
     if not moved and c > 0 then
-      local e = redis.call('ZRANGE', z, c - 1, c - 1, 'WITHSCORES')
-      if #e == 2 and tonumber(e[2]) > lam then
+      if e[2] and tonumber(e[2]) > lam then
         local w, u = want_weight(e[1], b)
         if w then
-          A[N.c[b]], A[N.sw[b]], A[N.su[b]] = c - 1, A[N.sw[b]] - w, A[N.su[b]] - u
+          C[b], SW[b], SU[b] = c - 1, SW[b] - w, SU[b] - u
           moved = true
         end
       end
@@ -493,22 +585,23 @@ local left = pool
 for b = 1, NB do
   if left <= EPS then break end
   local mine = wants[b] or 0
-  if A[N.w[b]] <= left + EPS then
+  band(b)
+  if W[b] <= left + EPS then
     target = target + mine
-    left = left - A[N.w[b]]
+    left = left - W[b]
   else
     local lam, settled = converge(b, left)
     local share = math.max(0, math.min(mine, weight * lam))
-    local n, c = A[N.n[b]], A[N.c[b]]
+    local n, c = NH[b], C[b]
     local rank = nil
     if mine > 0 and mine > share + EPS and settled and n > c then
-      rank = redis.call('ZRANK', KEYS[3 + b], host)
+      rank = myrank[b] or redis.call('ZRANK', KEYS[3 + b], host)
     end
-    local u, q = A[N.u[b]], A[N.q[b]]
+    local u, q = U[b], Q[b]
     local uniform = n > 0 and math.abs(n * q - u * u) <= 1e-9 * u * u
     if rank and rank >= c and uniform then
       -- One weight: cumulative rounding over the unsaturated hosts.
-      local sh = (u - A[N.su[b]]) / (n - c) * lam
+      local sh = (u - SU[b]) / (n - c) * lam
       local j = rank - c
       target = target + math.floor((j + 1) * sh + EPS) - math.floor(j * sh + EPS)
     else
@@ -542,7 +635,7 @@ A.tsum = A.tsum - (old and old.target or 0) + target
 
 -- 6. Store.
 if redis.call('HSET', HOSTS, host, encode(me)) == 1 then created = true end
-if redis.call('ZADD', DL, me.deadline, host) == 1 then created = true end
+if redis.call('ZADD', DL, numstr(me.deadline), host) == 1 then created = true end
 if op == 'leave' and has == 0 then
   drop(host, me)
   hlen = hlen - 1
