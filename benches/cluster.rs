@@ -9,7 +9,7 @@
 //!    the median round is reported. The agent never touches the acquire
 //!    path, so the two should be equal within noise.
 //! 2. **Renewals per second one Redis sustains** for N = 10 … 10,000
-//!    hosts' records in Redis, from three client processes, every renewal
+//!    hosts' records in Redis, from four client processes, every renewal
 //!    with a new want: the lease script of revision 2 (O(log N) per call)
 //!    beside revision 1 (`benches/lease_v1.lua`: every call reads and
 //!    water-fills all N records) in the same run. With a renew period R, N
@@ -95,7 +95,7 @@ fn pair_rows(url: &str) {
 const V1: &str = include_str!("lease_v1.lua");
 
 const POOL: u64 = 1000;
-const CLIENTS: usize = 3;
+const CLIENTS: usize = 4;
 const ROW: Duration = Duration::from_millis(2000);
 
 /// Host `i`'s want on its `k`th renewal: 1..=10, different every time (so
