@@ -342,8 +342,11 @@ impl Node {
         let open = match &self.home {
             Home::Local(b) => b.queued.load(Ordering::SeqCst) == 0,
             Home::Shared(r) => {
-                if r.gate() & GATE_LEASED != 0 {
-                    r.lapse_if_due();
+                // A lease's deadline, as on the consume fast path: the
+                // precise clock only near or past it.
+                let g = r.gate();
+                if g & GATE_LEASED != 0 {
+                    r.open_slow(g, 0);
                 }
                 if !r.nobody_waits() {
                     // Waiters of dead processes are reaped by the drain.
