@@ -344,8 +344,9 @@ impl Scheduler {
 
     /// Ends a cluster lease's hold on the region and, with `restore`,
     /// moves the ceiling there, atomically against every process's lapse
-    /// (for the cluster module). `Ok(None)`: the ceiling lock was held by a
-    /// live process beyond its bound (its owner id is the error's), nothing
+    /// (for the cluster module): whether the ceiling is reached. `Ok(None)`:
+    /// not a shared root of this process (nothing to end). `Err(owner)`: the
+    /// ceiling lock was held by that live process beyond its bound, nothing
     /// changed.
     pub(crate) fn end_lease(&self, restore: Option<u32>) -> Result<Option<bool>, u32> {
         match self.root().level() {

@@ -962,7 +962,6 @@ impl SharedSlots {
                 self.max
             )));
         }
-        self.reg.set_counting();
         // The store is made under the ceiling lock, where a lapsing lease
         // re-checks its deadline (`lapse_if_due`) and a lease ends
         // (`end_lease`): a lowering decided on a deadline read before a
@@ -970,15 +969,21 @@ impl SharedSlots {
         // not let go within the lock's bound (stopped), the store is made
         // anyway, as before the lock: the caller's level must not be lost.
         match self.ceiling_lock() {
-            Some(lock) => {
-                self.header().ceiling.store(target + 1, Ordering::SeqCst);
-                Ok(self.rebalance_locked(true, &lock))
-            }
+            Some(lock) => Ok(self.move_ceiling(target, &lock)),
             None => {
+                self.reg.set_counting();
                 self.header().ceiling.store(target + 1, Ordering::SeqCst);
                 Ok(false)
             }
         }
+    }
+
+    /// Stores the ceiling `target` (≤ max) and moves cells to it, with the
+    /// ceiling lock held; starts the running count. Whether it is reached.
+    fn move_ceiling(&self, target: u32, lock: &CeilingLock<'_>) -> bool {
+        self.reg.set_counting();
+        self.header().ceiling.store(target + 1, Ordering::SeqCst);
+        self.rebalance_locked(true, lock)
     }
 
     /// Ends a cluster lease's hold on the region (see
@@ -994,11 +999,7 @@ impl SharedSlots {
         let Some(level) = restore else {
             return Some(true);
         };
-        self.reg.set_counting();
-        self.header()
-            .ceiling
-            .store(level.min(self.max) + 1, Ordering::SeqCst);
-        Some(self.rebalance_locked(true, &lock))
+        Some(self.move_ceiling(level.min(self.max), &lock))
     }
 
     /// The owner id holding the ceiling lock now (0: none), for messages.
@@ -1023,9 +1024,7 @@ impl SharedSlots {
             // take at `safe`.
             if let Some(lock) = self.ceiling_lock() {
                 if self.reg.lapse_due().is_some() && self.ceiling() > safe {
-                    self.reg.set_counting();
-                    self.header().ceiling.store(safe + 1, Ordering::SeqCst);
-                    self.rebalance_locked(true, &lock);
+                    self.move_ceiling(safe, &lock);
                 }
             }
         }
