@@ -704,6 +704,7 @@ fn counting_starts_under_a_late_take() {
 fn concurrent_rebalances_are_exact() {
     explore("concurrent_rebalances_are_exact", 15000, || {
         model::set_timeouts(false);
+        let clock = pick_time_flies();
         let ps = Arc::new(sched_procs(3, Concurrency::max(4)));
         let early = shuttle::rand::thread_rng().gen_range(0..2) == 0;
         let held: Vec<Vec<_>> = (0..2)
@@ -739,10 +740,19 @@ fn concurrent_rebalances_are_exact() {
         for h in hs {
             h.join().unwrap();
         }
+        if let Some(c) = clock {
+            c.join().unwrap();
+        }
         let st = ps[2].state();
         assert_eq!(
-            (st.occupied, st.blocked, st.blocked_count, st.ceiling),
-            (0, 3, 3, 1),
+            (
+                st.occupied,
+                st.blocked,
+                st.pending,
+                st.blocked_count,
+                st.ceiling
+            ),
+            (0, 3, 0, 3, 1),
             "after the releases under a ceiling of 1: {st:?}"
         );
         let one = ps[2].sched.try_acquire(Priority::Normal);
@@ -762,6 +772,220 @@ fn concurrent_rebalances_are_exact() {
         for p in ps.iter() {
             assert_quiescent(p, 4);
         }
+    });
+}
+
+/// The ceiling lock behind a stopped holder. Max 4, the ceiling lowered to
+/// 1 while two processes hold 2 cells each; both give their cells back
+/// (to the ceiling) and each lowers the ceiling to 1 again between its two
+/// releases. Process 0 stops at a step the checker picks (see
+/// [`stop_controller`]: holding the ceiling lock, between a cell's pending
+/// step and its count, anywhere) and model time passes. Timeouts off.
+///
+/// Checked: process 1 finishes while process 0 is stopped (the lock is
+/// taken over from a holder that does not move; it used to be waited for,
+/// so this never finished); at that point no free cell is in service
+/// beyond the ceiling (the region gave process 1's cells to the ceiling);
+/// once process 0 runs again (robbed, perhaps, in the middle of a move),
+/// exactly 1 slot is admissible: 3 cells blocked, none pending, the count
+/// exact.
+#[test]
+fn ceiling_lock_holder_stopped() {
+    explore("ceiling_lock_holder_stopped", 15000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(2, Concurrency::max(4)));
+        let held: Vec<Vec<_>> = (0..2)
+            .map(|pi| {
+                (0..2)
+                    .map(|_| ps[pi].sched.try_acquire_owned(Priority::Normal).unwrap())
+                    .collect()
+            })
+            .collect();
+        assert!(!ps[1].sched.set_ceiling(1).unwrap(), "4 held: short of 1");
+        let done = Arc::new(AtomicU32::new(0));
+        let mut hs = Vec::new();
+        for (pi, permits) in held.into_iter().enumerate() {
+            let (ps, done) = (ps.clone(), done.clone());
+            hs.push(spawn(
+                Some(ps[pi].map.clone()),
+                &format!("p{pi}t0"),
+                move || {
+                    let mut permits = permits.into_iter();
+                    drop(permits.next());
+                    let _ = ps[pi].sched.set_ceiling(1).unwrap();
+                    drop(permits.next());
+                    if pi == 1 {
+                        done.fetch_add(1, SeqCst);
+                    }
+                },
+            ));
+        }
+        // The stop (as `stop_controller`, with the check made while the
+        // victim is still stopped): in service (held + free) never beyond
+        // max(ceiling, held) once process 1 is done.
+        let stopper = {
+            let (ps, done) = (ps.clone(), done.clone());
+            spawn(None, "stopper", move || {
+                let mut rng = shuttle::rand::thread_rng();
+                for _ in 0..rng.gen_range(0..48) {
+                    shuttle::thread::yield_now();
+                }
+                ps[0].map.model_stop();
+                let st = ps[1].state();
+                if st.ceiling_lock == st.members[0].1 {
+                    cover("stopped holding the ceiling lock");
+                }
+                if st.pending > 0 {
+                    cover("stopped with a cell pending");
+                }
+                let early = rng.gen_range(0..2) == 0;
+                let cont_after = early.then(|| rng.gen_range(1..24));
+                let mut steps = 0;
+                while done.load(SeqCst) < 1 && cont_after.is_none_or(|n| steps < n) {
+                    model::advance(BOUNDS_PASS);
+                    shuttle::thread::yield_now();
+                    steps += 1;
+                }
+                if done.load(SeqCst) >= 1 {
+                    cover("process 1 done while process 0 was stopped");
+                    let st = ps[1].state();
+                    let free = 4 - st.occupied - st.blocked - st.pending;
+                    assert!(
+                        st.occupied + free <= st.occupied.max(st.ceiling),
+                        "cells in service beyond the ceiling of 1 while a holder is stopped: {st:?}"
+                    );
+                } else {
+                    cover("process 0 ran again while process 1 was at it");
+                }
+                ps[0].map.model_cont();
+            })
+        };
+        for h in hs {
+            assert!(h.join().unwrap().is_some());
+        }
+        stopper.join().unwrap();
+        let st = ps[1].state();
+        assert_eq!(
+            (
+                st.occupied,
+                st.blocked,
+                st.pending,
+                st.blocked_count,
+                st.ceiling
+            ),
+            (0, 3, 0, 3, 1),
+            "after the releases under a ceiling of 1: {st:?}"
+        );
+        let one = ps[1].sched.try_acquire(Priority::Normal);
+        assert!(
+            one.is_some(),
+            "nothing admissible under a ceiling of 1: {st:?}"
+        );
+        assert!(
+            ps[0].sched.try_acquire(Priority::Normal).is_none(),
+            "two admissible under a ceiling of 1: {:?}",
+            ps[1].state()
+        );
+        drop(one);
+        assert!(ps[0].sched.set_ceiling(4).unwrap());
+        let st = ps[1].state();
+        assert_eq!(
+            (st.blocked, st.pending, st.blocked_count),
+            (0, 0, 0),
+            "{st:?}"
+        );
+        for p in ps.iter() {
+            assert_quiescent(p, 4);
+        }
+    });
+}
+
+/// The same with process 0 killed in the middle of a cell's move (between
+/// its pending step and its count, either way: the checker picks which
+/// and when), holding the ceiling lock. Afterwards, the dead process
+/// reaped and the ceiling set to 1 again by process 1: exactly 1 slot is
+/// admissible, 3 cells blocked, none pending, the count exact (the
+/// ceiling lock taken over from the dead holder recounts, turning its
+/// pending cell into a blocked one).
+#[test]
+fn ceiling_mover_dies_mid_move() {
+    explore("ceiling_mover_dies_mid_move", 15000, || {
+        model::set_timeouts(false);
+        let ps = Arc::new(sched_procs(2, Concurrency::max(4)));
+        let held: Vec<Vec<_>> = (0..2)
+            .map(|pi| {
+                (0..2)
+                    .map(|_| ps[pi].sched.try_acquire_owned(Priority::Normal).unwrap())
+                    .collect()
+            })
+            .collect();
+        assert!(!ps[1].sched.set_ceiling(1).unwrap(), "4 held: short of 1");
+        let point = [
+            "ceiling: cell pending, not counted",
+            "ceiling: cell pending free, still counted",
+        ][shuttle::rand::thread_rng().gen_range(0..2)];
+        ps[0].map.model_arm_death(point);
+        let mut hs = Vec::new();
+        for (pi, permits) in held.into_iter().enumerate() {
+            let ps = ps.clone();
+            hs.push(spawn(
+                Some(ps[pi].map.clone()),
+                &format!("p{pi}t0"),
+                move || {
+                    let mut rest = permits.into_iter();
+                    drop(rest.next());
+                    // Process 0 also raises the ceiling for a moment (cells
+                    // unblocked: the other death point).
+                    if pi == 0 {
+                        let _ = ps[pi].sched.set_ceiling(3).unwrap();
+                    }
+                    let _ = ps[pi].sched.set_ceiling(1).unwrap();
+                    drop(rest);
+                },
+            ));
+        }
+        let died = hs.remove(0).join().unwrap().is_none();
+        assert!(hs.remove(0).join().unwrap().is_some());
+        if died {
+            cover(point);
+            let st = ps[1].state();
+            if st.pending > 0 {
+                cover("died with a cell pending");
+            }
+        }
+        ps[1].sched.reap().unwrap();
+        let _ = ps[1].sched.set_ceiling(1).unwrap();
+        let st = ps[1].state();
+        assert_eq!(
+            (
+                st.occupied,
+                st.blocked,
+                st.pending,
+                st.blocked_count,
+                st.ceiling
+            ),
+            (0, 3, 0, 3, 1),
+            "after the releases under a ceiling of 1: {st:?}"
+        );
+        let one = ps[1].sched.try_acquire(Priority::Normal);
+        assert!(
+            one.is_some(),
+            "nothing admissible under a ceiling of 1: {st:?}"
+        );
+        assert!(
+            ps[1].sched.try_acquire(Priority::Normal).is_none(),
+            "two admissible under a ceiling of 1: {:?}",
+            ps[1].state()
+        );
+        drop(one);
+        assert!(ps[1].sched.set_ceiling(4).unwrap());
+        let st = ps[1].state();
+        assert_eq!(
+            (st.blocked, st.pending, st.blocked_count),
+            (0, 0, 0),
+            "{st:?}"
+        );
+        assert_quiescent(&ps[1], 4);
     });
 }
 
@@ -1151,6 +1375,77 @@ fn stop_anywhere_uncapped() {
 #[test]
 fn stop_anywhere_capped() {
     explore("stop_anywhere_capped", 15000, || stop_anywhere(true));
+}
+
+/// A cap-lock holder robbed between its count and its take. Max 2, Low
+/// capped at 1. Process 0's capped `try_acquire(Low)` stops right after it
+/// read the running count (0) under the cap lock; model time passes, and
+/// process 1's capped `try_acquire(Low)` takes the lock over from it and
+/// is admitted; it holds its permit while process 0 runs again. Process 0
+/// must find that it was robbed (its release CAS fails), give back what it
+/// took on its stale count and be refused: never two Low permits at once.
+/// (This kills the mutant of `docs/model-checking.md` that survived the
+/// random stops: a holder that does not check, after its take, that the
+/// lock is still its own.)
+#[test]
+fn robbed_cap_lock_holder_takes_nothing_on_its_stale_count() {
+    explore(
+        "robbed_cap_lock_holder_takes_nothing_on_its_stale_count",
+        3000,
+        || {
+            model::set_timeouts(false);
+            let ps = Arc::new(sched_procs(2, Concurrency::max(2).low(1)));
+            ps[0].map.model_arm_stop("cap lock held, count read");
+            let low = Arc::new(AtomicU32::new(0));
+            let robbed_done = Arc::new(AtomicBool::new(false));
+            let a = {
+                let (ps, low) = (ps.clone(), low.clone());
+                spawn(Some(ps[0].map.clone()), "p0t0", move || {
+                    let p = ps[0].sched.try_acquire(Priority::Low);
+                    if p.is_some() {
+                        let n = low.fetch_add(1, SeqCst) + 1;
+                        assert!(n <= 1, "{n} Low permits under a Low cap of 1");
+                        low.fetch_sub(1, SeqCst);
+                    }
+                    p.is_some()
+                })
+            };
+            let b = {
+                let (ps, low, robbed_done) = (ps.clone(), low.clone(), robbed_done.clone());
+                spawn(Some(ps[1].map.clone()), "p1t0", move || {
+                    while !ps[0].map.model_is_stopped() {
+                        shuttle::thread::yield_now();
+                    }
+                    let p = ps[1].sched.try_acquire(Priority::Low);
+                    assert!(
+                        p.is_some(),
+                        "the cap lock was not taken over from a stopped holder"
+                    );
+                    low.fetch_add(1, SeqCst);
+                    // Held until process 0 is done.
+                    while !robbed_done.load(SeqCst) {
+                        shuttle::thread::yield_now();
+                    }
+                    low.fetch_sub(1, SeqCst);
+                    drop(p);
+                })
+            };
+            // Time passes while process 0 is stopped (so process 1 takes the
+            // lock over); process 0 runs again once process 1 holds its permit.
+            while low.load(SeqCst) == 0 {
+                model::advance(BOUNDS_PASS);
+                shuttle::thread::yield_now();
+            }
+            ps[0].map.model_cont();
+            let got = a.join().unwrap().unwrap();
+            assert!(!got, "admitted on a count read before the takeover");
+            robbed_done.store(true, SeqCst);
+            b.join().unwrap().unwrap();
+            for p in ps.iter() {
+                assert_quiescent(p, 2);
+            }
+        },
+    );
 }
 
 // ---- 5. the limiter ---------------------------------------------------------------

@@ -61,6 +61,7 @@ fn child_entry() {
         "churn" => churn(&args[0], args[1].parse().unwrap()),
         "idlers" => idlers(&args[0], args[1].parse().unwrap()),
         "capper" => capper(&args[0], &args[1]),
+        "ceiler" => ceiler(&args[0], args[1].parse().unwrap(), args[2].parse().unwrap()),
         other => panic!("unknown role {other}"),
     }
 }
@@ -394,6 +395,20 @@ fn capper(path: &str, spec: &str) {
     say("capping");
     loop {
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Moves the region's ceiling between `low` and `high` for ever (each
+/// move blocks or unblocks tens of thousands of cells under the ceiling
+/// lock, so the process holds that lock most of the time).
+fn ceiler(path: &str, low: u32, high: u32) {
+    let region = Region::open(path).expect("open region");
+    let s = Scheduler::attach(&region).expect("scheduler");
+    xproc::exit_when_parent_closes(0, || {});
+    say("moving");
+    loop {
+        let _ = s.set_ceiling(low);
+        let _ = s.set_ceiling(high);
     }
 }
 
@@ -1923,5 +1938,65 @@ fn a_stopped_cap_lock_holder_holds_no_capped_admission_back() {
     drop(p);
     drop(s);
     fx.me.reap().unwrap();
+    fx.close();
+}
+
+/// Max 65,536; process C moves the ceiling between 1,000 and 65,536 for
+/// ever (it holds the ceiling lock most of the time) and is SIGSTOPped at
+/// 20 instants. Each time, here: `set_ceiling(n)` returns within the bound
+/// with the ceiling reached, and exactly `n` slots are admissible (a
+/// `try_acquire` loop), with C stopped wherever it was (holding the lock,
+/// a cell half-moved). (The lock used to be waited for 20 ms and then the
+/// ceiling stored without moving cells: more than `n` admissible.)
+#[test]
+fn a_stopped_ceiling_lock_holder_holds_no_ceiling_back() {
+    use std::os::unix::fs::FileExt;
+    let _s = serial();
+    let max = 65_536;
+    let fx = Fx::new("sceil", max);
+    let mut c = fx.kid("ceiler C", "ceiler", &["1000", "65536"]);
+    c.expect("moving", 10 * SEC);
+    let c_entry = entry_of(&fx, &c);
+    // The ceiling lock's holder word: the scheduler header follows the
+    // wait registry; the lock word is at its byte 24, holder in the low half
+    // (see `SchedHeader` in src/scheduler/shared.rs).
+    let lock_off = fx._region.info().unwrap().unwrap().object_offset
+        + shmsched::region::registry::REGISTRY_SIZE as u64
+        + 24;
+    let file = std::fs::File::open(&fx.tmp.path).unwrap();
+    let mut in_lock = 0;
+    let mut wrong = Vec::new();
+    let worst = while_stopped_at_instants(&c, 20, |i| {
+        let mut b = [0u8; 4];
+        file.read_exact_at(&mut b, lock_off).unwrap();
+        in_lock += usize::from(u32::from_ne_bytes(b) & 0xffff == c_entry + 1);
+        let n = 100 + i as u32;
+        let reached = fx.me.set_ceiling(n).unwrap();
+        let mut held = Vec::new();
+        while let Some(p) = fx.me.try_acquire_owned(Priority::Normal) {
+            held.push(p);
+            if held.len() > n as usize {
+                break;
+            }
+        }
+        if !reached || held.len() != n as usize {
+            wrong.push((n, reached, held.len()));
+        }
+    });
+    eprintln!(
+        "ceiling moves beside a stopped ceiling mover: worst {worst:.2} ms over 20 stops, \
+         {in_lock} of them with the mover holding the lock"
+    );
+    assert!(
+        wrong.is_empty(),
+        "(ceiling, reached, admissible) wrong: {wrong:?}"
+    );
+    assert!(
+        worst <= BOUND_MS,
+        "a ceiling move took {worst:.0} ms while another process was stopped"
+    );
+    drop(c);
+    fx.me.reap().unwrap();
+    assert!(fx.me.set_ceiling(max).unwrap());
     fx.close();
 }

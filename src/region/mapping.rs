@@ -431,6 +431,22 @@ impl Mapping {
             self.model_drop_liveness();
             sys::futex::model::die();
         }
+        sys::futex::model::stop_point(base, point);
+    }
+
+    /// Arms a stop of this mapping's process at the named step `point` (a
+    /// death point's name): the first of its threads to pass it stops the
+    /// process there, until [`model_cont`](Self::model_cont).
+    #[doc(hidden)]
+    pub fn model_arm_stop(&self, point: &'static str) {
+        sys::futex::model::arm_stop(self.map.as_ptr() as usize, point);
+    }
+
+    /// Whether this mapping's process is stopped (see
+    /// [`model_stop`](Self::model_stop)).
+    #[doc(hidden)]
+    pub fn model_is_stopped(&self) -> bool {
+        sys::futex::model::is_stopped(self.map.as_ptr() as usize)
     }
 
     /// Records the calling model thread as one of this mapping's process's

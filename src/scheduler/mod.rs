@@ -344,17 +344,12 @@ impl Scheduler {
 
     /// Ends a cluster lease's hold on the region and, with `restore`,
     /// moves the ceiling there, atomically against every process's lapse
-    /// (for the cluster module): whether the ceiling is reached. `Ok(None)`:
-    /// not a shared root of this process (nothing to end). `Err(owner)`: the
-    /// ceiling lock was held by that live process beyond its bound, nothing
-    /// changed.
-    pub(crate) fn end_lease(&self, restore: Option<u32>) -> Result<Option<bool>, u32> {
+    /// (for the cluster module): whether the ceiling is reached, or `None`
+    /// if this is not a shared root of this process (nothing to end).
+    pub(crate) fn end_lease(&self, restore: Option<u32>) -> Option<bool> {
         match self.root().level() {
-            Level::Shared(r) if !r.forked() => match r.end_lease(restore) {
-                Some(done) => Ok(Some(done)),
-                None => Err(r.slots().ceiling_lock_holder()),
-            },
-            _ => Ok(None),
+            Level::Shared(r) if !r.forked() => Some(r.end_lease(restore)),
+            _ => None,
         }
     }
 

@@ -361,6 +361,13 @@ impl SharedRoot {
     /// the region is above a lowered ceiling the cells go to the ceiling.
     #[inline]
     pub fn release(&self, slots: &Slots) {
+        // Under the model checker a process dies by unwinding its threads,
+        // which drops what they hold: a killed process gives nothing back
+        // (its cells are the reaper's).
+        #[cfg(shuttle)]
+        if crate::sys::futex::model::my_process_dead() {
+            return;
+        }
         if self.reg().gate() & GATE_SHRINKING != 0 {
             self.slots.give_to_ceiling(slots);
         } else {
@@ -1078,10 +1085,10 @@ impl SharedRoot {
 
     /// Ends a cluster lease's hold on the region, restoring a ceiling (see
     /// [`SharedSlots::end_lease`]); waiters are served if it went up.
-    pub fn end_lease(&self, restore: Option<u32>) -> Option<bool> {
-        let done = self.slots.end_lease(restore)?;
+    pub fn end_lease(&self, restore: Option<u32>) -> bool {
+        let done = self.slots.end_lease(restore);
         self.serve_now(false);
-        Some(done)
+        done
     }
 
     /// Cells held by this process.

@@ -98,12 +98,46 @@
 //! service by marking free ones [`BLOCKED`]. The number of blocked cells is
 //! kept exactly in the header, changed only under the region's ceiling
 //! lock together with the cells it counts, so two processes moving cells
-//! in and out of service at once never both act on one count (a lock taken
-//! over from a dead holder recounts the cells first). While the region is
-//! above a lowered ceiling, a release gives its cell straight to the
-//! ceiling (`CAS(cell, my id → BLOCKED)` under the lock: O(1), no scan)
-//! until the ceiling is reached, so exactly `ceiling` cells are in service
-//! afterwards, whatever the releases that race.
+//! in and out of service at once never both act on one count. While the
+//! region is above a lowered ceiling, a release gives its cell straight to
+//! the ceiling (O(1), no scan) until the ceiling is reached, so exactly
+//! `ceiling` cells are in service afterwards, whatever the releases that
+//! race.
+//!
+//! **The ceiling lock behind a stopped holder.** The lock is taken in
+//! slices, like the cap lock: a holder that died, or whose lock word and
+//! blocked count have not moved for [`LOCK_TAKEOVER_NS`] (stopped, frozen,
+//! starved), is taken over. Unlike the cap lock's, this critical section
+//! writes shared state, so a holder taken over must not be able to write
+//! it when it runs again:
+//!
+//! - the lock word carries a generation, bumped by every acquisition, and
+//!   the two words it guards (the blocked count and the ceiling) carry the
+//!   generation of their last writer: a write is a CAS that is refused once
+//!   a later generation has written the word ([`fenced`]). A taker stamps
+//!   both words first, so from then on nothing of the holder it robbed
+//!   lands (what landed before counts as done while it held the lock);
+//! - a cell is never moved and counted in one step, so it moves through a
+//!   pending value: blocking is `free → PENDING_BLOCK`, count +1,
+//!   `PENDING_BLOCK → BLOCKED`; unblocking is `BLOCKED → PENDING_FREE`,
+//!   count −1, `PENDING_FREE → free`. A mover whose count CAS is refused
+//!   (robbed) puts the cell back with a CAS from the pending value;
+//! - the taker recounts after its stamps: every pending cell it finds it
+//!   turns into `BLOCKED` and counts, every `BLOCKED` cell it counts, and
+//!   it writes the count. A pending cell is thus either taken by the
+//!   recount (counted; the robbed mover's undo CAS then fails) or put back
+//!   by its mover (not counted: the recount had not reached it, or its
+//!   mover's count CAS failed after the stamp). Never both, never neither
+//!   once the mover has run.
+//!
+//! A robbed mover that is stopped again between its pending CAS and its
+//! undo leaves one pending cell out of service and uncounted until the next
+//! holder's scan meets it (any pending cell a holder did not set itself is
+//! a robbed one's: it recounts) or the mover runs. Every operation under
+//! the lock that finds itself robbed takes the lock again and starts over
+//! (a release that was giving its cells to the ceiling gives the rest back
+//! to the pool and rebalances), so the region reaches its ceiling whoever
+//! stops where.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -125,8 +159,10 @@ pub const MAX_SHARED_SLOTS: u32 = 65_536;
 /// with a generation; 5: the registry's cluster line carries the lease's
 /// deadline and safe level, and the gate its `GATE_LEASED` bit; 6: the gate
 /// carries the region's stall time in one word with its `GATE_CLOSING` bit,
-/// and the registry's dispatch line the region's count of waiters served).
-pub(crate) const OBJECT_REV: u64 = 6;
+/// and the registry's dispatch line the region's count of waiters served;
+/// 7: the ceiling lock is a 64-bit word with a generation, the blocked
+/// count and the ceiling are fenced words, cells have two pending states).
+pub(crate) const OBJECT_REV: u64 = 7;
 
 /// A cap lock held this long by a holder whose acquisition did not change
 /// (no progress) is taken over, even from a live holder (see
@@ -155,47 +191,52 @@ pub(crate) const COUNTED: u32 = 1 << 31;
 /// counted take takes it (see the module docs).
 pub(crate) const FREE_COUNTED: u32 = COUNTED;
 
-/// How long a process waits for the ceiling lock held by another live
-/// process before it gives up on moving cells this time (a holder that is
-/// stopped must not stop its releases; the region stays short of its
-/// ceiling until the next release or change).
-#[cfg(not(shuttle))]
-const CEILING_LOCK_WAIT_NS: u64 = crate::region::registry::REAP_INTERVAL_MS * 1_000_000;
-/// Under the model checker a live holder is waited for (its progress is
-/// the schedule's; giving up would depend on the host's speed).
-#[cfg(shuttle)]
-const CEILING_LOCK_WAIT_NS: u64 = u64::MAX;
-
 /// A cell taken out of service by the ceiling (not an owner id: its entry
 /// index, 0xfffe, is beyond any process table).
 pub(crate) const BLOCKED: u32 = 0x7fff_ffff;
+
+/// A cell on its way out of service under the ceiling lock (from free, or
+/// from its holder giving it to the ceiling): not in the blocked count
+/// until its mover's count moves (see *The ceiling*). Entry index 0xfffd,
+/// beyond any process table.
+pub(crate) const PENDING_BLOCK: u32 = 0x7fff_fffe;
+
+/// A blocked cell on its way back into service: still in the blocked count
+/// until its mover's count moves. Entry index 0xfffc.
+pub(crate) const PENDING_FREE: u32 = 0x7fff_fffd;
+
+/// True for a cell out of service: [`BLOCKED`], or on its way in or out.
+#[inline(always)]
+pub(crate) fn out_of_service(v: u32) -> bool {
+    (PENDING_FREE..=BLOCKED).contains(&v)
+}
 
 /// The scheduler's own header, after the registry.
 #[repr(C, align(128))]
 pub(crate) struct SchedHeader {
     /// Global max; written once at initialisation.
     pub(crate) max: AtomicU32,
-    /// Unused (revision 3's cap lock).
-    _was_cap_lock: AtomicU32,
-    /// Counter: cells freed on behalf of dead processes.
-    pub(crate) reclaimed: AtomicU64,
     /// 1 once a scan after counting started found no uncounted cell.
     all_counted: AtomicU32,
-    /// The ceiling + 1 (0: none, the ceiling is the max): see
-    /// [`SharedSlots::set_ceiling`].
-    ceiling: AtomicU32,
-    /// Cells blocked by the ceiling, exactly (written only under
-    /// `ceiling_lock`, right after the cell CASes it counts; a lock taken
-    /// over from a dead holder recounts them).
-    pub(crate) blocked: AtomicU32,
-    /// The ceiling lock: 0, or the owner id of the process moving cells in
-    /// or out of service (see [`SharedSlots::set_ceiling`]).
-    ceiling_lock: AtomicU32,
+    /// Counter: cells freed on behalf of dead processes.
+    pub(crate) reclaimed: AtomicU64,
     /// The cap lock: `generation << 32 | holder`, the holder the owner id of
     /// the process admitting a capped task (0: free); the generation
     /// changes with every acquisition (see [`SharedSlots::take_capped`]).
     cap_lock: AtomicU64,
-    _pad: [u64; 11],
+    /// The ceiling lock: `generation << 32 | holder`, the holder the owner
+    /// id of the process moving cells in or out of service (0: free); the
+    /// generation changes with every acquisition (see *The ceiling* in the
+    /// module docs).
+    ceiling_lock: AtomicU64,
+    /// Cells blocked by the ceiling, exactly: `stamp << 32 | count`, the
+    /// stamp the ceiling lock's generation that last wrote it (a fenced
+    /// word: see [`fenced`]).
+    blocked: AtomicU64,
+    /// The ceiling: `stamp << 32 | (ceiling + 1)` (0 + 1: none, the ceiling
+    /// is the max), fenced like `blocked`; see [`SharedSlots::set_ceiling`].
+    ceiling: AtomicU64,
+    _pad: [u64; 10],
 }
 
 #[cfg(not(shuttle))]
@@ -204,9 +245,47 @@ const _: () = assert!(std::mem::size_of::<SchedHeader>() == 128);
 impl SchedHeader {
     /// The effective ceiling of a region of `max` cells.
     pub(crate) fn ceiling(&self, max: u32) -> u32 {
-        match self.ceiling.load(Ordering::Acquire) {
+        match self.ceiling.load(Ordering::Acquire) as u32 {
             0 => max,
             c => (c - 1).min(max),
+        }
+    }
+
+    /// The count of cells blocked by the ceiling.
+    #[inline]
+    pub(crate) fn blocked(&self) -> u32 {
+        self.blocked.load(Ordering::SeqCst) as u32
+    }
+}
+
+/// The holder of the ceiling lock was taken over (see *The ceiling* in the
+/// module docs): what it did under the lock stands as far as its fenced
+/// writes got; to go on it takes the lock again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lost;
+
+/// Applies `f` to the value half of a fenced word (`stamp << 32 | value`,
+/// written only under the ceiling lock) as the lock's acquisition `gen`,
+/// and stamps it with `gen`: refused ([`Lost`]) once an acquisition later
+/// than `gen` has written the word, so a holder that was taken over (and
+/// runs again later) can never overwrite what its successors wrote.
+/// Generations compare by serial-number arithmetic (they wrap at 2^32).
+fn fenced(word: &AtomicU64, gen: u32, f: impl Fn(u32) -> u32) -> Result<u32, Lost> {
+    let mut cur = word.load(Ordering::SeqCst);
+    loop {
+        let stamp = (cur >> 32) as u32;
+        if stamp != gen && (gen.wrapping_sub(stamp) as i32) <= 0 {
+            return Err(Lost);
+        }
+        let v = f(cur as u32);
+        match word.compare_exchange(
+            cur,
+            (u64::from(gen) << 32) | u64::from(v),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => return Ok(v),
+            Err(now) => cur = now,
         }
     }
 }
@@ -248,15 +327,62 @@ fn holds_cells(map: &Mapping, me: crate::region::ProcId) -> bool {
         .any(|c| c.load(Ordering::SeqCst) & !COUNTED == me.owner)
 }
 
-/// The ceiling lock, held (released on drop).
+/// The ceiling lock, held: acquisition `word` (`generation << 32 |
+/// owner`). Released on drop, unless it was taken over meanwhile.
 struct CeilingLock<'a> {
-    lock: &'a AtomicU32,
+    lock: &'a AtomicU64,
+    word: u64,
+}
+
+impl CeilingLock<'_> {
+    /// This acquisition's generation: the stamp of its fenced writes.
+    fn gen(&self) -> u32 {
+        (self.word >> 32) as u32
+    }
+
+    /// Whether the lock is still this acquisition (not taken over).
+    fn held(&self) -> bool {
+        self.lock.load(Ordering::SeqCst) == self.word
+    }
 }
 
 impl Drop for CeilingLock<'_> {
     fn drop(&mut self) {
-        self.lock.store(0, Ordering::Release);
+        // Under the model checker a process dies by unwinding: a killed
+        // process lets go of nothing.
+        #[cfg(shuttle)]
+        if crate::sys::futex::model::my_process_dead() {
+            return;
+        }
+        // A CAS, not a store: a takeover's acquisition must stand.
+        let _ = self.lock.compare_exchange(
+            self.word,
+            self.word & !u64::from(u32::MAX),
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
     }
+}
+
+/// What a cell move under the ceiling lock did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// Moved and counted: the blocked count after it.
+    Done(u32),
+    /// The cell was not in the starting state: nothing done.
+    Untouched,
+    /// The cell left its starting state, but another holder's late undo
+    /// moved it on before this move's last step (an ABA on the pending
+    /// value): the count was taken back, the cell is where that undo put it.
+    Gone,
+}
+
+/// A cell move under the ceiling lock that found the lock taken over.
+#[derive(Debug, Clone, Copy)]
+struct MoveLost {
+    /// The cell left its starting value: it was put back where the move
+    /// undoes to, or a recount took it out of service (counted either way).
+    moved: bool,
 }
 
 /// A bound shared slot table, as seen by one registered process.
@@ -537,7 +663,7 @@ impl SharedSlots {
     /// Cells neither blocked nor counted as held, by the running count (at
     /// worst too low while takes or gives are half-way).
     fn room(&self) -> u64 {
-        let blocked = u64::from(self.header().blocked.load(Ordering::SeqCst));
+        let blocked = u64::from(self.header().blocked());
         u64::from(self.max)
             .saturating_sub(blocked)
             .saturating_sub(self.running())
@@ -625,6 +751,9 @@ impl SharedSlots {
             let running = self.running();
             #[cfg(shuttle)]
             self.model_check_count(watch, running);
+            #[cfg(shuttle)]
+            self.mapping()
+                .model_death_point("cap lock held, count read");
             let r = if running + u64::from(need) <= u64::from(cap) {
                 self.take(need)
             } else {
@@ -753,8 +882,7 @@ impl SharedSlots {
             }
             if early_exit
                 && k == NEAR_SCAN
-                && self.running().saturating_sub(provisional)
-                    + u64::from(self.header().blocked.load(Ordering::SeqCst))
+                && self.running().saturating_sub(provisional) + u64::from(self.header().blocked())
                     >= u64::from(self.max)
             {
                 return None; // full (or about to be): no O(max) scan
@@ -831,16 +959,15 @@ impl SharedSlots {
 
     /// Gives back slots while the region is above a lowered ceiling
     /// ([`GATE_SHRINKING`]): as many cells as it is short go to the ceiling
-    /// (`CAS(cell, my id → BLOCKED)` under the ceiling lock, the blocked
-    /// count bumped with each), the rest back to the pool. O(cells given).
-    /// If the lock cannot be had (a live holder that does not let go within
-    /// the bound), they all go back to the pool, as [`give`](Self::give).
+    /// (each `my id → PENDING_BLOCK → BLOCKED` under the ceiling lock, the
+    /// blocked count bumped between the two), the rest back to the pool.
+    /// O(cells given). Behind a holder of the lock that makes no progress
+    /// the lock is taken over (see *The ceiling*); if this process is
+    /// taken over itself while it gives, the cells not yet given go back to
+    /// the pool and it rebalances with the lock taken again.
     #[cold]
     #[inline(never)]
     pub fn give_to_ceiling(&self, slots: &Slots) {
-        let Some(_lock) = self.ceiling_lock() else {
-            return self.give(slots);
-        };
         let owner = self.owner();
         let h = self.header();
         let cells: Vec<u32> = match slots.view() {
@@ -848,28 +975,35 @@ impl SharedSlots {
             SlotsView::Many(cs) => cs.to_vec(),
             SlotsView::Counted(_) => return,
         };
+        let lock = self.ceiling_lock();
+        let mut lost = false;
         let mut counted = 0u64;
         for c in cells {
             let (cell, tag) = (c & !COUNTED, c & COUNTED);
             counted += u64::from(tag >> 31);
-            let want = self.max - self.ceiling();
-            let have = h.blocked.load(Ordering::Relaxed);
-            let blocked = have < want
+            let short = !lost && h.blocked() < self.max - self.ceiling();
+            let given = short
                 && self.cells().get(cell as usize).is_some_and(|x| {
                     #[cfg(shuttle)]
                     self.model_held(x, -1);
-                    let ok = x
-                        .compare_exchange(owner | tag, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
-                        .is_ok();
-                    #[cfg(shuttle)]
-                    if !ok {
-                        self.model_held(x, 1);
+                    match self.block_cell(x, owner | tag, Self::free_value(tag), &lock) {
+                        Ok(Move::Done(_) | Move::Gone) => true,
+                        Ok(Move::Untouched) => {
+                            #[cfg(shuttle)]
+                            self.model_held(x, 1);
+                            false
+                        }
+                        Err(l) => {
+                            lost = true;
+                            #[cfg(shuttle)]
+                            if !l.moved {
+                                self.model_held(x, 1);
+                            }
+                            l.moved
+                        }
                     }
-                    ok
                 });
-            if blocked {
-                h.blocked.store(have + 1, Ordering::SeqCst);
-            } else {
+            if !given {
                 self.free_cell(cell, owner, tag);
                 self.hint.store(cell, Ordering::Relaxed);
             }
@@ -877,8 +1011,109 @@ impl SharedSlots {
         if counted > 0 {
             self.held().fetch_sub(counted, Ordering::SeqCst);
         }
-        self.reg
-            .set_shrinking(h.blocked.load(Ordering::Relaxed) < self.max - self.ceiling());
+        if !lost {
+            self.reg
+                .set_shrinking(h.blocked() < self.max - self.ceiling());
+            if lock.held() {
+                return;
+            }
+            // Taken over around the clear: shrinking again, to be safe.
+            self.reg.set_shrinking(true);
+        }
+        drop(lock);
+        self.rebalance(false);
+    }
+
+    /// Moves `cell` out of service under the ceiling lock: `from →
+    /// PENDING_BLOCK`, the blocked count +1, `PENDING_BLOCK → BLOCKED`.
+    /// Taken over: the cell goes back to `undo` (unless a recount took it
+    /// out of service first: then it is blocked, counted).
+    fn block_cell(
+        &self,
+        cell: &AtomicU32,
+        from: u32,
+        undo: u32,
+        lock: &CeilingLock<'_>,
+    ) -> Result<Move, MoveLost> {
+        if !lock.held() {
+            return Err(MoveLost { moved: false });
+        }
+        if cell
+            .compare_exchange(from, PENDING_BLOCK, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(Move::Untouched);
+        }
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("ceiling: cell pending, not counted");
+        let blocked = &self.header().blocked;
+        match fenced(blocked, lock.gen(), |c| c.saturating_add(1)) {
+            Ok(n) => {
+                if cell
+                    .compare_exchange(PENDING_BLOCK, BLOCKED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err_and(|v| v != BLOCKED)
+                {
+                    return match fenced(blocked, lock.gen(), |c| c.saturating_sub(1)) {
+                        Ok(_) => Ok(Move::Gone),
+                        Err(Lost) => Err(MoveLost { moved: true }),
+                    };
+                }
+                Ok(Move::Done(n))
+            }
+            Err(Lost) => {
+                let _ =
+                    cell.compare_exchange(PENDING_BLOCK, undo, Ordering::SeqCst, Ordering::Relaxed);
+                Err(MoveLost { moved: true })
+            }
+        }
+    }
+
+    /// Puts a blocked cell back into service under the ceiling lock:
+    /// `BLOCKED → PENDING_FREE`, the blocked count −1, `PENDING_FREE →
+    /// FREE_COUNTED`; as [`block_cell`](Self::block_cell) the other way.
+    fn unblock_cell(&self, cell: &AtomicU32, lock: &CeilingLock<'_>) -> Result<Move, MoveLost> {
+        if !lock.held() {
+            return Err(MoveLost { moved: false });
+        }
+        if cell
+            .compare_exchange(BLOCKED, PENDING_FREE, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(Move::Untouched);
+        }
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("ceiling: cell pending free, still counted");
+        let blocked = &self.header().blocked;
+        match fenced(blocked, lock.gen(), |c| c.saturating_sub(1)) {
+            Ok(n) => {
+                if cell
+                    .compare_exchange(
+                        PENDING_FREE,
+                        FREE_COUNTED,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_err_and(|v| v == BLOCKED)
+                {
+                    return match fenced(blocked, lock.gen(), |c| c.saturating_add(1)) {
+                        Ok(_) => Ok(Move::Gone),
+                        Err(Lost) => Err(MoveLost { moved: true }),
+                    };
+                }
+                Ok(Move::Done(n))
+            }
+            Err(Lost) => {
+                let _ = cell.compare_exchange(
+                    PENDING_FREE,
+                    BLOCKED,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                );
+                Err(MoveLost { moved: true })
+            }
+        }
     }
 
     /// Slots held across all processes: the sum of the members' `held`
@@ -904,7 +1139,7 @@ impl SharedSlots {
                     Err(now) => v = now,
                 }
             }
-            if v & COUNTED == 0 && v != BLOCKED {
+            if v & COUNTED == 0 && !out_of_service(v) {
                 uncounted += 1;
             }
         }
@@ -962,27 +1197,23 @@ impl SharedSlots {
                 self.max
             )));
         }
-        // The store is made under the ceiling lock, where a lapsing lease
-        // re-checks its deadline (`lapse_if_due`) and a lease ends
-        // (`end_lease`): a lowering decided on a deadline read before a
-        // renewal or an end cannot land after it. Behind a holder that does
-        // not let go within the lock's bound (stopped), the store is made
-        // anyway, as before the lock: the caller's level must not be lost.
-        match self.ceiling_lock() {
-            Some(lock) => Ok(self.move_ceiling(target, &lock)),
-            None => {
-                self.reg.set_counting();
-                self.header().ceiling.store(target + 1, Ordering::SeqCst);
-                Ok(false)
+        // Stored under the ceiling lock, where a lapsing lease re-checks its
+        // deadline (`lapse_if_due`) and a lease ends (`end_lease`): a
+        // lowering decided on a deadline read before a renewal or an end
+        // cannot land after it.
+        loop {
+            let lock = self.ceiling_lock();
+            if let Ok(done) = self.move_ceiling(target, &lock) {
+                return Ok(done);
             }
         }
     }
 
     /// Stores the ceiling `target` (≤ max) and moves cells to it, with the
     /// ceiling lock held; starts the running count. Whether it is reached.
-    fn move_ceiling(&self, target: u32, lock: &CeilingLock<'_>) -> bool {
+    fn move_ceiling(&self, target: u32, lock: &CeilingLock<'_>) -> Result<bool, Lost> {
         self.reg.set_counting();
-        self.header().ceiling.store(target + 1, Ordering::SeqCst);
+        fenced(&self.header().ceiling, lock.gen(), |_| target + 1)?;
         self.rebalance_locked(true, lock)
     }
 
@@ -991,20 +1222,18 @@ impl SharedSlots {
     /// to that level (clamped to the max), both under the ceiling lock: a
     /// process that read the deadline as passed before this call re-reads
     /// it under the lock and leaves the restored ceiling alone. Returns
-    /// whether the ceiling is reached now, or `None` (nothing changed: try
-    /// again) if a live process held the ceiling lock beyond its bound.
-    pub fn end_lease(&self, restore: Option<u32>) -> Option<bool> {
-        let lock = self.ceiling_lock()?;
-        self.reg.disarm_lease();
-        let Some(level) = restore else {
-            return Some(true);
-        };
-        Some(self.move_ceiling(level.min(self.max), &lock))
-    }
-
-    /// The owner id holding the ceiling lock now (0: none), for messages.
-    pub fn ceiling_lock_holder(&self) -> u32 {
-        self.header().ceiling_lock.load(Ordering::Relaxed)
+    /// whether the ceiling is reached now.
+    pub fn end_lease(&self, restore: Option<u32>) -> bool {
+        loop {
+            let lock = self.ceiling_lock();
+            self.reg.disarm_lease();
+            let Some(level) = restore else {
+                return true;
+            };
+            if let Ok(done) = self.move_ceiling(level.min(self.max), &lock) {
+                return done;
+            }
+        }
     }
 
     /// A cluster lease's deadline has passed ([`Registry::lapse_due`]): the
@@ -1016,16 +1245,16 @@ impl SharedSlots {
     pub fn lapse_if_due(&self) -> Option<u32> {
         let (safe, _) = self.reg.lapse_due()?;
         let safe = u32::try_from(safe).unwrap_or(u32::MAX).min(self.max);
-        if self.ceiling() > safe {
-            // Lowered under the ceiling lock with the deadline read again
-            // there: a renewal or the lease's end may have come since the
-            // read above, and its level must stand. Without the lock (a
-            // stopped holder) the ceiling stays; the caller still caps its
-            // take at `safe`.
-            if let Some(lock) = self.ceiling_lock() {
-                if self.reg.lapse_due().is_some() && self.ceiling() > safe {
-                    self.move_ceiling(safe, &lock);
-                }
+        // Lowered under the ceiling lock with the deadline read again there:
+        // a renewal or the lease's end may have come since the read above,
+        // and its level must stand.
+        while self.ceiling() > safe {
+            let lock = self.ceiling_lock();
+            if self.reg.lapse_due().is_none() || self.ceiling() <= safe {
+                break;
+            }
+            if self.move_ceiling(safe, &lock).is_ok() {
+                break;
             }
         }
         Some(safe)
@@ -1036,116 +1265,180 @@ impl SharedSlots {
     /// set while short. Nothing to move costs nothing. `scan`: look for free
     /// cells to block through the whole table (a ceiling change); otherwise
     /// (a release, a reap) the cell this process freed last first, and the
-    /// table only if the running count says a cell is free. False if short
-    /// (or if the lock could not be had).
+    /// table only if the running count says a cell is free. False if short.
     pub fn rebalance(&self, scan: bool) -> bool {
-        match self.ceiling_lock() {
-            Some(lock) => self.rebalance_locked(scan, &lock),
-            None => false,
+        loop {
+            let lock = self.ceiling_lock();
+            if let Ok(done) = self.rebalance_locked(scan, &lock) {
+                return done;
+            }
         }
     }
 
-    /// [`rebalance`](Self::rebalance) with the ceiling lock held (`_lock`
-    /// proves it).
-    fn rebalance_locked(&self, scan: bool, _lock: &CeilingLock<'_>) -> bool {
+    /// [`rebalance`](Self::rebalance) with the ceiling lock held. A cell
+    /// found pending that this holder did not set is a taken-over holder's
+    /// (stopped between two of its steps): a recount settles it.
+    fn rebalance_locked(&self, scan: bool, lock: &CeilingLock<'_>) -> Result<bool, Lost> {
         let h = self.header();
         let cells = self.cells();
-        let block = |c: &AtomicU32| {
+        let lost = |_: MoveLost| Lost;
+        // A free cell out of service, if it still is free.
+        let block = |c: &AtomicU32| -> Result<Move, Lost> {
             let v = c.load(Ordering::Relaxed);
-            v & !COUNTED == 0
-                && c.compare_exchange(v, BLOCKED, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
+            if v & !COUNTED != 0 {
+                return Ok(Move::Untouched);
+            }
+            self.block_cell(c, v, v, lock).map_err(lost)
         };
+        let pending =
+            |c: &AtomicU32| matches!(c.load(Ordering::Relaxed), PENDING_BLOCK | PENDING_FREE);
         for _ in 0..4 {
             let want = self.max - self.ceiling();
-            let mut have = h.blocked.load(Ordering::Relaxed);
+            let mut have = h.blocked();
+            let mut stale = false;
             if have < want {
                 // Shrinking before the scan: a release that frees a cell the
                 // scan has passed sees the bit, and gives its cell here.
                 self.reg.set_shrinking(true);
                 let hint = self.hint.load(Ordering::Relaxed) as usize;
-                if cells.get(hint).is_some_and(block) {
-                    have += 1;
-                    h.blocked.store(have, Ordering::SeqCst);
+                if let Move::Done(n) = cells.get(hint).map_or(Ok(Move::Untouched), block)? {
+                    have = n;
                 }
                 if have < want && (scan || self.room() > 0) {
                     for c in cells {
-                        if have == want {
+                        if have >= want {
                             break;
                         }
-                        if block(c) {
-                            have += 1;
-                            h.blocked.store(have, Ordering::SeqCst);
+                        match block(c)? {
+                            Move::Done(n) => have = n,
+                            Move::Untouched => stale |= pending(c),
+                            Move::Gone => {}
                         }
                     }
                 }
             } else if have > want {
                 for c in cells {
-                    if have == want {
+                    if have <= want {
                         break;
                     }
-                    if c.compare_exchange(
-                        BLOCKED,
-                        FREE_COUNTED,
-                        Ordering::SeqCst,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-                    {
-                        have -= 1;
-                        h.blocked.store(have, Ordering::SeqCst);
+                    match self.unblock_cell(c, lock).map_err(lost)? {
+                        Move::Done(n) => have = n,
+                        Move::Untouched => stale |= pending(c),
+                        Move::Gone => {}
                     }
                 }
+            }
+            if stale {
+                self.recount(lock)?;
+                continue;
             }
             // Re-read the target: another process may have moved it meanwhile.
             let want = self.max - self.ceiling();
             if have <= want {
                 self.reg.set_shrinking(have < want);
-                return have == want;
+                if !lock.held() {
+                    // Taken over around the clear: shrinking again, to be safe.
+                    self.reg.set_shrinking(true);
+                    return Err(Lost);
+                }
+                return Ok(have == want);
             }
         }
-        false
+        Ok(false)
     }
 
-    /// Takes the region's ceiling lock: waits while a live process holds
-    /// it (at most [`CEILING_LOCK_WAIT_NS`]: `None` then), takes it over
-    /// from a dead one, recounting the blocked cells (the dead holder may
-    /// have died between a cell's CAS and its count).
-    fn ceiling_lock(&self) -> Option<CeilingLock<'_>> {
-        let lock = &self.header().ceiling_lock;
+    /// Takes the region's ceiling lock. While another process holds it,
+    /// waits in slices; between slices it looks at the lock word and the
+    /// blocked count (a holder at work moves one or the other). A holder
+    /// that died is taken over at once, and so is one whose lock word and
+    /// count have not moved for [`LOCK_TAKEOVER_NS`] (stopped, frozen,
+    /// starved); either way the taker recounts (see [`recount`](Self::recount)).
+    fn ceiling_lock(&self) -> CeilingLock<'_> {
+        let h = self.header();
+        let lock = &h.ceiling_lock;
         let me = self.owner();
-        let t0 = crate::sys::clock::monotonic_ns();
+        let next = |w: u64| (u64::from(((w >> 32) as u32).wrapping_add(1)) << 32) | u64::from(me);
+        // The lock word and count a slice started with, and when first seen.
+        let mut seen: Option<(u64, u64, u64)> = None;
         let mut spins = 0u32;
         loop {
-            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Some(CeilingLock { lock }),
-                Err(holder) => {
-                    spins += 1;
-                    if spins % 64 != 0 {
-                        crate::sync::spin();
-                        continue;
+            let cur = lock.load(Ordering::SeqCst);
+            let holder = cur as u32;
+            if holder == 0 {
+                if lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return CeilingLock {
+                        lock,
+                        word: next(cur),
+                    };
+                }
+                continue;
+            }
+            spins += 1;
+            if spins % 64 != 0 {
+                crate::sync::spin();
+                continue;
+            }
+            // End of a slice: does the holder get anywhere?
+            let now = bound_now_ns();
+            let count = h.blocked.load(Ordering::SeqCst);
+            let dead = holder != me && !self.reg.owner_alive(holder);
+            let stuck = dead
+                || match seen {
+                    Some((w, b, since)) if w == cur && b == count => {
+                        now.saturating_sub(since) >= LOCK_TAKEOVER_NS
                     }
-                    if holder != me
-                        && !self.reg.owner_alive(holder)
-                        && lock
-                            .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                            .is_ok()
-                    {
-                        let blocked = self
-                            .cells()
-                            .iter()
-                            .filter(|c| c.load(Ordering::SeqCst) == BLOCKED)
-                            .count() as u32;
-                        self.header().blocked.store(blocked, Ordering::SeqCst);
-                        return Some(CeilingLock { lock });
+                    _ => {
+                        seen = Some((cur, count, now));
+                        false
                     }
-                    if crate::sys::clock::monotonic_ns().saturating_sub(t0) > CEILING_LOCK_WAIT_NS {
-                        return None;
-                    }
-                    crate::sync::yield_now();
+                };
+            if stuck
+                && lock
+                    .compare_exchange(cur, next(cur), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                let taken = CeilingLock {
+                    lock,
+                    word: next(cur),
+                };
+                if self.recount(&taken).is_ok() {
+                    return taken;
+                }
+                // Taken over in turn while recounting: wait again.
+                seen = None;
+                continue;
+            }
+            crate::sync::yield_now();
+        }
+    }
+
+    /// After a takeover (or a pending cell left by an earlier holder): stamps
+    /// the fenced words, so no earlier acquisition's write lands after this
+    /// point, then counts the blocked cells afresh, taking every pending
+    /// cell out of service (counted). An earlier holder whose count move
+    /// the stamp refused puts its cell back only if it is still pending
+    /// (its undo CAS), so each pending cell ends counted or back where it
+    /// came from, never both.
+    fn recount(&self, lock: &CeilingLock<'_>) -> Result<(), Lost> {
+        let h = self.header();
+        fenced(&h.blocked, lock.gen(), |c| c)?;
+        fenced(&h.ceiling, lock.gen(), |c| c)?;
+        let mut blocked = 0u32;
+        for c in self.cells() {
+            let mut v = c.load(Ordering::SeqCst);
+            while v == PENDING_BLOCK || v == PENDING_FREE {
+                match c.compare_exchange(v, BLOCKED, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => v = BLOCKED,
+                    Err(now) => v = now,
                 }
             }
+            blocked += u32::from(v == BLOCKED);
         }
+        fenced(&h.blocked, lock.gen(), |_| blocked)?;
+        Ok(())
     }
 
     /// Occupied cells, counted one by one (O(max): stats and tools only).
@@ -1155,7 +1448,7 @@ impl SharedSlots {
             .iter()
             .filter(|c| {
                 let v = c.load(Ordering::Relaxed);
-                v & !COUNTED != 0 && v != BLOCKED
+                v & !COUNTED != 0 && !out_of_service(v)
             })
             .count() as u32
     }
@@ -1281,12 +1574,16 @@ pub struct ModelState {
     pub orphaned: u32,
     /// Cells blocked by the ceiling.
     pub blocked: u32,
+    /// Cells on their way in or out of service (a mover between its steps).
+    pub pending: u32,
     /// The header's count of blocked cells.
     pub blocked_count: u32,
     /// The effective ceiling.
     pub ceiling: u32,
     /// The owner id holding the cap lock (0: free).
     pub cap_lock: u32,
+    /// The owner id holding the ceiling lock (0: free).
+    pub ceiling_lock: u32,
 }
 
 #[cfg(shuttle)]
@@ -1346,7 +1643,7 @@ impl SharedSlots {
             .collect();
         let occupied = cells
             .iter()
-            .filter(|&&v| v & !COUNTED != 0 && v != BLOCKED)
+            .filter(|&&v| v & !COUNTED != 0 && !out_of_service(v))
             .count() as u32;
         ModelState {
             gate: reg.gate(),
@@ -1355,9 +1652,14 @@ impl SharedSlots {
             occupied,
             orphaned: occupied - owned_by_members.min(occupied),
             blocked: cells.iter().filter(|&&v| v == BLOCKED).count() as u32,
-            blocked_count: self.header().blocked.load(Ordering::SeqCst),
+            pending: cells
+                .iter()
+                .filter(|&&v| v == PENDING_BLOCK || v == PENDING_FREE)
+                .count() as u32,
+            blocked_count: self.header().blocked(),
             ceiling: self.ceiling(),
             cap_lock: self.header().cap_lock.load(Ordering::SeqCst) as u32,
+            ceiling_lock: self.header().ceiling_lock.load(Ordering::SeqCst) as u32,
         }
     }
 }

@@ -9,7 +9,7 @@
 use crate::sync::atomic::Ordering;
 
 use super::shared::{
-    SchedHeader, BLOCKED, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV,
+    out_of_service, SchedHeader, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV,
 };
 use super::stats::SharedStats;
 use crate::error::{Error, Result};
@@ -70,7 +70,7 @@ impl RegionView {
         let running = self
             .scheduler_cells()?
             .iter()
-            .filter(|&&c| c != 0 && c != BLOCKED)
+            .filter(|&&c| c != 0 && !out_of_service(c))
             .count() as u32;
         let reg = self.object_atomics::<RegistryArea>(0)?;
         let waiters = reg.waiter_counts(

@@ -395,6 +395,8 @@ pub mod model {
         members: Vec<(usize, usize)>,
         stopped: Vec<usize>,
         parked: Vec<(usize, shuttle::thread::Thread)>,
+        /// Stop points armed: (mapping base, point name).
+        armed: Vec<(usize, &'static str)>,
     }
 
     /// The model's clock, stop flag and stops of one test thread.
@@ -466,6 +468,45 @@ pub mod model {
             .iter()
             .find(|&&(t, _)| t == me)
             .map(|&(_, b)| b)
+    }
+
+    /// Arms a stop at the named step `point` (a death point's name) of the
+    /// process of the mapping at `base`: the first thread of it to pass
+    /// that step stops the process there (see [`stop_point`]).
+    pub fn arm_stop(base: usize, point: &'static str) {
+        stops().armed.push((base, point));
+    }
+
+    /// At the named step `point` of the process at `base`: if a stop is
+    /// armed there (once), stops the process and parks the calling thread
+    /// until it is continued ([`cont`]).
+    pub fn stop_point(base: usize, point: &'static str) {
+        let armed = {
+            let mut s = stops();
+            match s.armed.iter().position(|&(b, p)| b == base && p == point) {
+                Some(i) => {
+                    s.armed.swap_remove(i);
+                    true
+                }
+                None => false,
+            }
+        };
+        if armed {
+            trace(format_args!("stops at {point}"));
+            stop(base);
+            stop_gate();
+        }
+    }
+
+    /// Whether the process of the mapping at `base` is stopped.
+    pub fn is_stopped(base: usize) -> bool {
+        stops().stopped.contains(&base)
+    }
+
+    /// Whether the calling thread's process has died (its thread is
+    /// unwinding: what it still runs is not the process's any more).
+    pub fn my_process_dead() -> bool {
+        my_process().is_some_and(is_dead)
     }
 
     /// Stops the process of the mapping at `base`: from its threads' next
