@@ -626,7 +626,7 @@ impl SharedLedger {
     /// The caller holds the ledger's lock (no other well-behaved process
     /// writes the state meanwhile) and uses the view before unlocking.
     #[inline(always)]
-    unsafe fn view(&self, nth: u64) -> Result<View<'_>, FairError> {
+    unsafe fn view(&self, nth: u64) -> View<'_> {
         let base = self.base.as_ptr();
         let at = self.at;
         let h = self.header();
@@ -664,17 +664,21 @@ impl SharedLedger {
         if let Some(f) = self.flags_override {
             params.flags = f;
         }
-        let mut v = View::new(params, parts)?.with_journal(Journal {
-            base,
-            entries,
-            used: &h.used,
-            seq: &h.seq,
-            opened: false,
-            count: 0,
-            fault: self.write_fault(nth),
-        });
-        v.clamp_time = true;
-        Ok(v)
+        // The parts' lengths are the validated parameters' (`handle`), so
+        // they are not checked again here; a journaled view clamps time.
+        View::from_parts(
+            params,
+            parts,
+            Some(Journal {
+                base,
+                entries,
+                used: &h.used,
+                seq: &h.seq,
+                opened: false,
+                count: 0,
+                fault: self.write_fault(nth),
+            }),
+        )
     }
 
     /// Undoes the counted journal entries, last first, empties the journal
@@ -757,7 +761,7 @@ impl SharedLedger {
         let now = at.unwrap_or_else(monotonic_ms);
         let (r, opened) = {
             // SAFETY: we hold the lock until `_guard` drops, after the view.
-            let mut view = unsafe { self.view(nth) }?;
+            let mut view = unsafe { self.view(nth) };
             let r = f(&mut view, now);
             (r, view.journal().is_some_and(|j| j.opened))
         };

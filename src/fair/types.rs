@@ -45,9 +45,10 @@ macro_rules! inline_str {
                 let b = &self.buf[..(self.len as usize).min($cap)];
                 // SAFETY: `buf[..len]` is only ever written by `push`, which
                 // appends a whole `&str` (valid UTF-8) and moves `len` to its
-                // end; the fields are private to this module, and a fresh
-                // value is empty. A concatenation of valid UTF-8 strings is
-                // valid UTF-8.
+                // end, and by `LeaseId::new`, which appends ASCII digits
+                // after a `push`; the fields are private to this module, and
+                // a fresh value is empty. A concatenation of valid UTF-8
+                // strings is valid UTF-8.
                 unsafe { std::str::from_utf8_unchecked(b) }
             }
 
@@ -210,20 +211,26 @@ impl LeaseId {
         if !id.push(tenant) {
             return None;
         }
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        let mut n = no;
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+        // The digits are written straight into the buffer, last first (no
+        // scratch array, no UTF-8 check: ASCII digits are valid UTF-8).
+        let at = id.len as usize;
+        let mut digits = 1;
+        let mut rest = no / 10;
+        while rest != 0 {
+            digits += 1;
+            rest /= 10;
         }
-        // ASCII digits are a valid str; 32 + 20 bytes always fit.
-        id.push(std::str::from_utf8(&digits[i..]).unwrap_or("0"))
-            .then_some(id)
+        // A tenant id is at most MAX_TENANT_ID_BYTES and a u64 at most 20
+        // digits, which is the capacity; checked anyway, no panic.
+        let end = at + digits;
+        let buf = id.buf.get_mut(at..end)?;
+        let mut n = no;
+        for d in buf.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        id.len = end as u8;
+        Some(id)
     }
 }
 
