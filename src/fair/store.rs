@@ -756,7 +756,7 @@ impl<'a> View<'a> {
     /// Wraps the parts, checking that they agree with `p`. `p` must have
     /// passed [`Params::check`] (both homes check their private copy once,
     /// at construction or attach; it is not re-read from shared memory).
-    #[inline]
+    #[cfg(test)]
     pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
         let cap = p.lease_capacity as usize;
         if parts.tenants.len() != p.tenant_count as usize
@@ -824,7 +824,7 @@ impl<'a> View<'a> {
     }
 
     /// Writes the meta record.
-    #[inline]
+    #[inline(always)]
     pub fn set_meta(&mut self, m: MetaRec) -> Result<(), FairError> {
         put(&mut self.journal, self.meta, &m)
     }
@@ -1207,7 +1207,9 @@ impl OwnedState {
         })
     }
 
-    /// A view over this state (no journal: in-process writes are final).
+    /// A view over this state (no journal: in-process writes are final),
+    /// its parts checked against `p`.
+    #[cfg(test)]
     pub fn view(&mut self, p: Params) -> Result<View<'_>, FairError> {
         View::new(
             p,
@@ -1218,6 +1220,24 @@ impl OwnedState {
                 buckets: &mut self.buckets,
                 live: &mut self.live,
             },
+        )
+    }
+
+    /// A view over this state, whose parts were built for `p`
+    /// ([`OwnedState::new`] with `p`'s tenants and capacity): their lengths
+    /// are not checked again on every call (see [`View::from_parts`]).
+    #[inline(always)]
+    pub(crate) fn view_built(&mut self, p: Params) -> View<'_> {
+        View::from_parts(
+            p,
+            Parts {
+                meta: &mut self.meta,
+                tenants: &mut self.tenants,
+                leases: &mut self.leases,
+                buckets: &mut self.buckets,
+                live: &mut self.live,
+            },
+            None,
         )
     }
 }

@@ -211,28 +211,38 @@ impl LeaseId {
         if !id.push(tenant) {
             return None;
         }
-        // The digits are written straight into the buffer, last first (no
-        // scratch array, no UTF-8 check: ASCII digits are valid UTF-8).
+        // The digits are written straight into the buffer, last first, two
+        // at a time (no scratch array, no UTF-8 check: ASCII digits are
+        // valid UTF-8).
         let at = id.len as usize;
-        let mut digits = 1;
-        let mut rest = no / 10;
-        while rest != 0 {
-            digits += 1;
-            rest /= 10;
-        }
+        let digits = no.checked_ilog10().map_or(1, |d| d as usize + 1);
         // A tenant id is at most MAX_TENANT_ID_BYTES and a u64 at most 20
         // digits, which is the capacity; checked anyway, no panic.
         let end = at + digits;
         let buf = id.buf.get_mut(at..end)?;
         let mut n = no;
-        for d in buf.iter_mut().rev() {
-            *d = b'0' + (n % 10) as u8;
-            n /= 10;
+        let mut i = buf.len();
+        while i >= 2 {
+            let r = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
+        }
+        if i == 1 {
+            buf[0] = b'0' + (n % 10) as u8;
         }
         id.len = end as u8;
         Some(id)
     }
 }
+
+/// "00" to "99", for writing numbers two digits at a time.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
 
 /// A slice of a lease borrowed from one lender's idle guarantee.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -537,4 +547,30 @@ fn ser_keyed_shares<S: Serializer>(v: &[TenantShare], s: S) -> Result<S::Ok, S::
         m.serialize_entry(t.id.as_str(), t)?;
     }
     m.end()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseId, TenantId};
+    use crate::fair::MAX_TENANT_ID_BYTES;
+
+    #[test]
+    fn lease_ids_are_the_tenant_then_the_number_in_decimal() {
+        let mut n = 1u64;
+        let mut cases = vec![0, u64::MAX, u64::MAX - 1];
+        while let Some(m) = n.checked_mul(10) {
+            cases.extend([n - 1, n, n + 1]);
+            n = m;
+        }
+        cases.extend([n - 1, n, n + 1]);
+        for no in cases {
+            let id = LeaseId::new("acme", no).unwrap();
+            assert_eq!(id.as_str(), format!("acme{no}"));
+        }
+        let longest = "t".repeat(MAX_TENANT_ID_BYTES);
+        let id = LeaseId::new(&longest, u64::MAX).unwrap();
+        assert_eq!(id.as_str(), format!("{longest}{}", u64::MAX));
+        assert!(LeaseId::new(&format!("{longest}x"), 1).is_none());
+        assert_eq!(TenantId::new("acme").unwrap(), "acme");
+    }
 }
