@@ -570,7 +570,9 @@ mod tests {
         let longest = "t".repeat(MAX_TENANT_ID_BYTES);
         let id = LeaseId::new(&longest, u64::MAX).unwrap();
         assert_eq!(id.as_str(), format!("{longest}{}", u64::MAX));
-        assert!(LeaseId::new(&format!("{longest}x"), 1).is_none());
+        // Beyond the capacity (a tenant id longer than any configured one,
+        // and the longest number): refused, not truncated.
+        assert!(LeaseId::new(&format!("{longest}x"), u64::MAX).is_none());
         assert_eq!(TenantId::new("acme").unwrap(), "acme");
     }
 }
