@@ -786,7 +786,11 @@ impl<'a> View<'a> {
     /// `journal`: `Some` for the shared home, whose views journal every
     /// write and clamp time (`clamp_time`); `None` in-process.
     #[inline(always)]
-    pub(crate) fn from_parts(p: Params, parts: Parts<'a>, journal: Option<Journal<'a>>) -> View<'a> {
+    pub(crate) fn from_parts(
+        p: Params,
+        parts: Parts<'a>,
+        journal: Option<Journal<'a>>,
+    ) -> View<'a> {
         View {
             p,
             clamp_time: journal.is_some(),
@@ -1074,7 +1078,11 @@ impl<'a> View<'a> {
         match f.prev {
             Some(p) => {
                 let link = rec.link;
-                put(&mut self.journal, &mut slot_mut(self.leases, p)?.link, &link)?;
+                put(
+                    &mut self.journal,
+                    &mut slot_mut(self.leases, p)?.link,
+                    &link,
+                )?;
             }
             None => put(&mut self.journal, &mut self.buckets[f.bucket], &rec.link)?,
         }
