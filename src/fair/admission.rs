@@ -67,6 +67,8 @@
 //! are inline ([`LeaseId`], [`TenantId`]), and the overrun list is sorted in
 //! a caller-owned scratch vector. Refusals build their explanation.
 
+use std::ptr;
+
 use super::config::FairnessUnit;
 use super::error::FairError;
 use super::plan::plan_allocation;
@@ -526,9 +528,11 @@ pub(crate) fn acquire(
 ) -> Result<Answer, FairError> {
     // (1) misuse: nothing below this block may fail for a caller's reason.
     let (now, m) = accept_now(v, now)?;
-    let (ti, mut me) = v
-        .find_tenant(tenant)?
+    let ti = v
+        .find_tenant(tenant)
         .ok_or_else(|| FairError::UnknownTenant(tenant.to_string()))?;
+    let mut me = TenantRec::default();
+    v.tenant_into(ti, &mut me)?;
     if !(cost.is_finite() && cost >= 0.0) {
         return Err(FairError::InvalidCost(cost));
     }
@@ -584,7 +588,7 @@ pub(crate) fn acquire(
                     me.want_since_ms = now;
                 }
             }
-            v.set_tenant(ti, me)?;
+            v.set_tenant(ti, &me)?;
             note_now(v, m, now)?;
             return Ok(Answer::Refused(r));
         }
@@ -610,7 +614,7 @@ pub(crate) fn acquire(
     me.next_lease_no += 1;
     me.granted_requests += 1;
     me.granted_cost += cost;
-    v.set_tenant(ti, me)?;
+    v.set_tenant(ti, &me)?;
     let mut rec = LeaseRec {
         state: 1,
         tenant: ti as u32,
@@ -625,14 +629,27 @@ pub(crate) fn acquire(
         deadline_ms: deadline,
         ..LeaseRec::default()
     };
-    let mut slices = Slices::new();
+    // The lease is built where the caller keeps it: a `Lease` is about
+    // 520 bytes, and building it here and moving it there cost a copy.
+    let o = out.as_mut_ptr();
+    // SAFETY: `o` points at the caller's `MaybeUninit<Lease>`, valid for
+    // writes; `addr_of_mut!` names the field without reading or making a
+    // reference to uninitialised memory, and `write` does not drop the
+    // (uninitialised) old value. After it, `slices` is initialised (an
+    // empty `Slices`), so a `&mut` to it is sound; `out` stays borrowed
+    // by this function meanwhile, so nothing else aliases it.
+    let slices = unsafe {
+        let at = ptr::addr_of_mut!((*o).slices);
+        at.write(Slices::new());
+        &mut *at
+    };
     for (k, &(li, units)) in cover.slices().iter().enumerate() {
         let mut l = v.tenant(li as usize)?;
         l.lent += units;
         let lender = TenantId::new(l.id_str())
             .ok_or_else(|| FairError::Corrupt(format!("tenant record {li}: id too long")))?;
         slices.push(Slice { lender, units });
-        v.set_tenant(li as usize, l)?;
+        v.set_tenant(li as usize, &l)?;
         rec.slices[k] = SliceRec {
             lender: li,
             _pad: 0,
@@ -641,19 +658,24 @@ pub(crate) fn acquire(
     }
     m.next_seq += 1;
     m.last_now_ms = m.last_now_ms.max(now);
-    v.insert_lease(&mut m, slot, rec)?;
+    v.insert_lease(&mut m, slot, &rec)?;
     v.set_meta(m)?;
     let bad_id = || FairError::Corrupt(format!("tenant id \"{tenant}\" too long"));
-    out.write(Lease {
-        id: LeaseId::new(tenant, no).ok_or_else(bad_id)?,
-        tenant: TenantId::new(tenant).ok_or_else(bad_id)?,
-        cost,
-        charge,
-        own,
-        slices,
-        granted_at_ms: now,
-        deadline_ms: deadline,
-    });
+    let id = LeaseId::new(tenant, no).ok_or_else(bad_id)?;
+    let tenant_id = TenantId::new(tenant).ok_or_else(bad_id)?;
+    // SAFETY: as above (`o` is valid for writes and not aliased: `slices`
+    // is no longer used); every field but `slices` (written above) is
+    // written here, so the whole lease is initialised when this returns
+    // `Granted`.
+    unsafe {
+        ptr::addr_of_mut!((*o).id).write(id);
+        ptr::addr_of_mut!((*o).tenant).write(tenant_id);
+        ptr::addr_of_mut!((*o).cost).write(cost);
+        ptr::addr_of_mut!((*o).charge).write(charge);
+        ptr::addr_of_mut!((*o).own).write(own);
+        ptr::addr_of_mut!((*o).granted_at_ms).write(now);
+        ptr::addr_of_mut!((*o).deadline_ms).write(deadline);
+    }
     Ok(Answer::Granted)
 }
 
@@ -664,12 +686,13 @@ fn free_lease(
     v: &mut View<'_>,
     m: &mut MetaRec,
     f: &Found,
+    l: &LeaseRec,
     now: u64,
     reaped: bool,
 ) -> Result<(), FairError> {
-    let l = &f.rec;
     let ti = l.tenant as usize;
-    let mut t = v.tenant(ti)?;
+    let mut t = TenantRec::default();
+    v.tenant_into(ti, &mut t)?;
     integrate(&mut t, v.p.idle_after_ms, now);
     t.live_leases = t.live_leases.saturating_sub(1);
     if t.live_leases == 0 {
@@ -685,13 +708,13 @@ fn free_lease(
     } else {
         t.last_activity_ms = now;
     }
-    v.set_tenant(ti, t)?;
+    v.set_tenant(ti, &t)?;
     for s in &l.slices[..(l.n_slices as usize).min(MAX_SLICES)] {
         let mut lt = v.tenant(s.lender as usize)?;
         lt.lent = snap(lt.lent - s.units);
-        v.set_tenant(s.lender as usize, lt)?;
+        v.set_tenant(s.lender as usize, &lt)?;
     }
-    v.remove_lease(m, f)
+    v.remove_lease(m, f, l)
 }
 
 /// `release`: the holder's release is activity (idleness is measured from
@@ -708,7 +731,9 @@ pub(crate) fn release(v: &mut View<'_>, lease_id: &str, now: u64) -> Result<(), 
             FairError::UnknownLease(lease_id.to_string())
         });
     };
-    free_lease(v, &mut m, &f, now, false)?;
+    let mut rec = LeaseRec::default();
+    v.lease_into(f.slot, &mut rec)?;
+    free_lease(v, &mut m, &f, &rec, now, false)?;
     m.last_now_ms = m.last_now_ms.max(now);
     v.set_meta(m)
 }
@@ -737,7 +762,8 @@ pub(crate) fn reap_owner(
         let f = v.find_lease(l.tenant as usize, l.no)?.ok_or_else(|| {
             FairError::Corrupt(format!("live lease at position {pos} is on no hash chain"))
         })?;
-        free_lease(v, &mut m, &f, now, true)?;
+        let rec = v.lease(f.slot)?;
+        free_lease(v, &mut m, &f, &rec, now, true)?;
         m.last_now_ms = m.last_now_ms.max(now);
         v.set_meta(m)?;
         commit(v)?;

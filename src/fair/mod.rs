@@ -263,12 +263,26 @@ impl FairShare {
         }
     }
 
+    /// A view of the state: its parts were built for `self.params` (in
+    /// `with_capacity`, and never replaced), so their lengths are not
+    /// checked again on every call.
+    #[inline(always)]
     fn view(&mut self) -> Result<View<'_>, FairError> {
-        self.state.view(self.params)
+        Ok(self.state.view_built(self.params))
     }
 
     /// Appends a call-log line; the line is only built when recording.
+    #[inline(always)]
     fn record(&mut self, v: impl FnOnce() -> serde_json::Value) {
+        if self.log.is_some() {
+            self.record_line(v);
+        }
+    }
+
+    /// The recording part of [`record`](Self::record), out of the call's
+    /// way (a call that does not record pays one test).
+    #[cold]
+    fn record_line(&mut self, v: impl FnOnce() -> serde_json::Value) {
         if let Some(log) = &mut self.log {
             log.push(v().to_string());
         }

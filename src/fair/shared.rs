@@ -626,7 +626,7 @@ impl SharedLedger {
     /// The caller holds the ledger's lock (no other well-behaved process
     /// writes the state meanwhile) and uses the view before unlocking.
     #[inline(always)]
-    unsafe fn view(&self, nth: u64) -> Result<View<'_>, FairError> {
+    unsafe fn view(&self, nth: u64) -> View<'_> {
         let base = self.base.as_ptr();
         let at = self.at;
         let h = self.header();
@@ -664,17 +664,21 @@ impl SharedLedger {
         if let Some(f) = self.flags_override {
             params.flags = f;
         }
-        let mut v = View::new(params, parts)?.with_journal(Journal {
-            base,
-            entries,
-            used: &h.used,
-            seq: &h.seq,
-            opened: false,
-            count: 0,
-            fault: self.write_fault(nth),
-        });
-        v.clamp_time = true;
-        Ok(v)
+        // The parts' lengths are the validated parameters' (`handle`), so
+        // they are not checked again here; a journaled view clamps time.
+        View::from_parts(
+            params,
+            parts,
+            Some(Journal {
+                base,
+                entries,
+                used: &h.used,
+                seq: &h.seq,
+                opened: false,
+                count: 0,
+                fault: self.write_fault(nth),
+            }),
+        )
     }
 
     /// Undoes the counted journal entries, last first, empties the journal
@@ -683,7 +687,30 @@ impl SharedLedger {
     /// # Safety
     ///
     /// The caller holds the ledger's lock.
+    #[inline(always)]
     unsafe fn undo(&self, nth: u64) -> Result<(), FairError> {
+        let h = self.header();
+        if h.used.load(Ordering::Acquire) == 0 {
+            // Nothing to undo, the case of every call after a committed
+            // one: only `seq` may be left odd (by an update that changed
+            // nothing, or died between its commit store and this).
+            let s = h.seq.load(Ordering::Relaxed);
+            if s & 1 == 1 {
+                h.seq.store(s.wrapping_add(1), Ordering::Release);
+            }
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.undo_entries(nth) }
+    }
+
+    /// [`undo`](Self::undo) when the journal counts entries.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the ledger's lock.
+    #[inline(never)]
+    unsafe fn undo_entries(&self, nth: u64) -> Result<(), FairError> {
         let h = self.header();
         let used = h.used.load(Ordering::Acquire);
         if used > JOURNAL_ENTRIES as u64 {
@@ -757,7 +784,7 @@ impl SharedLedger {
         let now = at.unwrap_or_else(monotonic_ms);
         let (r, opened) = {
             // SAFETY: we hold the lock until `_guard` drops, after the view.
-            let mut view = unsafe { self.view(nth) }?;
+            let mut view = unsafe { self.view(nth) };
             let r = f(&mut view, now);
             (r, view.journal().is_some_and(|j| j.opened))
         };

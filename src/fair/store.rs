@@ -625,8 +625,10 @@ fn journal_error(n: usize, off: usize, len: usize) -> FairError {
 }
 
 /// Writes `val` to `dst`, first saving the old bytes in `journal` (if any).
+/// `val` is borrowed: a record is copied once, into `dst` (a record passed
+/// by value cost a copy into the argument first).
 #[inline]
-fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: T) -> Result<(), FairError> {
+fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: &T) -> Result<(), FairError> {
     put_saving(journal, dst, val, std::mem::size_of::<T>())
 }
 
@@ -640,7 +642,7 @@ const FREE_LEASE_BYTES: usize = std::mem::offset_of!(LeaseRec, link) + 4;
 fn put_saving<T: Copy>(
     journal: &mut Option<Journal<'_>>,
     dst: &mut T,
-    val: T,
+    val: &T,
     saved: usize,
 ) -> Result<(), FairError> {
     if let Some(j) = journal {
@@ -655,7 +657,7 @@ fn put_saving<T: Copy>(
             // journal entry saved above restores it). T is plain data.
             unsafe {
                 ptr::copy_nonoverlapping(
-                    &val as *const T as *const u8,
+                    val as *const T as *const u8,
                     dst as *mut T as *mut u8,
                     half,
                 )
@@ -666,7 +668,33 @@ fn put_saving<T: Copy>(
             }
         }
     }
-    *dst = val;
+    *dst = *val;
+    Ok(())
+}
+
+/// Like [`put_saving`], changing `dst` in place with `f` (after saving its
+/// first `saved` bytes) instead of copying a whole new value in: a write
+/// of a few fields of a record, or of a record built from another one.
+#[inline]
+fn update_saving<T: Copy>(
+    journal: &mut Option<Journal<'_>>,
+    dst: &mut T,
+    saved: usize,
+    f: impl FnOnce(&mut T),
+) -> Result<(), FairError> {
+    if journal.as_ref().is_some_and(|j| j.fault.is_some()) {
+        // A test's torn first write: through a whole new value.
+        let mut v = *dst;
+        f(&mut v);
+        return put_saving(journal, dst, &v, saved);
+    }
+    if let Some(j) = journal {
+        j.save(
+            dst as *const T as *const u8,
+            saved.min(std::mem::size_of::<T>()),
+        )?;
+    }
+    f(dst);
     Ok(())
 }
 
@@ -693,13 +721,14 @@ pub struct Parts<'a> {
     pub live: &'a mut [u32],
 }
 
-/// A live lease found by its (tenant, number).
+/// Where a live lease found by its (tenant, number) is. Its record is
+/// not in here: the caller copies it out once ([`View::lease`]), where it
+/// is used (a record is 208 bytes, and moving it through the layers of a
+/// release cost a copy per layer).
 #[derive(Debug, Clone, Copy)]
 pub struct Found {
     /// Its slot.
     pub slot: usize,
-    /// Its record.
-    pub rec: LeaseRec,
     /// Its hash bucket.
     pub bucket: usize,
     /// The slot before it in that bucket's chain, if any.
@@ -727,7 +756,7 @@ impl<'a> View<'a> {
     /// Wraps the parts, checking that they agree with `p`. `p` must have
     /// passed [`Params::check`] (both homes check their private copy once,
     /// at construction or attach; it is not re-read from shared memory).
-    #[inline]
+    #[cfg(test)]
     pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
         let cap = p.lease_capacity as usize;
         if parts.tenants.len() != p.tenant_count as usize
@@ -745,23 +774,34 @@ impl<'a> View<'a> {
                 p.tenant_count,
             )));
         }
-        Ok(View {
+        Ok(View::from_parts(p, parts, None))
+    }
+
+    /// Wraps parts whose lengths agree with `p` by construction (the shared
+    /// home builds them from the parameters it validated at attach, so the
+    /// check of [`new`](Self::new) is done once, not on every call; and a
+    /// view returned in a `Result` was copied into it and out again). Parts
+    /// that do not agree cannot make it misbehave either: every access is
+    /// bounds-checked, and the hash bits come from the buckets' own length.
+    /// `journal`: `Some` for the shared home, whose views journal every
+    /// write and clamp time (`clamp_time`); `None` in-process.
+    #[inline(always)]
+    pub(crate) fn from_parts(
+        p: Params,
+        parts: Parts<'a>,
+        journal: Option<Journal<'a>>,
+    ) -> View<'a> {
+        View {
             p,
-            clamp_time: false,
+            clamp_time: journal.is_some(),
             bits: parts.buckets.len().trailing_zeros(),
             meta: parts.meta,
             tenants: parts.tenants,
             leases: parts.leases,
             buckets: parts.buckets,
             live: parts.live,
-            journal: None,
-        })
-    }
-
-    /// Journals every write of this view (the shared home).
-    pub(crate) fn with_journal(mut self, j: Journal<'a>) -> View<'a> {
-        self.journal = Some(j);
-        self
+            journal,
+        }
     }
 
     /// The journal, once the update is over (to commit or roll back).
@@ -788,57 +828,76 @@ impl<'a> View<'a> {
     }
 
     /// Writes the meta record.
-    #[inline]
+    #[inline(always)]
     pub fn set_meta(&mut self, m: MetaRec) -> Result<(), FairError> {
-        put(&mut self.journal, self.meta, m)
+        put(&mut self.journal, self.meta, &m)
     }
 
     /// A validated copy of tenant `i`.
     #[inline(always)]
     pub fn tenant(&self, i: usize) -> Result<TenantRec, FairError> {
-        let t = *self.tenants.get(i).ok_or_else(|| {
+        let mut t = TenantRec::default();
+        self.tenant_into(i, &mut t)?;
+        Ok(t)
+    }
+
+    /// [`tenant`](Self::tenant) into `out`: one copy of the record, where
+    /// the caller keeps it (returned by value, a record was copied into the
+    /// result and again out of it). The copy is checked, not the shared
+    /// bytes, which another process may change meanwhile. On an error
+    /// `out` is unspecified.
+    #[inline(always)]
+    pub fn tenant_into(&self, i: usize, out: &mut TenantRec) -> Result<(), FairError> {
+        *out = *self.tenants.get(i).ok_or_else(|| {
             FairError::Corrupt(format!(
                 "tenant index {i} >= tenant count {}",
                 self.tenants.len()
             ))
         })?;
-        t.check(i)?;
-        Ok(t)
+        out.check(i)
     }
 
     /// Writes tenant `i` (index checked by the caller's earlier read).
     #[inline]
-    pub fn set_tenant(&mut self, i: usize, t: TenantRec) -> Result<(), FairError> {
+    pub fn set_tenant(&mut self, i: usize, t: &TenantRec) -> Result<(), FairError> {
         match self.tenants.get_mut(i) {
             Some(slot) => put(&mut self.journal, slot, t),
             None => Err(FairError::Corrupt(format!("tenant index {i} out of range"))),
         }
     }
 
-    /// The tenant with this id: its index and a validated copy. Compares
-    /// the stored bytes first and validates only the record that matches.
+    /// The index of the tenant with this id. Compares the stored bytes
+    /// only: the caller then takes a validated copy of that one record
+    /// ([`tenant`](Self::tenant)), so the record is copied once, where it
+    /// is used.
     #[inline]
-    pub fn find_tenant(&self, id: &str) -> Result<Option<(usize, TenantRec)>, FairError> {
+    pub fn find_tenant(&self, id: &str) -> Option<usize> {
         let b = id.as_bytes();
-        for (i, t) in self.tenants.iter().enumerate() {
-            if t.id_len as usize == b.len() && t.id.get(..b.len()) == Some(b) {
-                return self.tenant(i).map(|t| Some((i, t)));
-            }
-        }
-        Ok(None)
+        self.tenants
+            .iter()
+            .position(|t| t.id_len as usize == b.len() && t.id.get(..b.len()) == Some(b))
     }
 
     /// A validated copy of lease slot `slot`.
     #[inline(always)]
     pub fn lease(&self, slot: usize) -> Result<LeaseRec, FairError> {
-        let l = *self.leases.get(slot).ok_or_else(|| {
+        let mut l = LeaseRec::default();
+        self.lease_into(slot, &mut l)?;
+        Ok(l)
+    }
+
+    /// [`lease`](Self::lease) into `out` (one copy, checked; see
+    /// [`tenant_into`](Self::tenant_into)). On an error `out` is
+    /// unspecified.
+    #[inline(always)]
+    pub fn lease_into(&self, slot: usize, out: &mut LeaseRec) -> Result<(), FairError> {
+        *out = *self.leases.get(slot).ok_or_else(|| {
             FairError::Corrupt(format!(
                 "lease slot {slot} >= capacity {}",
                 self.leases.len()
             ))
         })?;
-        l.check(slot, self.n(), self.leases.len())?;
-        Ok(l)
+        out.check(slot, self.n(), self.leases.len())
     }
 
     /// The display id of a lease (`${tenant}${no}`).
@@ -907,7 +966,8 @@ impl<'a> View<'a> {
         }
     }
 
-    /// The live lease `(tenant, no)`, by its hash chain.
+    /// The live lease `(tenant, no)`, by its hash chain: where it is (take
+    /// its validated record with [`lease`](Self::lease)).
     #[inline]
     pub fn find_lease(&self, tenant: usize, no: u64) -> Result<Option<Found>, FairError> {
         let b = self.bucket_of(tenant as u32, no);
@@ -915,8 +975,8 @@ impl<'a> View<'a> {
         let mut prev = None;
         let mut steps = 0usize;
         while let Some(slot) = cur {
-            // Only the match is copied out and validated whole; the others
-            // are read for their key, state and link.
+            // Records on the chain are read for their key, state and link
+            // only; the caller copies out and validates the match.
             let r = &self.leases[slot];
             let (state, t, n, link) = (r.state, r.tenant, r.no, r.link);
             if state != 1 {
@@ -925,10 +985,8 @@ impl<'a> View<'a> {
                 )));
             }
             if t as usize == tenant && n == no {
-                let rec = self.lease(slot)?;
                 return Ok(Some(Found {
                     slot,
-                    rec,
                     bucket: b,
                     prev,
                 }));
@@ -975,7 +1033,7 @@ impl<'a> View<'a> {
         &mut self,
         m: &mut MetaRec,
         slot: usize,
-        mut rec: LeaseRec,
+        rec: &LeaseRec,
     ) -> Result<(), FairError> {
         let b = self.bucket_of(rec.tenant, rec.no);
         let pos = m.live_count as usize;
@@ -985,37 +1043,50 @@ impl<'a> View<'a> {
                 self.live.len()
             )));
         }
-        rec.state = 1;
-        rec.live_pos = pos as u32;
-        rec.link = self.buckets[b];
+        let link = self.buckets[b];
         // The slot is free (take_slot checked): only its state and link
         // need saving.
-        put_saving(
+        update_saving(
             &mut self.journal,
             slot_mut(self.leases, slot)?,
-            rec,
             FREE_LEASE_BYTES,
+            |d| {
+                *d = *rec;
+                d.state = 1;
+                d.live_pos = pos as u32;
+                d.link = link;
+            },
         )?;
-        put(&mut self.journal, &mut self.buckets[b], slot as u32 + 1)?;
+        put(&mut self.journal, &mut self.buckets[b], &(slot as u32 + 1))?;
         // Beyond the committed live count: not read after an undo (which
         // restores the count), so not saved.
-        put_saving(&mut self.journal, &mut self.live[pos], slot as u32, 0)?;
+        put_saving(&mut self.journal, &mut self.live[pos], &(slot as u32), 0)?;
         m.live_count += 1;
         Ok(())
     }
 
-    /// Unlinks the live lease `f` from its hash chain and the live list and
-    /// puts its slot on the free list. `m` is updated; the caller writes it.
+    /// Unlinks the live lease `f` (whose validated record is `rec`) from
+    /// its hash chain and the live list and puts its slot on the free list.
+    /// `m` is updated; the caller writes it.
     #[inline]
-    pub fn remove_lease(&mut self, m: &mut MetaRec, f: &Found) -> Result<(), FairError> {
+    pub fn remove_lease(
+        &mut self,
+        m: &mut MetaRec,
+        f: &Found,
+        rec: &LeaseRec,
+    ) -> Result<(), FairError> {
         match f.prev {
             Some(p) => {
-                let link = f.rec.link;
-                put(&mut self.journal, &mut slot_mut(self.leases, p)?.link, link)?;
+                let link = rec.link;
+                put(
+                    &mut self.journal,
+                    &mut slot_mut(self.leases, p)?.link,
+                    &link,
+                )?;
             }
-            None => put(&mut self.journal, &mut self.buckets[f.bucket], f.rec.link)?,
+            None => put(&mut self.journal, &mut self.buckets[f.bucket], &rec.link)?,
         }
-        let pos = f.rec.live_pos as usize;
+        let pos = rec.live_pos as usize;
         let last = (m.live_count as usize).checked_sub(1);
         if last.is_none_or(|l| pos > l) || self.live.get(pos) != Some(&(f.slot as u32)) {
             return Err(FairError::Corrupt(format!(
@@ -1033,27 +1104,26 @@ impl<'a> View<'a> {
                     "live list position {last} names slot {moved}, which is not live"
                 )));
             }
-            put(&mut self.journal, &mut self.live[pos], moved)?;
+            put(&mut self.journal, &mut self.live[pos], &moved)?;
             put(
                 &mut self.journal,
                 &mut slot_mut(self.leases, moved as usize)?.live_pos,
-                pos as u32,
+                &(pos as u32),
             )?;
         }
         m.live_count -= 1;
         // Freed: its state and its free-list link are all that is read of
         // it from now on (the other fields keep the old lease's values), so
-        // only they are saved.
-        let free = LeaseRec {
-            state: 0,
-            link: m.free_head,
-            ..f.rec
-        };
-        put_saving(
+        // only they are saved and written.
+        let head = m.free_head;
+        update_saving(
             &mut self.journal,
             slot_mut(self.leases, f.slot)?,
-            free,
             FREE_LEASE_BYTES,
+            |d| {
+                d.state = 0;
+                d.link = head;
+            },
         )?;
         m.free_head = f.slot as u32 + 1;
         Ok(())
@@ -1145,7 +1215,9 @@ impl OwnedState {
         })
     }
 
-    /// A view over this state (no journal: in-process writes are final).
+    /// A view over this state (no journal: in-process writes are final),
+    /// its parts checked against `p`.
+    #[cfg(test)]
     pub fn view(&mut self, p: Params) -> Result<View<'_>, FairError> {
         View::new(
             p,
@@ -1156,6 +1228,24 @@ impl OwnedState {
                 buckets: &mut self.buckets,
                 live: &mut self.live,
             },
+        )
+    }
+
+    /// A view over this state, whose parts were built for `p`
+    /// ([`OwnedState::new`] with `p`'s tenants and capacity): their lengths
+    /// are not checked again on every call (see [`View::from_parts`]).
+    #[inline(always)]
+    pub(crate) fn view_built(&mut self, p: Params) -> View<'_> {
+        View::from_parts(
+            p,
+            Parts {
+                meta: &mut self.meta,
+                tenants: &mut self.tenants,
+                leases: &mut self.leases,
+                buckets: &mut self.buckets,
+                live: &mut self.live,
+            },
+            None,
         )
     }
 }
@@ -1302,13 +1392,14 @@ mod tests {
                 no,
                 ..LeaseRec::default()
             };
-            v.insert_lease(&mut m, slot, rec).unwrap();
+            v.insert_lease(&mut m, slot, &rec).unwrap();
             slots.push(slot);
         }
         assert_eq!(v.take_slot(m).unwrap(), None, "full");
         let f = v.find_lease(1, 1).unwrap().unwrap();
         assert_eq!(f.slot, slots[0]);
-        v.remove_lease(&mut m, &f).unwrap();
+        let rec = v.lease(f.slot).unwrap();
+        v.remove_lease(&mut m, &f, &rec).unwrap();
         assert!(v.find_lease(1, 1).unwrap().is_none());
         assert_eq!(m.live_count, 3);
         for pos in 0..3 {

@@ -45,9 +45,10 @@ macro_rules! inline_str {
                 let b = &self.buf[..(self.len as usize).min($cap)];
                 // SAFETY: `buf[..len]` is only ever written by `push`, which
                 // appends a whole `&str` (valid UTF-8) and moves `len` to its
-                // end; the fields are private to this module, and a fresh
-                // value is empty. A concatenation of valid UTF-8 strings is
-                // valid UTF-8.
+                // end, and by `LeaseId::new`, which appends ASCII digits
+                // after a `push`; the fields are private to this module, and
+                // a fresh value is empty. A concatenation of valid UTF-8
+                // strings is valid UTF-8.
                 unsafe { std::str::from_utf8_unchecked(b) }
             }
 
@@ -210,22 +211,38 @@ impl LeaseId {
         if !id.push(tenant) {
             return None;
         }
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
+        // The digits are written straight into the buffer, last first, two
+        // at a time (no scratch array, no UTF-8 check: ASCII digits are
+        // valid UTF-8).
+        let at = id.len as usize;
+        let digits = no.checked_ilog10().map_or(1, |d| d as usize + 1);
+        // A tenant id is at most MAX_TENANT_ID_BYTES and a u64 at most 20
+        // digits, which is the capacity; checked anyway, no panic.
+        let end = at + digits;
+        let buf = id.buf.get_mut(at..end)?;
         let mut n = no;
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+        let mut i = buf.len();
+        while i >= 2 {
+            let r = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
         }
-        // ASCII digits are a valid str; 32 + 20 bytes always fit.
-        id.push(std::str::from_utf8(&digits[i..]).unwrap_or("0"))
-            .then_some(id)
+        if i == 1 {
+            buf[0] = b'0' + (n % 10) as u8;
+        }
+        id.len = end as u8;
+        Some(id)
     }
 }
+
+/// "00" to "99", for writing numbers two digits at a time.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
 
 /// A slice of a lease borrowed from one lender's idle guarantee.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -530,4 +547,32 @@ fn ser_keyed_shares<S: Serializer>(v: &[TenantShare], s: S) -> Result<S::Ok, S::
         m.serialize_entry(t.id.as_str(), t)?;
     }
     m.end()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseId, TenantId};
+    use crate::fair::MAX_TENANT_ID_BYTES;
+
+    #[test]
+    fn lease_ids_are_the_tenant_then_the_number_in_decimal() {
+        let mut n = 1u64;
+        let mut cases = vec![0, u64::MAX, u64::MAX - 1];
+        while let Some(m) = n.checked_mul(10) {
+            cases.extend([n - 1, n, n + 1]);
+            n = m;
+        }
+        cases.extend([n - 1, n, n + 1]);
+        for no in cases {
+            let id = LeaseId::new("acme", no).unwrap();
+            assert_eq!(id.as_str(), format!("acme{no}"));
+        }
+        let longest = "t".repeat(MAX_TENANT_ID_BYTES);
+        let id = LeaseId::new(&longest, u64::MAX).unwrap();
+        assert_eq!(id.as_str(), format!("{longest}{}", u64::MAX));
+        // Beyond the capacity (a tenant id longer than any configured one,
+        // and the longest number): refused, not truncated.
+        assert!(LeaseId::new(&format!("{longest}x"), u64::MAX).is_none());
+        assert_eq!(TenantId::new("acme").unwrap(), "acme");
+    }
 }
