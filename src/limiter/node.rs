@@ -295,11 +295,10 @@ impl Node {
         if n == 0 {
             return Ok(Some(false));
         }
-        let charged = self.block().with(|params| {
-            params
-                .gcra
-                .charge(self.tat(), n, params.clock.now_ns(), Mode::Normal)
-        })?;
+        let params = self.block().snapshot()?;
+        let charged = params
+            .gcra
+            .charge(self.tat(), n, params.clock.now_ns(), Mode::Normal);
         match charged {
             Ok(c) => {
                 if c.debt {
@@ -361,11 +360,10 @@ impl Node {
         if n == 0 {
             return Ok(true);
         }
-        let charged = self.block().with(|params| {
-            params
-                .gcra
-                .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact)
-        })?;
+        let params = self.block().snapshot()?;
+        let charged = params
+            .gcra
+            .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact);
         match charged {
             Ok(_) => Ok(true),
             Err(Refused::Until(_)) => Ok(false),
