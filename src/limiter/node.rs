@@ -183,7 +183,7 @@ impl Node {
             Home::Local(b) => Ok((b.params.snapshot_trusted()?, &b.tat)),
             Home::Shared(r) => {
                 let bucket = r.bucket();
-                Ok((bucket.params().snapshot()?, &bucket.state().tat))
+                Ok((r.hot_params()?, &bucket.state().tat))
             }
         }
     }
