@@ -634,7 +634,8 @@ mod tests {
             clock: Clock::Monotonic,
         });
         let c = std::sync::Arc::new(ParamCache::default());
-        let w = b.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (w, end) = (b.clone(), stop.clone());
         let writer = std::thread::spawn(move || {
             for r in 1..20_000u32 {
                 w.update(1, &|_| true, |_| Params {
@@ -643,14 +644,15 @@ mod tests {
                 })
                 .unwrap();
             }
+            end.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let readers: Vec<_> = (0..2)
             .map(|_| {
-                let (b, c) = (b.clone(), c.clone());
+                let (b, c, stop) = (b.clone(), c.clone(), stop.clone());
                 std::thread::spawn(move || {
                     let mut last = 0;
                     loop {
-                        let done = std::sync::Arc::strong_count(&b) == 3;
+                        let done = stop.load(std::sync::atomic::Ordering::SeqCst);
                         let p = c.snapshot(&b).unwrap();
                         let (ns, v) = p.gcra.base();
                         assert!(p.gcra.rate() == p.gcra.cap() && ns == v && ns == p.gcra.rate());
