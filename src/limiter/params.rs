@@ -594,7 +594,10 @@ mod tests {
         b.init(&params(100));
         let c = ParamCache::default();
         assert_eq!(c.snapshot(&b).unwrap(), params(100));
-        assert_eq!(c.key.load(Ordering::Relaxed), b.active.load(Ordering::Relaxed));
+        assert_eq!(
+            c.key.load(Ordering::Relaxed),
+            b.active.load(Ordering::Relaxed)
+        );
         // A hit, then every change seen at the next read.
         assert_eq!(c.snapshot(&b).unwrap(), params(100));
         for r in 1..5u32 {
@@ -613,7 +616,9 @@ mod tests {
             mult: 13,
             shift: 14,
         });
-        let next = b.update(1, &|_| true, |p| Params { clock: tsc, ..p }).unwrap();
+        let next = b
+            .update(1, &|_| true, |p| Params { clock: tsc, ..p })
+            .unwrap();
         assert_eq!(c.snapshot(&b).unwrap(), next);
         // A scribbled block published under a new word is an error, not a
         // stale copy.
@@ -622,7 +627,8 @@ mod tests {
         let s = &b.slots[slot as usize];
         s.rate.store(0, Ordering::Relaxed);
         s.gen.store((a >> 2) + 1, Ordering::Relaxed);
-        b.active.store((((a >> 2) + 1) << 2) | slot, Ordering::Relaxed);
+        b.active
+            .store((((a >> 2) + 1) << 2) | slot, Ordering::Relaxed);
         assert!(c.snapshot(&b).is_err());
     }
 
