@@ -1732,6 +1732,51 @@ fn limiter_stop_of_a_front() {
     });
 }
 
+/// Each process reads the region's parameters on the consume fast path
+/// through its own validated copy, refilled when the block's `active` word
+/// moves (`ParamCache`). Process 0 lowers the capacity to 1 while two
+/// threads of process 1 (one copy, refilled by either) `try_consume(2)`.
+/// Checked: once the change is published (the writer's flag seen), no
+/// reader is served the old capacity (2 tokens above a capacity of 1 are
+/// always refused); no read is an error (no mixed copy).
+#[test]
+fn limiter_param_cache_follows_changes() {
+    explore("limiter_param_cache_follows_changes", 3000, || {
+        let (lims, maps) = limiter_procs(2, RATE, CAP);
+        let lims = Arc::new(lims);
+        let done = Arc::new(AtomicU32::new(0));
+        let writer = {
+            let (lims, done) = (lims.clone(), done.clone());
+            spawn(Some(maps[0].clone()), "p0t0", move || {
+                lims[0].set_capacity(1).unwrap();
+                done.store(1, SeqCst);
+            })
+        };
+        let readers: Vec<_> = (0..2)
+            .map(|t| {
+                let (lims, done) = (lims.clone(), done.clone());
+                spawn(Some(maps[1].clone()), &format!("p1t{t}"), move || {
+                    for _ in 0..3 {
+                        let after = done.load(SeqCst) == 1;
+                        let ok = lims[1].try_consume(2).unwrap();
+                        assert!(
+                            !(after && ok),
+                            "2 tokens charged after the capacity became 1"
+                        );
+                        shuttle::thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        assert!(writer.join().unwrap().is_some());
+        for r in readers {
+            assert!(r.join().unwrap().is_some());
+        }
+        assert_eq!(lims[1].capacity(), 1);
+        assert!(!lims[1].try_consume(2).unwrap());
+    });
+}
+
 /// Two processes change the limiter's rate (twice each, values of their
 /// own) while a reader of a third reads the parameters; one writer stops at
 /// a step the checker picks (maybe half-way through filling its slot) and

@@ -140,14 +140,22 @@ pub(crate) fn corrupt_error(tat: u64, v: u64) -> Error {
     ))
 }
 
-#[inline]
+#[inline(always)]
 fn check_consume(n: u64) -> Result<()> {
     if n > MAX_CONSUME {
-        return Err(Error::InvalidArgument(format!(
-            "consume of {n} tokens is out of range: must be a non-negative integer 0..={MAX_CONSUME}"
-        )));
+        return Err(consume_range_error(n));
     }
     Ok(())
+}
+
+/// [`check_consume`]'s error, built out of line: the formatting inlined
+/// into every consume cost it stack space and saved registers.
+#[cold]
+#[inline(never)]
+fn consume_range_error(n: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "consume of {n} tokens is out of range: must be a non-negative integer 0..={MAX_CONSUME}"
+    ))
 }
 
 /// Parses a token count or rate given as text (CLI, config, FFI): a

@@ -173,6 +173,21 @@ impl Node {
         }
     }
 
+    /// This level's parameters now and its bucket word, for the fast paths:
+    /// one dispatch on the home; an in-process block (only this crate
+    /// writes it, with validated values) is read without the range checks
+    /// a region's needs.
+    #[inline(always)]
+    fn hot(&self) -> Result<(Params, &AtomicU64)> {
+        match &self.home {
+            Home::Local(b) => Ok((b.params.snapshot_trusted()?, &b.tat)),
+            Home::Shared(r) => {
+                let bucket = r.bucket();
+                Ok((r.hot_params()?, &bucket.state().tat))
+            }
+        }
+    }
+
     /// This level's parameters now.
     #[inline(always)]
     pub fn params(&self) -> Result<Params> {
@@ -295,11 +310,10 @@ impl Node {
         if n == 0 {
             return Ok(Some(false));
         }
-        let charged = self.block().with(|params| {
-            params
-                .gcra
-                .charge(self.tat(), n, params.clock.now_ns(), Mode::Normal)
-        })?;
+        let (params, tat) = self.hot()?;
+        let charged = params
+            .gcra
+            .charge(tat, n, params.clock.now_ns(), Mode::Normal);
         match charged {
             Ok(c) => {
                 if c.debt {
@@ -361,11 +375,10 @@ impl Node {
         if n == 0 {
             return Ok(true);
         }
-        let charged = self.block().with(|params| {
-            params
-                .gcra
-                .charge(self.tat(), n, params.clock.now_ns(), Mode::Exact)
-        })?;
+        let (params, tat) = self.hot()?;
+        let charged = params
+            .gcra
+            .charge(tat, n, params.clock.now_ns(), Mode::Exact);
         match charged {
             Ok(_) => Ok(true),
             Err(Refused::Until(_)) => Ok(false),

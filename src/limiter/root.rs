@@ -64,7 +64,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::params::Params;
+use super::params::{ParamCache, Params};
 use super::shared::SharedBucket;
 use super::waiter::{
     could_go, step, Step, Waiter, Wakeups, CANCELLED, CORRUPT, GRANTED, GRANTED_FORCED, WAITING,
@@ -126,6 +126,9 @@ pub(crate) struct LimRoot {
     async_waiting: AtomicU32,
     helper_running: AtomicBool,
     fork_gen: u64,
+    /// This process's validated copy of the region's parameters (the
+    /// consume fast path's read, see [`ParamCache`]).
+    params_cache: ParamCache,
     /// Parking: the fronts' marks, which are async, the keeper (see
     /// [`park`](crate::region::park)).
     fronts: Fronts,
@@ -156,11 +159,19 @@ impl LimRoot {
                 let _ = crate::sys::fork::install_atfork_handler();
                 fork_generation()
             },
+            params_cache: ParamCache::default(),
             fronts: Fronts::default(),
         });
         let any: Arc<dyn std::any::Any + Send + Sync> = root.clone();
         *cache = Some(Arc::downgrade(&any));
         Ok(root)
+    }
+
+    /// The region's parameters now, validated, through this process's copy
+    /// (the fast paths' read).
+    #[inline(always)]
+    pub fn hot_params(&self) -> Result<Params> {
+        self.params_cache.snapshot(self.bucket.params())
     }
 
     /// The region side.
