@@ -256,6 +256,46 @@ impl Waiter {
         self.state.store(GRANTED, Ordering::Release);
     }
 
+    /// Grants an in-process level's waiter its `need` units (under the
+    /// level's lock): they are a count, so nothing is stored; whoever sees
+    /// `GRANTED` makes them with [`Slots::counted`]`(need)`.
+    #[inline]
+    pub fn grant_counted(&self) {
+        self.state.store(GRANTED, Ordering::Release);
+    }
+
+    /// Makes a waiter that nobody else holds (its queue and its waiter are
+    /// done with it) ready to queue again, as [`Waiter::new`] would build
+    /// it, without an allocation. `waker`: the task to wake, registered
+    /// before the waiter is queued (async waiters at an in-process level).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reuse(
+        &mut self,
+        priority: Priority,
+        need: u32,
+        cap: u32,
+        ticket: u32,
+        via: Few<u64>,
+        counters: &std::sync::Arc<Counters>,
+        is_async: bool,
+        waker: Option<&Waker>,
+    ) {
+        // A store, not `get_mut`: the model checker's atomics have none.
+        self.state.store(WAITING, Ordering::Relaxed);
+        self.priority = priority;
+        self.need = need;
+        self.cap = cap;
+        self.ticket = ticket;
+        self.via = via;
+        if !std::sync::Arc::ptr_eq(&self.counters, counters) {
+            self.counters = counters.clone();
+        }
+        self.is_async = is_async;
+        *self.slots.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = waker.cloned();
+        self.park = Park::new();
+    }
+
     /// Fails the waiter (disposed; under the queue's lock). The caller then
     /// adds it to its [`Wakeups`].
     pub fn fail(&self) {
@@ -336,16 +376,23 @@ impl Wakeups {
 
     /// Wakes the in-process threads and the tasks (not the shared bits:
     /// the root does that through the region).
+    #[inline]
     pub fn wake_local(&mut self) {
-        for w in self.threads.drain() {
-            crate::sys::futex::futex_wake(&w.state, 1);
+        if !self.threads.is_empty() {
+            for w in self.threads.drain() {
+                crate::sys::futex::futex_wake(&w.state, 1);
+            }
         }
         self.wake_tasks();
     }
 
     /// Wakes the tasks; a waker that panics is caught (the scheduler's
     /// state is already consistent) and the rest are still woken.
+    #[inline]
     pub fn wake_tasks(&mut self) {
+        if self.tasks.is_empty() {
+            return;
+        }
         for w in self.tasks.drain() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
         }
