@@ -326,60 +326,94 @@ impl Parked for Waiter {
 }
 
 /// What to wake once the lock is released.
+///
+/// The first of each kind is inline and the rest in a box made only for a
+/// second one, so that the common release (one task or one thread to wake)
+/// allocates nothing and dropping the list is a few null checks: it is
+/// built and dropped on every slow release and every enqueue.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    /// Async tasks (the first without an allocation, as every list here:
-    /// a release almost always wakes one).
-    tasks: Few<Waker>,
-    /// This process's threads blocked at a shared root (parked: see
-    /// [`park`](crate::region::park)).
-    parked: Few<std::sync::Arc<Waiter>>,
+    /// The first async task.
+    task: Option<Waker>,
+    /// The first thread blocked at an in-process level (it sleeps on its
+    /// waiter's state word).
+    thread: Option<std::sync::Arc<Waiter>>,
+    /// The first of this process's threads blocked at a shared root
+    /// (parked: see [`park`](crate::region::park)).
+    parked: Option<std::sync::Arc<Waiter>>,
     /// The process's helper thread must look again (the tiers it stands in
     /// for changed).
     pub helper: bool,
-    /// Threads blocked at an in-process level (each sleeps on its waiter's
-    /// state word).
-    threads: Few<std::sync::Arc<Waiter>>,
+    /// The rest of each kind, in the order they were added.
+    more: Option<Box<MoreWakeups>>,
+}
+
+/// What a [`Wakeups`] holds beyond the first of each kind.
+#[derive(Debug, Default)]
+struct MoreWakeups {
+    tasks: Vec<Waker>,
+    threads: Vec<std::sync::Arc<Waiter>>,
+    parked: Vec<std::sync::Arc<Waiter>>,
 }
 
 impl Wakeups {
+    fn more(&mut self) -> &mut MoreWakeups {
+        self.more.get_or_insert_with(Box::default)
+    }
+
     /// Adds a waiter that was just granted or failed: its task, its thread
     /// at a shared root (`shared`), or its thread at an in-process level.
+    #[inline]
     pub fn add(&mut self, w: &std::sync::Arc<Waiter>, shared: bool) {
         if w.is_async {
             let t = w.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(t) = t {
-                self.tasks.push(t);
+                if self.task.is_none() {
+                    self.task = Some(t);
+                } else {
+                    self.more().tasks.push(t);
+                }
             }
         } else if shared {
             self.add_parked(w);
+        } else if self.thread.is_none() {
+            self.thread = Some(w.clone());
         } else {
-            self.threads.push(w.clone());
+            self.more().threads.push(w.clone());
         }
     }
 
     /// Adds a thread blocked at a shared root to wake (granted, or it has a
     /// new role: its tier's front, the keeper).
     pub fn add_parked(&mut self, w: &std::sync::Arc<Waiter>) {
-        self.parked.push(w.clone());
+        if self.parked.is_none() {
+            self.parked = Some(w.clone());
+        } else {
+            self.more().parked.push(w.clone());
+        }
     }
 
     /// True if a thread blocked at a shared root is to be woken.
     pub fn has_parked(&self) -> bool {
-        !self.parked.is_empty()
+        self.parked.is_some()
     }
 
     /// The threads to wake at a shared root.
     pub fn parked(&self) -> impl Iterator<Item = &std::sync::Arc<Waiter>> + Clone {
-        self.parked.iter()
+        self.parked
+            .iter()
+            .chain(self.more.iter().flat_map(|m| m.parked.iter()))
     }
 
     /// Wakes the in-process threads and the tasks (not the shared bits:
     /// the root does that through the region).
     #[inline]
     pub fn wake_local(&mut self) {
-        if !self.threads.is_empty() {
-            for w in self.threads.drain() {
+        if let Some(w) = self.thread.take() {
+            crate::sys::futex::futex_wake(&w.state, 1);
+        }
+        if let Some(m) = self.more.as_mut() {
+            for w in m.threads.drain(..) {
                 crate::sys::futex::futex_wake(&w.state, 1);
             }
         }
@@ -390,11 +424,19 @@ impl Wakeups {
     /// state is already consistent) and the rest are still woken.
     #[inline]
     pub fn wake_tasks(&mut self) {
-        if self.tasks.is_empty() {
-            return;
+        if let Some(t) = self.task.take() {
+            wake_caught(t);
         }
-        for w in self.tasks.drain() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
+        if let Some(m) = self.more.as_mut() {
+            for t in m.tasks.drain(..) {
+                wake_caught(t);
+            }
         }
     }
+}
+
+/// Wakes `t`, catching a panic of its waker.
+#[inline]
+fn wake_caught(t: Waker) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.wake()));
 }
