@@ -143,3 +143,82 @@ fn async_waiter_in_another_process_is_woken_by_a_release() {
     assert_eq!(me.stats().shared.unwrap().running, 0);
     Region::remove(&path).unwrap();
 }
+
+/// Polls `f` once with a waker that does nothing (the test drives every
+/// poll itself, so nothing needs waking).
+fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+/// An in-process level reuses the waiters of granted acquires: over
+/// several rounds the reused ones must still queue at their own priority
+/// and weight, in FIFO order within a tier, and a future dropped (or a
+/// blocking acquire timed out) while queued on one must leave nothing
+/// queued and count as cancelled.
+#[test]
+fn reused_waiters_keep_order_and_cancel_cleanly() {
+    use std::task::Poll;
+    let s = Scheduler::with_seed(2, 5).unwrap();
+    s.set_lottery(None, false);
+    let mut cancelled_high = 0;
+    for round in 0..4u32 {
+        let hold = s.acquire_many(Priority::Normal, 2).unwrap();
+        // Two Normal waiters (FIFO between them), one weighted Low, one
+        // Highest, one High that is dropped while queued.
+        let mut first = s.acquire_async(Priority::Normal);
+        let mut low = s.acquire_many_async(Priority::Low, 2);
+        let mut second = s.acquire_async(Priority::Normal);
+        let mut top = s.acquire_async(Priority::Highest);
+        let mut gone = s.acquire_async(Priority::High);
+        for f in [&mut first, &mut low, &mut second, &mut top, &mut gone] {
+            assert!(poll_once(f).is_pending(), "round {round}: queued");
+        }
+        assert_eq!(s.stats().pending, 5, "round {round}");
+        drop(gone);
+        cancelled_high += 1;
+        // A blocking acquire that times out while queued (the waiters of
+        // earlier rounds are spare by now).
+        assert!(matches!(
+            s.acquire_timeout(Priority::High, Duration::from_millis(1)),
+            Err(Error::Timeout)
+        ));
+        cancelled_high += 1;
+        let st = s.stats();
+        assert_eq!(st.pending, 4, "round {round}: the dropped ones left");
+        assert_eq!(
+            st.queues[Priority::High.index()].cancelled,
+            cancelled_high,
+            "round {round}"
+        );
+        assert_eq!(st.queues[Priority::High.index()].count, 0);
+
+        drop(hold);
+        // Two units free: Highest, then the first Normal.
+        let Poll::Ready(Ok(p_top)) = poll_once(&mut top) else {
+            panic!("round {round}: Highest first");
+        };
+        let Poll::Ready(Ok(p_first)) = poll_once(&mut first) else {
+            panic!("round {round}: the first Normal next");
+        };
+        assert!(poll_once(&mut second).is_pending());
+        assert!(poll_once(&mut low).is_pending());
+        drop(p_top);
+        let Poll::Ready(Ok(p_second)) = poll_once(&mut second) else {
+            panic!("round {round}: the second Normal before the weighted Low");
+        };
+        assert!(poll_once(&mut low).is_pending(), "needs both units");
+        drop(p_first);
+        assert!(poll_once(&mut low).is_pending(), "still needs both units");
+        drop(p_second);
+        let Poll::Ready(Ok(p_low)) = poll_once(&mut low) else {
+            panic!("round {round}: the weighted Low last, with both units");
+        };
+        assert_eq!(s.stats().running, 2);
+        drop(p_low);
+        let st = s.stats();
+        assert_eq!((st.running, st.pending), (0, 0), "round {round}");
+    }
+    assert!(s.try_acquire_many(Priority::Low, 2).is_some(), "all free");
+}

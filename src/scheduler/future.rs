@@ -107,12 +107,13 @@ impl<'a> Future for Acquire<'a> {
         }
         loop {
             let node = this.node_at(this.level);
-            if let Some(w) = this.waiter.clone() {
+            if let Some(w) = &this.waiter {
                 match w.state() {
                     GRANTED => {
+                        let slots = node.granted_slots(w);
                         this.waiter = None;
                         node.waited_async();
-                        if let Some(p) = this.advance(w.take_slots()) {
+                        if let Some(p) = this.advance(slots) {
                             return Poll::Ready(Ok(p));
                         }
                         continue;
@@ -147,10 +148,19 @@ impl<'a> Future for Acquire<'a> {
                 }
                 continue;
             }
-            match node.enqueue(this.priority, this.n, this.via.clone(), true) {
+            // An in-process level registers the task under its lock, before
+            // the waiter is queued: still waiting after the enqueue, the
+            // future is done for now (a grant since has the waker).
+            let local = node.is_local();
+            let waker = if local { Some(cx.waker()) } else { None };
+            match node.enqueue(this.priority, this.n, this.via.clone(), true, waker) {
                 Ok(w) => {
                     node.ensure_helper();
+                    let pending = local && w.state() == WAITING;
                     this.waiter = Some(w);
+                    if pending {
+                        return Poll::Pending;
+                    }
                 }
                 Err(e) => return this.fail(e),
             }

@@ -75,6 +75,7 @@ impl Lottery {
     /// Chooses a tier among `backlogged` (bit `i` = tier `i` has queued
     /// tasks); `admissible` has bit `i` set when tier `i`'s cap admits one
     /// more task now. Returns `None` when no tier may be served.
+    #[cfg_attr(not(test), allow(dead_code))] // dispatch uses `pick_lazy`
     pub fn pick(&mut self, backlogged: u8, admissible: u8) -> Option<Pick> {
         if backlogged == 0 {
             return None;
@@ -82,13 +83,40 @@ impl Lottery {
         let r = self.next();
         pick_tier(r, self.enabled, backlogged, admissible)
     }
+
+    /// [`pick`](Self::pick) with admissibility asked per tier, highest
+    /// backlogged first, and only as far as the pick needs: the same draw
+    /// and the same decision as `pick(backlogged, mask of admits)`, without
+    /// looking at every tier's front when the highest one is admitted
+    /// (the common case of a dispatch).
+    #[inline]
+    pub fn pick_lazy(&mut self, backlogged: u8, admits: impl Fn(usize) -> bool) -> Option<Pick> {
+        if backlogged == 0 {
+            return None;
+        }
+        let r = self.next();
+        if let Some(p) = lottery_hit(r, self.enabled, backlogged) {
+            return Some(p);
+        }
+        let mut left = backlogged;
+        while left != 0 {
+            let tier = highest_bit(left);
+            if admits(tier) {
+                return Some(Pick {
+                    tier,
+                    lottery: false,
+                });
+            }
+            left &= !(1 << tier);
+        }
+        None
+    }
 }
 
-/// The pick rule for one random draw `r` (see the module docs).
-pub(crate) fn pick_tier(r: u64, enabled: bool, backlogged: u8, admissible: u8) -> Option<Pick> {
-    if backlogged == 0 {
-        return None;
-    }
+/// The lottery half of the pick rule: a hit on a backlogged tier, if draw
+/// `r` is one.
+#[inline(always)]
+fn lottery_hit(r: u64, enabled: bool, backlogged: u8) -> Option<Pick> {
     if enabled && r % LOTTERY_ODDS == 0 {
         let tier = ((r >> 32) % LEVELS as u64) as usize;
         if backlogged & (1 << tier) != 0 {
@@ -97,6 +125,17 @@ pub(crate) fn pick_tier(r: u64, enabled: bool, backlogged: u8, admissible: u8) -
                 lottery: true,
             });
         }
+    }
+    None
+}
+
+/// The pick rule for one random draw `r` (see the module docs).
+pub(crate) fn pick_tier(r: u64, enabled: bool, backlogged: u8, admissible: u8) -> Option<Pick> {
+    if backlogged == 0 {
+        return None;
+    }
+    if let Some(p) = lottery_hit(r, enabled, backlogged) {
+        return Some(p);
     }
     let eligible = backlogged & admissible;
     if eligible == 0 {
@@ -158,6 +197,29 @@ mod tests {
             assert!(n >= 700, "tier {tier} got {n} of {draws} (bound is ~1000)");
         }
         assert!(served[6] >= 48_000);
+    }
+
+    #[test]
+    fn lazy_pick_decides_as_pick() {
+        // Same seed, every backlog and admissible mask: the same draws and
+        // the same decisions, lottery on and off.
+        for enabled in [true, false] {
+            let mut a = Lottery::new(99);
+            let mut b = Lottery::new(99);
+            a.enabled = enabled;
+            b.enabled = enabled;
+            for round in 0..4 {
+                for backlogged in 0..=0x7fu8 {
+                    let admissible = backlogged.rotate_left(round) ^ (round as u8 * 0x25);
+                    let admissible = admissible & 0x7f;
+                    assert_eq!(
+                        a.pick(backlogged, admissible),
+                        b.pick_lazy(backlogged, |t| admissible & (1 << t) != 0),
+                        "backlogged {backlogged:#x} admissible {admissible:#x}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

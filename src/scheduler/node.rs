@@ -61,6 +61,15 @@ const DISPOSED: u64 = 1 << 39;
 /// [`BACKSTOP`](super::root::BACKSTOP) alike).
 const LOTTERY_TICK: std::time::Duration = super::root::BACKSTOP;
 
+/// Granted waiters an in-process level keeps for reuse: a hand-off between
+/// a few tasks re-queues each one soon after its grant, so a handful of
+/// spare waiters covers it without an allocation per wait.
+const SPARE_WAITERS: usize = 8;
+
+/// Spare waiters an enqueue looks at for one nobody holds any more (the
+/// most recently granted last).
+const SPARE_SCAN: usize = 4;
+
 /// Queued bits of tiers at or above `tier`, in the state word.
 #[inline(always)]
 const fn queued_from(tier: usize) -> u64 {
@@ -89,6 +98,10 @@ struct Inner {
     lottery: Lottery,
     children: Vec<Weak<Node>>,
     next_seq: u32,
+    /// Granted waiters kept for reuse (at most [`SPARE_WAITERS`]): once
+    /// their future or thread has let go of them, the next enqueue takes
+    /// one back instead of allocating (see [`Node::enqueue`]).
+    spare: Vec<Arc<Waiter>>,
 }
 
 impl Inner {
@@ -157,6 +170,7 @@ impl Node {
                 lottery: Lottery::new(seed),
                 children: Vec::new(),
                 next_seq: 0,
+                spare: Vec::new(),
             }),
         }
     }
@@ -472,17 +486,22 @@ impl Node {
         if let Some(s) = self.fast(p, n) {
             return Ok(s);
         }
-        let w = self.enqueue(p, n, via, false)?;
+        let w = self.enqueue(p, n, via, false, None)?;
         self.wait(&w, deadline)
     }
 
     /// Queues a waiter at `p` and runs dispatch (which may grant it at once).
+    /// `waker`: at an in-process level, an async waiter's task, registered
+    /// before the waiter is queued (under the lock), so that its future
+    /// needs no second registration; ignored at a shared root (the future
+    /// registers it, [`Waiter::set_waker`]).
     pub fn enqueue(
         &self,
         p: Priority,
         n: u32,
         mut via: Few<u64>,
         is_async: bool,
+        waker: Option<&std::task::Waker>,
     ) -> Result<Arc<Waiter>> {
         via.push(self.id);
         let tier = p.index();
@@ -506,15 +525,24 @@ impl Node {
                     }
                     let seq = inner.next_seq;
                     inner.next_seq = seq.wrapping_add(1);
-                    let w = Arc::new(Waiter::new(
-                        p,
-                        n,
-                        cap,
-                        seq,
-                        via,
-                        self.counters.clone(),
-                        is_async,
-                    ));
+                    let mut via = Some(via);
+                    // A spare waiter nobody holds (`get_mut`: under this
+                    // lock nobody can take a new reference to it either).
+                    let reused = take_spare(&mut inner.spare).and_then(|mut w| {
+                        let m = Arc::get_mut(&mut w)?;
+                        m.reuse(p, n, cap, seq, via.take()?, &self.counters, is_async, waker);
+                        Some(w)
+                    });
+                    let w = match reused {
+                        Some(w) => w,
+                        None => {
+                            let via = via.take().unwrap_or_default();
+                            let mut w =
+                                Waiter::new(p, n, cap, seq, via, self.counters.clone(), is_async);
+                            *w.waker.get_mut().unwrap_or_else(|e| e.into_inner()) = waker.cloned();
+                            Arc::new(w)
+                        }
+                    };
                     inner.queues[tier].push_back(w.clone());
                     self.counters.deferred(tier);
                     st.state
@@ -529,6 +557,23 @@ impl Node {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         self.stall.update(|| true);
         Ok(w)
+    }
+
+    /// What a waiter queued here that was seen `GRANTED` was handed (once):
+    /// at an in-process level its count (nothing is stored, see
+    /// [`Waiter::grant_counted`]), at a shared root its cells.
+    #[inline]
+    pub fn granted_slots(&self, w: &Waiter) -> Slots {
+        match &self.level {
+            Level::Local(_) => Slots::counted(w.need),
+            Level::Shared(_) => w.take_slots(),
+        }
+    }
+
+    /// True for an in-process level (its queues are in this node).
+    #[inline]
+    pub fn is_local(&self) -> bool {
+        matches!(self.level, Level::Local(_))
     }
 
     /// Book-keeping once an async waiter queued here is done (granted or
@@ -551,7 +596,7 @@ impl Node {
             Level::Shared(root) => root.wait(w, deadline),
             Level::Local(st) => loop {
                 match w.state() {
-                    GRANTED => break Ok(w.take_slots()),
+                    GRANTED => break Ok(Slots::counted(w.need)),
                     FAILED => break Err(Error::Disposed),
                     _ => {}
                 }
@@ -614,7 +659,7 @@ impl Node {
         let r = {
             let mut inner = self.lock();
             match w.state() {
-                GRANTED => return Ok(w.take_slots()),
+                GRANTED => return Ok(Slots::counted(w.need)),
                 FAILED => return Err(Error::Disposed),
                 _ => {}
             }
@@ -651,35 +696,41 @@ impl Node {
             return;
         };
         loop {
-            let backlogged = inner.backlogged();
+            // The queued bits of the state word are the backlogged tiers
+            // (set and cleared under this lock with the queues themselves:
+            // `enqueue`, `left_local`), so no queue needs a look to know.
+            let s0 = st.state.load(Ordering::SeqCst);
+            let backlogged = ((s0 & QUEUED_ALL) >> QUEUED_SHIFT) as u8;
             if backlogged == 0 {
                 break;
             }
-            let running = (st.state.load(Ordering::SeqCst) & RUNNING) as u32 - in_hand;
-            let mut admissible = 0u8;
-            for (t, q) in inner.queues.iter().enumerate() {
-                if let Some(f) = q.front() {
-                    if u64::from(running) + u64::from(f.need) <= u64::from(self.caps[t]) {
-                        admissible |= 1 << t;
-                    }
-                }
-            }
-            let Some(pick) = inner.lottery.pick(backlogged, admissible) else {
+            let running = (s0 & RUNNING) - u64::from(in_hand);
+            let queues = &inner.queues;
+            let caps = &self.caps;
+            // Fronts are looked at highest tier first, only as far as the
+            // pick needs (the same draw and decision as `Lottery::pick`).
+            let Some(pick) = inner.lottery.pick_lazy(backlogged, |t| {
+                queues[t]
+                    .front()
+                    .is_some_and(|f| running + u64::from(f.need) <= u64::from(caps[t]))
+            }) else {
                 break;
             };
-            let w = inner.queues[pick.tier].front().expect("backlogged").clone();
+            let Some(need) = inner.queues[pick.tier].front().map(|w| w.need) else {
+                break; // a queued bit without a waiter: never (see above)
+            };
             let limit = u64::from(if pick.lottery {
                 self.max
             } else {
                 self.caps[pick.tier]
             });
-            let used = in_hand.min(w.need);
-            let extra = u64::from(w.need - used);
+            let used = in_hand.min(need);
+            let extra = u64::from(need - used);
             // Take what the in-hand units do not cover, against the limit.
             let mut s = st.state.load(Ordering::SeqCst);
             let took = loop {
                 let now_running = (s & RUNNING) - u64::from(in_hand);
-                if now_running + u64::from(w.need) > limit {
+                if now_running + u64::from(need) > limit {
                     break false;
                 }
                 if extra == 0 {
@@ -699,10 +750,15 @@ impl Node {
                 break;
             }
             in_hand -= used;
-            inner.queues[pick.tier].pop_front();
+            let w = inner.queues[pick.tier].pop_front().expect("a front");
             self.left_local(inner, &w, false);
-            w.grant(Slots::counted(w.need));
+            w.grant_counted();
             out.add(&w, false);
+            // Kept for the next enqueue: its future (or thread) still holds
+            // it and lets go once it has seen the grant.
+            if inner.spare.len() < SPARE_WAITERS {
+                inner.spare.push(w);
+            }
         }
         if in_hand > 0 {
             st.state.fetch_sub(u64::from(in_hand), Ordering::SeqCst);
@@ -722,7 +778,11 @@ impl Node {
     /// it back): one thread per in-process level does it for them, while
     /// anything is queued there.
     fn ensure_lottery_ticker(self: &Arc<Self>) {
-        if self.ticker_running.swap(true, Ordering::AcqRel) {
+        // A load first: on every async enqueue the ticker already runs, and
+        // a read leaves the line shared between the workers.
+        if self.ticker_running.load(Ordering::Acquire)
+            || self.ticker_running.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -867,6 +927,18 @@ impl Node {
             shared,
         }
     }
+}
+
+/// A spare waiter that nobody holds any more (its queue let go of it at
+/// its grant, its future or thread since), taken out of `spare`; the most
+/// recently granted are looked at last, the few oldest first.
+#[inline]
+fn take_spare(spare: &mut Vec<Arc<Waiter>>) -> Option<Arc<Waiter>> {
+    let i = spare
+        .iter()
+        .take(SPARE_SCAN)
+        .position(|w| Arc::strong_count(w) == 1 && Arc::weak_count(w) == 0)?;
+    Some(spare.swap_remove(i))
 }
 
 /// The lottery ticker of an in-process level with async waiters: draws

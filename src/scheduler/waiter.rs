@@ -256,6 +256,46 @@ impl Waiter {
         self.state.store(GRANTED, Ordering::Release);
     }
 
+    /// Grants an in-process level's waiter its `need` units (under the
+    /// level's lock): they are a count, so nothing is stored; whoever sees
+    /// `GRANTED` makes them with [`Slots::counted`]`(need)`.
+    #[inline]
+    pub fn grant_counted(&self) {
+        self.state.store(GRANTED, Ordering::Release);
+    }
+
+    /// Makes a waiter that nobody else holds (its queue and its waiter are
+    /// done with it) ready to queue again, as [`Waiter::new`] would build
+    /// it, without an allocation. `waker`: the task to wake, registered
+    /// before the waiter is queued (async waiters at an in-process level).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reuse(
+        &mut self,
+        priority: Priority,
+        need: u32,
+        cap: u32,
+        ticket: u32,
+        via: Few<u64>,
+        counters: &std::sync::Arc<Counters>,
+        is_async: bool,
+        waker: Option<&Waker>,
+    ) {
+        // A store, not `get_mut`: the model checker's atomics have none.
+        self.state.store(WAITING, Ordering::Relaxed);
+        self.priority = priority;
+        self.need = need;
+        self.cap = cap;
+        self.ticket = ticket;
+        self.via = via;
+        if !std::sync::Arc::ptr_eq(&self.counters, counters) {
+            self.counters = counters.clone();
+        }
+        self.is_async = is_async;
+        *self.slots.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = waker.cloned();
+        self.park = Park::new();
+    }
+
     /// Fails the waiter (disposed; under the queue's lock). The caller then
     /// adds it to its [`Wakeups`].
     pub fn fail(&self) {
@@ -286,68 +326,117 @@ impl Parked for Waiter {
 }
 
 /// What to wake once the lock is released.
+///
+/// The first of each kind is inline and the rest in a box made only for a
+/// second one, so that the common release (one task or one thread to wake)
+/// allocates nothing and dropping the list is a few null checks: it is
+/// built and dropped on every slow release and every enqueue.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    /// Async tasks (the first without an allocation, as every list here:
-    /// a release almost always wakes one).
-    tasks: Few<Waker>,
-    /// This process's threads blocked at a shared root (parked: see
-    /// [`park`](crate::region::park)).
-    parked: Few<std::sync::Arc<Waiter>>,
+    /// The first async task.
+    task: Option<Waker>,
+    /// The first thread blocked at an in-process level (it sleeps on its
+    /// waiter's state word).
+    thread: Option<std::sync::Arc<Waiter>>,
+    /// The first of this process's threads blocked at a shared root
+    /// (parked: see [`park`](crate::region::park)).
+    parked: Option<std::sync::Arc<Waiter>>,
     /// The process's helper thread must look again (the tiers it stands in
     /// for changed).
     pub helper: bool,
-    /// Threads blocked at an in-process level (each sleeps on its waiter's
-    /// state word).
-    threads: Few<std::sync::Arc<Waiter>>,
+    /// The rest of each kind, in the order they were added.
+    more: Option<Box<MoreWakeups>>,
+}
+
+/// What a [`Wakeups`] holds beyond the first of each kind.
+#[derive(Debug, Default)]
+struct MoreWakeups {
+    tasks: Vec<Waker>,
+    threads: Vec<std::sync::Arc<Waiter>>,
+    parked: Vec<std::sync::Arc<Waiter>>,
 }
 
 impl Wakeups {
+    fn more(&mut self) -> &mut MoreWakeups {
+        self.more.get_or_insert_with(Box::default)
+    }
+
     /// Adds a waiter that was just granted or failed: its task, its thread
     /// at a shared root (`shared`), or its thread at an in-process level.
+    #[inline]
     pub fn add(&mut self, w: &std::sync::Arc<Waiter>, shared: bool) {
         if w.is_async {
             let t = w.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(t) = t {
-                self.tasks.push(t);
+                if self.task.is_none() {
+                    self.task = Some(t);
+                } else {
+                    self.more().tasks.push(t);
+                }
             }
         } else if shared {
             self.add_parked(w);
+        } else if self.thread.is_none() {
+            self.thread = Some(w.clone());
         } else {
-            self.threads.push(w.clone());
+            self.more().threads.push(w.clone());
         }
     }
 
     /// Adds a thread blocked at a shared root to wake (granted, or it has a
     /// new role: its tier's front, the keeper).
     pub fn add_parked(&mut self, w: &std::sync::Arc<Waiter>) {
-        self.parked.push(w.clone());
+        if self.parked.is_none() {
+            self.parked = Some(w.clone());
+        } else {
+            self.more().parked.push(w.clone());
+        }
     }
 
     /// True if a thread blocked at a shared root is to be woken.
     pub fn has_parked(&self) -> bool {
-        !self.parked.is_empty()
+        self.parked.is_some()
     }
 
     /// The threads to wake at a shared root.
     pub fn parked(&self) -> impl Iterator<Item = &std::sync::Arc<Waiter>> + Clone {
-        self.parked.iter()
+        self.parked
+            .iter()
+            .chain(self.more.iter().flat_map(|m| m.parked.iter()))
     }
 
     /// Wakes the in-process threads and the tasks (not the shared bits:
     /// the root does that through the region).
+    #[inline]
     pub fn wake_local(&mut self) {
-        for w in self.threads.drain() {
+        if let Some(w) = self.thread.take() {
             crate::sys::futex::futex_wake(&w.state, 1);
+        }
+        if let Some(m) = self.more.as_mut() {
+            for w in m.threads.drain(..) {
+                crate::sys::futex::futex_wake(&w.state, 1);
+            }
         }
         self.wake_tasks();
     }
 
     /// Wakes the tasks; a waker that panics is caught (the scheduler's
     /// state is already consistent) and the rest are still woken.
+    #[inline]
     pub fn wake_tasks(&mut self) {
-        for w in self.tasks.drain() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
+        if let Some(t) = self.task.take() {
+            wake_caught(t);
+        }
+        if let Some(m) = self.more.as_mut() {
+            for t in m.tasks.drain(..) {
+                wake_caught(t);
+            }
         }
     }
+}
+
+/// Wakes `t`, catching a panic of its waker.
+#[inline]
+fn wake_caught(t: Waker) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.wake()));
 }
