@@ -1035,69 +1035,65 @@ impl SharedSlots {
         undo: u32,
         lock: &CeilingLock<'_>,
     ) -> Result<Move, MoveLost> {
-        if !lock.held() {
-            return Err(MoveLost { moved: false });
-        }
-        if cell
-            .compare_exchange(from, PENDING_BLOCK, Ordering::SeqCst, Ordering::Relaxed)
-            .is_err()
-        {
-            return Ok(Move::Untouched);
-        }
-        #[cfg(shuttle)]
-        self.mapping()
-            .model_death_point("ceiling: cell pending, not counted");
-        let blocked = &self.header().blocked;
-        match fenced(blocked, lock.gen(), |c| c.saturating_add(1)) {
-            Ok(n) => {
-                if cell
-                    .compare_exchange(PENDING_BLOCK, BLOCKED, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err_and(|v| v != BLOCKED)
-                {
-                    return match fenced(blocked, lock.gen(), |c| c.saturating_sub(1)) {
-                        Ok(_) => Ok(Move::Gone),
-                        Err(Lost) => Err(MoveLost { moved: true }),
-                    };
-                }
-                Ok(Move::Done(n))
-            }
-            Err(Lost) => {
-                let _ =
-                    cell.compare_exchange(PENDING_BLOCK, undo, Ordering::SeqCst, Ordering::Relaxed);
-                Err(MoveLost { moved: true })
-            }
-        }
+        self.move_cell(cell, [from, PENDING_BLOCK, BLOCKED, undo], true, lock)
     }
 
     /// Puts a blocked cell back into service under the ceiling lock:
     /// `BLOCKED → PENDING_FREE`, the blocked count −1, `PENDING_FREE →
     /// FREE_COUNTED`; as [`block_cell`](Self::block_cell) the other way.
     fn unblock_cell(&self, cell: &AtomicU32, lock: &CeilingLock<'_>) -> Result<Move, MoveLost> {
+        self.move_cell(
+            cell,
+            [BLOCKED, PENDING_FREE, FREE_COUNTED, BLOCKED],
+            false,
+            lock,
+        )
+    }
+
+    /// One cell move under the ceiling lock, `[from, pending, to, undo]`:
+    /// `from → pending`, the blocked count +1 (`blocking`) or −1, `pending →
+    /// to`. Robbed before the count moved: `pending → undo` (a CAS: a
+    /// recount may have taken the cell already). Another holder's late undo
+    /// or finish can move the cell between the count and the last step (an
+    /// ABA on the pending value): if that left the cell blocked when this
+    /// move unblocks, or not blocked when it blocks, the count is taken back.
+    fn move_cell(
+        &self,
+        cell: &AtomicU32,
+        [from, pending, to, undo]: [u32; 4],
+        blocking: bool,
+        lock: &CeilingLock<'_>,
+    ) -> Result<Move, MoveLost> {
         if !lock.held() {
             return Err(MoveLost { moved: false });
         }
         if cell
-            .compare_exchange(BLOCKED, PENDING_FREE, Ordering::SeqCst, Ordering::Relaxed)
+            .compare_exchange(from, pending, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
         {
             return Ok(Move::Untouched);
         }
         #[cfg(shuttle)]
-        self.mapping()
-            .model_death_point("ceiling: cell pending free, still counted");
+        self.mapping().model_death_point(if blocking {
+            "ceiling: cell pending, not counted"
+        } else {
+            "ceiling: cell pending free, still counted"
+        });
         let blocked = &self.header().blocked;
-        match fenced(blocked, lock.gen(), |c| c.saturating_sub(1)) {
+        let step = |c: u32, up: bool| {
+            if up {
+                c.saturating_add(1)
+            } else {
+                c.saturating_sub(1)
+            }
+        };
+        match fenced(blocked, lock.gen(), |c| step(c, blocking)) {
             Ok(n) => {
                 if cell
-                    .compare_exchange(
-                        PENDING_FREE,
-                        FREE_COUNTED,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_err_and(|v| v == BLOCKED)
+                    .compare_exchange(pending, to, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err_and(|v| (v == BLOCKED) != blocking)
                 {
-                    return match fenced(blocked, lock.gen(), |c| c.saturating_add(1)) {
+                    return match fenced(blocked, lock.gen(), |c| step(c, !blocking)) {
                         Ok(_) => Ok(Move::Gone),
                         Err(Lost) => Err(MoveLost { moved: true }),
                     };
@@ -1105,12 +1101,7 @@ impl SharedSlots {
                 Ok(Move::Done(n))
             }
             Err(Lost) => {
-                let _ = cell.compare_exchange(
-                    PENDING_FREE,
-                    BLOCKED,
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                );
+                let _ = cell.compare_exchange(pending, undo, Ordering::SeqCst, Ordering::Relaxed);
                 Err(MoveLost { moved: true })
             }
         }
