@@ -239,24 +239,31 @@ impl LeaseId {
 impl LeaseId {
     /// [`LeaseId::new`] for a tenant id already checked: the tenant's
     /// bytes and the digits are copied as fixed-size blocks (the tenant's
-    /// whole buffer, then 20 digit bytes of which the first `digits` are
-    /// kept), with no variable-length copy.
+    /// whole buffer, then 20 bytes that start with the digits), with no
+    /// variable-length copy, and the digits are counted as they are
+    /// written (no logarithm).
     #[inline]
     pub(crate) fn of(tenant: &TenantId, no: u64) -> LeaseId {
         const _: () = assert!(MAX_TENANT_ID_BYTES + 20 == LeaseId::CAPACITY);
-        let mut d = [0u8; 20];
-        let digits = no.checked_ilog10().map_or(1, |x| x as usize + 1);
+        // The digits end at d[20] (a u64 has at most 20), zeros after.
+        let mut d = [0u8; 40];
+        let mut i = 20;
         let mut n = no;
-        let mut i = digits.min(20);
-        while i >= 2 {
+        while n >= 100 {
             let r = (n % 100) as usize * 2;
             n /= 100;
             i -= 2;
             d[i] = DIGIT_PAIRS[r];
             d[i + 1] = DIGIT_PAIRS[r + 1];
         }
-        if i == 1 {
-            d[0] = b'0' + (n % 10) as u8;
+        if n >= 10 {
+            let r = n as usize * 2;
+            i -= 2;
+            d[i] = DIGIT_PAIRS[r];
+            d[i + 1] = DIGIT_PAIRS[r + 1];
+        } else {
+            i -= 1;
+            d[i] = b'0' + n as u8;
         }
         let mut id = LeaseId {
             len: 0,
@@ -264,9 +271,9 @@ impl LeaseId {
         };
         let at = (tenant.len as usize).min(MAX_TENANT_ID_BYTES);
         id.buf[..MAX_TENANT_ID_BYTES].copy_from_slice(&tenant.buf);
-        id.buf[at..at + 20].copy_from_slice(&d);
-        // Bytes past `len` (the rest of the digit block) are never read.
-        id.len = (at + digits) as u8;
+        id.buf[at..at + 20].copy_from_slice(&d[i..i + 20]);
+        // Bytes past `len` (zeros) are never read.
+        id.len = (at + 20 - i) as u8;
         id
     }
 }
@@ -733,13 +740,16 @@ mod tests {
         // and the longest number): refused, not truncated.
         assert!(LeaseId::new(&format!("{longest}x"), u64::MAX).is_none());
         // The fixed-block builder gives the same ids.
-        for (t, no) in [
-            ("a", 1u64),
-            ("acme", 20_000),
-            (longest.as_str(), u64::MAX),
-            ("b", 9),
-            ("b", 10),
-        ] {
+        let mut nos = vec![0u64, 1, 9, 10, 11, 99, 100, 101, 20_000, u64::MAX];
+        let mut p = 1u64;
+        while let Some(q) = p.checked_mul(10) {
+            nos.extend([q - 1, q, q + 1]);
+            p = q;
+        }
+        for (t, no) in nos
+            .iter()
+            .flat_map(|&no| [("a", no), ("acme", no), (longest.as_str(), no)])
+        {
             let tid = TenantId::new(t).unwrap();
             assert_eq!(LeaseId::of(&tid, no), LeaseId::new(t, no).unwrap());
             assert_eq!(LeaseId::of(&tid, no).as_str(), format!("{t}{no}"));
