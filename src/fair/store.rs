@@ -462,25 +462,24 @@ impl LeaseRec {
     }
 
     /// Copies every field of `src` in use into `self`: all but the
-    /// slices past `src.n_slices` (which are never read). A record is 208
-    /// bytes, most of them slices a lease rarely has; the fields alone are
-    /// copied inline rather than through a whole-record copy.
+    /// slices past its `n_slices` (which are never read). A record is 208
+    /// bytes, most of them slices a lease rarely has; the 80 bytes before
+    /// them are one fixed-size copy (inline), then the slices in use.
     #[inline(always)]
     fn copy_used_from(&mut self, src: &LeaseRec) {
-        let n = (src.n_slices as usize).min(MAX_SLICES);
-        self.state = src.state;
-        self.tenant = src.tenant;
-        self.owner = src.owner;
-        self.n_slices = src.n_slices;
-        self.live_pos = src.live_pos;
-        self.link = src.link;
-        self.no = src.no;
-        self.seq = src.seq;
-        self.cost = src.cost;
-        self.charge = src.charge;
-        self.own = src.own;
-        self.granted_ms = src.granted_ms;
-        self.deadline_ms = src.deadline_ms;
+        const HEAD: usize = std::mem::offset_of!(LeaseRec, slices);
+        // SAFETY: both are valid `LeaseRec`s (`#[repr(C)]` plain data, any
+        // bit pattern valid); the first HEAD bytes are the fields before
+        // `slices`; `self` is `&mut`, so the two do not overlap.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                src as *const LeaseRec as *const u8,
+                self as *mut LeaseRec as *mut u8,
+                HEAD,
+            )
+        };
+        // The count as copied (one read of it), bounded.
+        let n = (self.n_slices as usize).min(MAX_SLICES);
         if n > 0 {
             self.slices[..n].copy_from_slice(&src.slices[..n]);
         }
