@@ -4,13 +4,18 @@
 
 mod common;
 
-use common::{at, cfg, cfg2, no, ok, sl, slices};
+use common::{at, cfg, cfg2, no, ok, sl, slices, AB};
 use serde_json::Value;
 use shmsched::fair::replay::{acquire_json, release_json, value_json};
 use shmsched::fair::{
     replay, AcquireResult, FairConfig, FairError, FairLedger, FairShare, FairnessReport,
     FairnessUnit, Plan, RefusalReason, Stats,
 };
+
+/// Tenants of the lender-attribution configurations, in constructor order
+/// (a slice names its lender by index).
+const XPQR: &[&str] = &["x", "p", "q", "r"];
+const ABC: &[&str] = &["a", "b", "c"];
 
 /// Wraps a recording ledger and keeps the replay line of every answer.
 struct Capture {
@@ -40,7 +45,7 @@ impl Capture {
 impl FairLedger for Capture {
     fn acquire(&mut self, tenant: &str, cost: f64, hold_ms: u64, now_ms: u64) -> AcquireResult {
         let r = self.f.acquire(tenant, cost, hold_ms, now_ms);
-        self.out.push(acquire_json(&r));
+        self.out.push(acquire_json(self.f.config(), &r));
         r
     }
     fn release(&mut self, lease_id: &str, now_ms: u64) -> Result<(), FairError> {
@@ -178,7 +183,7 @@ fn starvation_without_demand_signal() {
         if at(t) == loan.deadline_ms {
             f.release(&loan.id, at(t)).unwrap();
             loan = ok(f.acquire("b", 50.0, 100, at(t)));
-            assert_eq!(slices(&loan), sl(&[("a", 50.0)]));
+            assert_eq!(slices(&loan, AB), sl(&[("a", 50.0)]));
         }
         let r = no(f.acquire("a", 50.0, 100, at(t)));
         assert_eq!(r.reason, RefusalReason::GuaranteeOnLoan);
@@ -241,10 +246,13 @@ fn lender_attribution_largest_first() {
     let mut f = FairShare::new(c).unwrap(); // guarantees 10, 20, 20, 50
     let l = ok(f.acquire("x", 40.0, 100, at(0)));
     assert_eq!(l.own, 10.0);
-    assert_eq!(slices(&l), sl(&[("r", 30.0)]));
+    assert_eq!(slices(&l, XPQR), sl(&[("r", 30.0)]));
     // r has 20 free now, tied with p and q: constructor order p, q, r.
     let l = ok(f.acquire("x", 45.0, 100, at(0)));
-    assert_eq!(slices(&l), sl(&[("p", 20.0), ("q", 20.0), ("r", 5.0)]));
+    assert_eq!(
+        slices(&l, XPQR),
+        sl(&[("p", 20.0), ("q", 20.0), ("r", 5.0)])
+    );
     let s = f.stats(at(0)).unwrap();
     assert_eq!(s.tenant("r").unwrap().lent, 35.0);
     assert_eq!(s.tenant("x").unwrap().borrowed, 75.0);
@@ -269,7 +277,7 @@ fn on_loan_tenant_borrows_from_third_party() {
     ok(f.acquire("b", 30.0, 1000, at(0)));
     let b2 = ok(f.acquire("b", 30.0, 100, at(0)));
     assert_eq!(
-        slices(&b2),
+        slices(&b2, ABC),
         sl(&[("a", 30.0)]),
         "tie between a and c: constructor order"
     );
@@ -282,7 +290,7 @@ fn on_loan_tenant_borrows_from_third_party() {
         r.explanation
     );
     let l = ok(f.acquire("a", 30.0, 100, at(10)));
-    assert_eq!(slices(&l), sl(&[("c", 30.0)]));
+    assert_eq!(slices(&l, ABC), sl(&[("c", 30.0)]));
 }
 
 /// Stated demand is the largest single refused charge, not the sum; the
@@ -416,5 +424,5 @@ fn holder_is_never_lendable() {
     f.release("a1", at(50_000)).unwrap();
     no(f.acquire("b", 10.0, 100, at(50_999)));
     let l = ok(f.acquire("b", 10.0, 100, at(51_000)));
-    assert_eq!(slices(&l), sl(&[("a", 10.0)]));
+    assert_eq!(slices(&l, AB), sl(&[("a", 10.0)]));
 }

@@ -78,11 +78,12 @@ proptest! {
                         prop_assert!(l.deadline <= now + h || now > l.deadline);
                     }
                     let r = f.acquire(IDS[tenant], cost, hold, now);
-                    out.push(acquire_json(&r));
+                    out.push(acquire_json(f.config(), &r));
                     let r = r.unwrap();
                     if let Ok(lease) = &r {
                         let lenders: Vec<usize> = lease.slices.iter()
-                            .map(|s| IDS.iter().position(|x| *x == s.lender).unwrap()).collect();
+                            .map(|s| s.lender as usize).collect();
+                        prop_assert!(lenders.iter().all(|&l| l < IDS.len()));
                         if !lenders.is_empty() {
                             prop_assert!(hold <= h, "borrowed lease held {} > horizon", hold);
                         }

@@ -246,17 +246,18 @@ fn recorded_region_logs_merge_and_replay_exactly() {
             answers.push((seq_of(&$h), k, v));
         }};
     }
-    call!(h1, acquire_json(&h1.acquire("b", 50.0, 1000, at(50))));
+    let c = cfg2();
+    call!(h1, acquire_json(&c, &h1.acquire("b", 50.0, 1000, at(50))));
     let late = h2.acquire("b", 10.0, 100, at(10));
-    call!(h2, acquire_json(&late));
+    call!(h2, acquire_json(&c, &late));
     let late = late.unwrap().unwrap();
     assert_eq!(late.granted_at_ms, at(50));
     call!(h2, release_json(&h2.release(&late.id, at(0))));
     call!(h1, release_json(&h1.release("b1", 0)));
     call!(h2, release_json(&h2.release("b1", 0)));
     call!(h1, value_json(&h1.stats(at(20))));
-    call!(h2, acquire_json(&h2.acquire_now("a", 60.0, 100)));
-    call!(h1, acquire_json(&h1.acquire("a", 10.0, 100, at(60))));
+    call!(h2, acquire_json(&c, &h2.acquire_now("a", 60.0, 100)));
+    call!(h1, acquire_json(&c, &h1.acquire("a", 10.0, 100, at(60))));
     call!(h1, value_json(&h1.plan(0)));
     call!(h2, value_json(&h2.fairness_report(0)));
     call!(h2, value_json(&h2.stats_now()));

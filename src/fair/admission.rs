@@ -629,8 +629,8 @@ pub(crate) fn acquire(
         deadline_ms: deadline,
         ..LeaseRec::default()
     };
-    // The lease is built where the caller keeps it: a `Lease` is about
-    // 520 bytes, and building it here and moving it there cost a copy.
+    // The lease is built where the caller keeps it: a `Lease` is 232
+    // bytes, and building it here and moving it there cost a copy.
     let o = out.as_mut_ptr();
     // SAFETY: `o` points at the caller's `MaybeUninit<Lease>`, valid for
     // writes; `addr_of_mut!` names the field without reading or making a
@@ -646,9 +646,7 @@ pub(crate) fn acquire(
     for (k, &(li, units)) in cover.slices().iter().enumerate() {
         let mut l = v.tenant(li as usize)?;
         l.lent += units;
-        let lender = TenantId::new(l.id_str())
-            .ok_or_else(|| FairError::Corrupt(format!("tenant record {li}: id too long")))?;
-        slices.push(Slice { lender, units });
+        slices.push(Slice { lender: li, units });
         v.set_tenant(li as usize, &l)?;
         rec.slices[k] = SliceRec {
             lender: li,
@@ -661,8 +659,8 @@ pub(crate) fn acquire(
     v.insert_lease(&mut m, slot, &rec)?;
     v.set_meta(m)?;
     let bad_id = || FairError::Corrupt(format!("tenant id \"{tenant}\" too long"));
-    let id = LeaseId::new(tenant, no).ok_or_else(bad_id)?;
     let tenant_id = TenantId::new(tenant).ok_or_else(bad_id)?;
+    let id = LeaseId::of(&tenant_id, no);
     // SAFETY: as above (`o` is valid for writes and not aliased: `slices`
     // is no longer used); every field but `slices` (written above) is
     // written here, so the whole lease is initialised when this returns

@@ -106,8 +106,8 @@ pub use region::{FairInspection, ReapOutcome, SharedFairShare};
 pub use replay::{replay, ReplaySummary};
 pub use store::MAX_SLICES;
 pub use types::{
-    FairnessReport, Lease, LeaseId, Plan, PlanEntry, Refusal, RefusalReason, Slice, Slices, Stats,
-    TenantId, TenantShare, TenantStats,
+    FairnessReport, Lease, LeaseId, Plan, PlanEntry, Refusal, RefusalReason, Slice, SliceIter,
+    Slices, Stats, TenantId, TenantShare, TenantStats,
 };
 
 use crate::sys::clock::monotonic_ms;

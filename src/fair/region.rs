@@ -546,7 +546,19 @@ impl SharedFairShare {
     /// This process's owner id in the region (recorded in its leases),
     /// registering it if needed (after `fork`, as a new process). A full
     /// process table is reaped once and retried.
+    #[inline]
     pub fn owner(&mut self) -> Result<u32, FairError> {
+        // Registered in this fork generation: the id `me` would give.
+        if let Some(owner) = self.map.me_registered() {
+            return Ok(owner);
+        }
+        self.owner_slow()
+    }
+
+    /// [`owner`](Self::owner) when this process is not registered yet (or
+    /// was forked since).
+    #[cold]
+    fn owner_slow(&mut self) -> Result<u32, FairError> {
         match self.map.me() {
             Ok(id) => Ok(id.owner),
             Err(Error::ProcessTableFull { .. }) => {

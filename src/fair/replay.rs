@@ -27,14 +27,20 @@ pub struct ReplaySummary {
     pub malformed: usize,
 }
 
-/// The replay line for an acquire result.
-pub fn acquire_json(r: &AcquireResult) -> Value {
+/// The replay line for an acquire result of a ledger configured with
+/// `cfg` (which names the lenders: a lease records them by index).
+pub fn acquire_json(cfg: &FairConfig, r: &AcquireResult) -> Value {
+    let name = |i: u32| {
+        cfg.tenants
+            .get(i as usize)
+            .map_or_else(|| format!("#{i}"), |t| t.0.clone())
+    };
     match r {
         Ok(Ok(l)) => json!({
             "ok": true,
             "lease": l.id,
             "own": num_value(l.own),
-            "slices": l.slices.iter().map(|s| json!({"lender": s.lender, "units": num_value(s.units)})).collect::<Vec<_>>(),
+            "slices": l.slices.iter().map(|s| json!({"lender": name(s.lender), "units": num_value(s.units)})).collect::<Vec<_>>(),
             "deadline_ms": l.deadline_ms,
         }),
         Ok(Err(f)) => json!({
@@ -131,12 +137,15 @@ pub fn replay_line_checked(ledger: &mut Option<FairShare>, line: &str) -> Result
         .as_mut()
         .ok_or("no ledger: the log must start with a config line")?;
     Ok(match op.as_str() {
-        "acquire" => acquire_json(&l.acquire(
-            str_field(&o, "tenant")?,
-            f64_field(&o, "cost")?,
-            u64_field(&o, "hold_ms")?,
-            u64_field(&o, "now_ms")?,
-        )),
+        "acquire" => {
+            let r = l.acquire(
+                str_field(&o, "tenant")?,
+                f64_field(&o, "cost")?,
+                u64_field(&o, "hold_ms")?,
+                u64_field(&o, "now_ms")?,
+            );
+            acquire_json(l.config(), &r)
+        }
         "release" => release_json(&l.release(str_field(&o, "lease")?, u64_field(&o, "now_ms")?)),
         "stats" => value_json(&l.stats(u64_field(&o, "now_ms")?)),
         "plan" => value_json(&l.plan(u64_field(&o, "now_ms")?)),

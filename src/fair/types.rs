@@ -6,8 +6,8 @@
 //!
 //! What a successful call returns holds no heap memory: tenant and lease
 //! ids are short strings stored inline ([`TenantId`], [`LeaseId`], which
-//! dereference to `str`), and a lease's borrowed slices are a fixed array
-//! ([`Slices`], which dereferences to `[Slice]`). So an acquire, a release
+//! dereference to `str`), and a lease's borrowed slices are fixed arrays
+//! ([`Slices`], lenders by tenant index). So an acquire, a release
 //! and a [`stats_into`](super::FairShare::stats_into) of a fixed shape
 //! allocate nothing. Refusals carry an explanation sentence (a `String`):
 //! a refusal is not the success path.
@@ -236,6 +236,48 @@ impl LeaseId {
     }
 }
 
+impl LeaseId {
+    /// [`LeaseId::new`] for a tenant id already checked: the tenant's
+    /// bytes and the digits are copied as fixed-size blocks (the tenant's
+    /// whole buffer, then 20 bytes that start with the digits), with no
+    /// variable-length copy, and the digits are counted as they are
+    /// written (no logarithm).
+    #[inline]
+    pub(crate) fn of(tenant: &TenantId, no: u64) -> LeaseId {
+        const _: () = assert!(MAX_TENANT_ID_BYTES + 20 == LeaseId::CAPACITY);
+        // The digits end at d[20] (a u64 has at most 20), zeros after.
+        let mut d = [0u8; 40];
+        let mut i = 20;
+        let mut n = no;
+        while n >= 100 {
+            let r = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            d[i] = DIGIT_PAIRS[r];
+            d[i + 1] = DIGIT_PAIRS[r + 1];
+        }
+        if n >= 10 {
+            let r = n as usize * 2;
+            i -= 2;
+            d[i] = DIGIT_PAIRS[r];
+            d[i + 1] = DIGIT_PAIRS[r + 1];
+        } else {
+            i -= 1;
+            d[i] = b'0' + n as u8;
+        }
+        let mut id = LeaseId {
+            len: 0,
+            buf: [0; MAX_TENANT_ID_BYTES + 20],
+        };
+        let at = (tenant.len as usize).min(MAX_TENANT_ID_BYTES);
+        id.buf[..MAX_TENANT_ID_BYTES].copy_from_slice(&tenant.buf);
+        id.buf[at..at + 20].copy_from_slice(&d[i..i + 20]);
+        // Bytes past `len` (zeros) are never read.
+        id.len = (at + 20 - i) as u8;
+        id
+    }
+}
+
 /// "00" to "99", for writing numbers two digits at a time.
 const DIGIT_PAIRS: &[u8; 200] = b"\
 0001020304050607080910111213141516171819\
@@ -245,61 +287,132 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 8081828384858687888990919293949596979899";
 
 /// A slice of a lease borrowed from one lender's idle guarantee.
+///
+/// The lender is recorded by its index in the configuration's tenant list
+/// (`config().tenants[lender as usize].0` is its id): a lease stays small
+/// (it is moved by value out of `acquire`), and its slices hold no text.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Slice {
-    /// The lender's tenant id.
-    pub lender: TenantId,
+    /// The lender's index in the configuration's tenants (constructor
+    /// order).
+    pub lender: u32,
     /// Units of the lender's guarantee committed to this lease.
     #[serde(serialize_with = "ser_num")]
     pub units: f64,
 }
 
 /// A lease's borrowed slices, largest lender first (at most
-/// [`MAX_SLICES`]), stored inline. Dereferences to `[Slice]`.
+/// [`MAX_SLICES`]), stored inline: [`len`](Slices::len),
+/// [`get`](Slices::get) and [`iter`](Slices::iter) give them as [`Slice`]
+/// values.
 #[derive(Clone, Copy)]
 pub struct Slices {
+    /// `units[..n]` and `lenders[..n]` are initialised (the rest are never
+    /// read, so a lease without slices costs no initialisation of them).
+    /// Two arrays, not one of `Slice` (which pads each lender to 8 bytes):
+    /// a whole lease fits in 256 bytes, the most a copy moves in one go.
+    units: [MaybeUninit<f64>; MAX_SLICES],
+    lenders: [MaybeUninit<u32>; MAX_SLICES],
     n: u8,
-    /// `items[..n]` are initialised (the rest are never read, so a lease
-    /// without slices costs no initialisation of them).
-    items: [MaybeUninit<Slice>; MAX_SLICES],
 }
 
 impl Slices {
     /// No slices.
     pub fn new() -> Slices {
         Slices {
+            units: [MaybeUninit::uninit(); MAX_SLICES],
+            lenders: [MaybeUninit::uninit(); MAX_SLICES],
             n: 0,
-            items: [MaybeUninit::uninit(); MAX_SLICES],
         }
     }
 
     /// Appends a slice; false (and unchanged) when already full.
     pub(crate) fn push(&mut self, s: Slice) -> bool {
-        match self.items.get_mut(self.n as usize) {
-            Some(x) => {
-                x.write(s);
+        let i = self.n as usize;
+        match (self.units.get_mut(i), self.lenders.get_mut(i)) {
+            (Some(u), Some(l)) => {
+                u.write(s.units);
+                l.write(s.lender);
                 self.n += 1;
                 true
             }
-            None => false,
+            _ => false,
         }
+    }
+
+    /// Number of slices.
+    #[inline]
+    pub fn len(&self) -> usize {
+        (self.n as usize).min(MAX_SLICES)
+    }
+
+    /// True when the lease borrows nothing.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Slice `i`, if there is one.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<Slice> {
+        if i >= self.len() {
+            return None;
+        }
+        // SAFETY: `units[..n]` and `lenders[..n]` were initialised by
+        // `push` (the only writer, which moves `n` past each item it
+        // writes; fields are private), and `i < n`.
+        unsafe {
+            Some(Slice {
+                lender: self.lenders[i].assume_init(),
+                units: self.units[i].assume_init(),
+            })
+        }
+    }
+
+    /// The slices in order, largest lender first.
+    pub fn iter(&self) -> SliceIter<'_> {
+        SliceIter { s: self, i: 0 }
+    }
+
+    /// The slices as a vector (allocates).
+    pub fn to_vec(&self) -> Vec<Slice> {
+        self.iter().collect()
+    }
+}
+
+/// Iterator over a lease's [`Slices`].
+#[derive(Debug, Clone)]
+pub struct SliceIter<'a> {
+    s: &'a Slices,
+    i: usize,
+}
+
+impl Iterator for SliceIter<'_> {
+    type Item = Slice;
+    fn next(&mut self) -> Option<Slice> {
+        let x = self.s.get(self.i)?;
+        self.i += 1;
+        Some(x)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.s.len() - self.i.min(self.s.len());
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for SliceIter<'_> {}
+
+impl<'a> IntoIterator for &'a Slices {
+    type Item = Slice;
+    type IntoIter = SliceIter<'a>;
+    fn into_iter(self) -> SliceIter<'a> {
+        self.iter()
     }
 }
 
 impl Default for Slices {
     fn default() -> Slices {
         Slices::new()
-    }
-}
-
-impl Deref for Slices {
-    type Target = [Slice];
-    fn deref(&self) -> &[Slice] {
-        let n = (self.n as usize).min(MAX_SLICES);
-        // SAFETY: `items[..n]` were initialised by `push` (the only writer,
-        // which moves `n` past each item it writes; fields are private), and
-        // `MaybeUninit<Slice>` has the layout of `Slice`.
-        unsafe { std::slice::from_raw_parts(self.items.as_ptr() as *const Slice, n) }
     }
 }
 
@@ -311,7 +424,7 @@ impl fmt::Debug for Slices {
 
 impl PartialEq for Slices {
     fn eq(&self, o: &Slices) -> bool {
-        **self == **o
+        self.iter().eq(o.iter())
     }
 }
 
@@ -319,14 +432,16 @@ impl Serialize for Slices {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.len()))?;
         for x in self.iter() {
-            seq.serialize_element(x)?;
+            seq.serialize_element(&x)?;
         }
         seq.end()
     }
 }
 
 /// A granted lease. Release it with [`FairShare::release`](super::FairShare::release)
-/// by its `id` (`fair.release(&lease.id, now)`). Plain data, no heap.
+/// by its `id` (`fair.release(&lease.id, now)`). Plain data, no heap, at
+/// most 256 bytes (it is returned by value; see `LEASE_BYTES` in the
+/// tests).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Lease {
     /// `${tenant}${n}` with a per-tenant counter from 1 (ruling Q12).
@@ -342,7 +457,8 @@ pub struct Lease {
     /// Units taken from the tenant's own guarantee.
     #[serde(serialize_with = "ser_num")]
     pub own: f64,
-    /// Borrowed slices, largest lender first. Empty when wholly own.
+    /// Borrowed slices, largest lender first, lenders by tenant index.
+    /// Empty when wholly own.
     pub slices: Slices,
     /// When the lease was granted (in a region, the `now` the ledger took:
     /// never earlier than the last accepted one).
@@ -551,8 +667,58 @@ fn ser_keyed_shares<S: Serializer>(v: &[TenantShare], s: S) -> Result<S::Ok, S::
 
 #[cfg(test)]
 mod tests {
-    use super::{LeaseId, TenantId};
-    use crate::fair::MAX_TENANT_ID_BYTES;
+    use super::{Lease, LeaseId, Slice, Slices, TenantId};
+    use crate::fair::{AcquireResult, MAX_SLICES, MAX_TENANT_ID_BYTES};
+
+    /// A lease is returned by value and moved again by the caller's
+    /// `unwrap`s: it (and the whole answer) stays within the 256 bytes one
+    /// copy moves in one go (it was 520 with the lenders' ids inline).
+    #[test]
+    fn a_lease_fits_in_256_bytes() {
+        assert_eq!(std::mem::size_of::<Lease>(), 232);
+        assert!(std::mem::size_of::<AcquireResult>() <= 256);
+        assert!(std::mem::size_of::<Result<Lease, super::Refusal>>() <= 256);
+    }
+
+    #[test]
+    fn slices_keep_their_order_and_bound() {
+        let mut s = Slices::new();
+        assert!(s.is_empty() && s.iter().next().is_none() && s.get(0).is_none());
+        for i in 0..MAX_SLICES as u32 {
+            assert!(s.push(Slice {
+                lender: i + 1,
+                units: f64::from(i) * 1.5,
+            }));
+        }
+        assert!(!s.push(Slice {
+            lender: 99,
+            units: 1.0
+        }));
+        assert_eq!(s.len(), MAX_SLICES);
+        let v = s.to_vec();
+        assert_eq!(v.len(), MAX_SLICES);
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(x.lender, i as u32 + 1);
+            assert_eq!(x.units, i as f64 * 1.5);
+        }
+        assert_eq!(s.iter().len(), MAX_SLICES);
+        assert_eq!(s.get(MAX_SLICES), None);
+        assert_eq!(s, s);
+        assert_ne!(s, Slices::new());
+        assert_eq!(
+            serde_json::to_value(Slices::new()).unwrap(),
+            serde_json::json!([])
+        );
+        let mut one = Slices::new();
+        one.push(Slice {
+            lender: 0,
+            units: 50.0,
+        });
+        assert_eq!(
+            serde_json::to_value(one).unwrap(),
+            serde_json::json!([{"lender": 0, "units": 50}])
+        );
+    }
 
     #[test]
     fn lease_ids_are_the_tenant_then_the_number_in_decimal() {
@@ -573,6 +739,21 @@ mod tests {
         // Beyond the capacity (a tenant id longer than any configured one,
         // and the longest number): refused, not truncated.
         assert!(LeaseId::new(&format!("{longest}x"), u64::MAX).is_none());
+        // The fixed-block builder gives the same ids.
+        let mut nos = vec![0u64, 1, 9, 10, 11, 99, 100, 101, 20_000, u64::MAX];
+        let mut p = 1u64;
+        while let Some(q) = p.checked_mul(10) {
+            nos.extend([q - 1, q, q + 1]);
+            p = q;
+        }
+        for (t, no) in nos
+            .iter()
+            .flat_map(|&no| [("a", no), ("acme", no), (longest.as_str(), no)])
+        {
+            let tid = TenantId::new(t).unwrap();
+            assert_eq!(LeaseId::of(&tid, no), LeaseId::new(t, no).unwrap());
+            assert_eq!(LeaseId::of(&tid, no).as_str(), format!("{t}{no}"));
+        }
         assert_eq!(TenantId::new("acme").unwrap(), "acme");
     }
 }

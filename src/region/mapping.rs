@@ -283,6 +283,24 @@ impl Mapping {
         self.me_slow()
     }
 
+    /// The fast path of [`me`](Mapping::me), for a call that runs on every
+    /// operation: this process's owner id when it is registered in the
+    /// current fork generation (what `me` would answer without
+    /// registering), else `None`, and then `me` sorts it out. Two loads
+    /// and a few compares, no `Result` to build.
+    #[inline(always)]
+    pub fn me_registered(&self) -> Option<u32> {
+        let fast = self.fast.load(Ordering::Acquire);
+        let owner = fast as u32;
+        let low = owner & 0xffff;
+        // The checks of `ProcId::decode`: `me` would answer this id.
+        (low != 0
+            && (fast >> 32) as u32 == sys::fork::fork_generation() as u32
+            && owner >> 31 == 0
+            && low <= self.header.process_slots)
+            .then_some(owner)
+    }
+
     /// Like [`me`](Mapping::me), but while the table is full, reaps dead
     /// processes (calling `release` for each, see
     /// [`reap_dead`](Mapping::reap_dead)) and tries again, for at most
