@@ -216,6 +216,27 @@ impl FairConfig {
         Ok(cfg)
     }
 
+    /// The id of tenant `i` (constructor order), as a lease's
+    /// [`Slice::lender`](crate::fair::Slice::lender) names it; `None` past
+    /// the last tenant.
+    ///
+    /// ```
+    /// # use shmsched::fair::{FairConfig, FairnessUnit};
+    /// let cfg = FairConfig {
+    ///     ceiling: 10.0,
+    ///     fairness_unit: FairnessUnit::Cost,
+    ///     tenants: vec![("a".into(), 1.0), ("b".into(), 1.0)],
+    ///     reclaim_horizon_ms: 100,
+    ///     idle_after_ms: 1_000,
+    ///     started_at_ms: 0,
+    /// };
+    /// assert_eq!(cfg.tenant_id(1), Some("b"));
+    /// assert_eq!(cfg.tenant_id(2), None);
+    /// ```
+    pub fn tenant_id(&self, i: u32) -> Option<&str> {
+        self.tenants.get(i as usize).map(|t| t.0.as_str())
+    }
+
     /// The guarantee of tenant `i`: `ceiling * weight / totalWeight`.
     pub fn guarantee(&self, i: usize) -> Option<f64> {
         let total: f64 = self.tenants.iter().map(|t| t.1).sum();

@@ -289,7 +289,7 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 /// A slice of a lease borrowed from one lender's idle guarantee.
 ///
 /// The lender is recorded by its index in the configuration's tenant list
-/// (`config().tenants[lender as usize].0` is its id): a lease stays small
+/// ([`FairConfig::tenant_id`](crate::fair::FairConfig::tenant_id) gives its id): a lease stays small
 /// (it is moved by value out of `acquire`), and its slices hold no text.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Slice {
