@@ -198,6 +198,11 @@ fn a_consume_through_a_child_does_not_pass_a_waiter_queued_in_another_process() 
     let kid_tokens = kid.tokens().unwrap();
     assert!(!kid.try_consume_at(10, Priority::Highest).unwrap());
     assert_eq!(kid.tokens().unwrap(), kid_tokens, "the child was refunded");
+    // A zero goes at once only when nothing waits anywhere: it queues (and
+    // drains at once as the front of its own, empty, tier).
+    let g = lim.consume(0, Priority::Lowest).unwrap();
+    assert!(!g.immediate && !g.forced, "{g:?}");
+    assert!(!lim.try_consume(0).unwrap());
     let g = kid.consume(10, Priority::Highest).unwrap();
     assert!(
         !g.immediate,

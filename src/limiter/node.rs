@@ -298,16 +298,14 @@ impl Node {
     /// consume, and the parameters travelled through memory).
     #[inline(always)]
     pub fn fast(&self, n: u64, p: Priority, now: &mut Now) -> Result<Option<bool>> {
+        if n == 0 {
+            return Ok(self.fast_zero());
+        }
         let tier = p.index();
         match &self.home {
             Home::Local(b) => {
-                let q = b.queued.load(Ordering::SeqCst);
-                let ahead = if n == 0 { q } else { q >> tier };
-                if ahead != 0 {
+                if b.queued.load(Ordering::SeqCst) >> tier != 0 {
                     return Ok(None);
-                }
-                if n == 0 {
-                    return Ok(Some(false));
                 }
                 let params = b.params.snapshot_trusted()?;
                 let t = now.ns(&params.clock);
@@ -327,17 +325,10 @@ impl Node {
                 // One test, as without leases: a leased region
                 // (`GATE_LEASED`) checks its lease's deadline on the cold
                 // side.
-                let mask = if n == 0 {
-                    GATE_TIERS
-                } else {
-                    GATE_TIERS & !((1u64 << tier) - 1)
-                };
+                let mask = GATE_TIERS & !((1u64 << tier) - 1);
                 let g = r.gate();
                 if g & (mask | GATE_LEASED) != 0 && !r.open_slow(g, mask) {
                     return Ok(None);
-                }
-                if n == 0 {
-                    return Ok(Some(false));
                 }
                 let params = r.hot_params()?;
                 let bucket = r.bucket();
@@ -376,6 +367,22 @@ impl Node {
         if let Home::Shared(r) = &self.home {
             r.bucket().state().forced.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// [`fast`](Self::fast) for `n == 0`, out of line (the fast path then
+    /// tests one mask known where it is inlined, 5 instructions fewer): it
+    /// goes at once only if nothing waits at all, at any priority.
+    #[cold]
+    #[inline(never)]
+    fn fast_zero(&self) -> Option<bool> {
+        let open = match &self.home {
+            Home::Local(b) => b.queued.load(Ordering::SeqCst) == 0,
+            Home::Shared(r) => {
+                let g = r.gate();
+                g & (GATE_TIERS | GATE_LEASED) == 0 || r.open_slow(g, GATE_TIERS)
+            }
+        };
+        open.then_some(false)
     }
 
     /// `try_consume_at` at this level: charges exactly `n` (never into
