@@ -5,7 +5,7 @@
 //!
 //! - `consume`: one uncontended consume of 1 token on a single thread, at the
 //!   highest rate (2,147,483,647 tokens/s), so nothing ever waits: this
-//!   measures the fast path (clock read + one CAS per level). Rows: shmsched
+//!   measures the fast path (one clock read, one CAS per level). Rows: shmsched
 //!   in-process, shared through a region, through a child of a shared root,
 //!   `try_consume` shared, and `governor`'s direct (in-process) limiter.
 //! - `copy`: copying 1 MiB from memory into a preallocated `Vec`, with

@@ -55,7 +55,8 @@
 //! `rate, cap ≤ 2³¹ − 1` and `n ≤ 2³¹ − 1` (the seed's Int32 rule). `v` is
 //! saturated at [`V_MAX`] = 2⁶² tokens, which the clock reaches after
 //! 2⁶²/rate seconds: at least 2³¹ s ≈ 68 years after the bucket's epoch at
-//! the highest rate. `tat` may run ahead of `v` by at most `cap` plus
+//! the highest rate; at lower rates it stops 2⁶¹ ns (73 years) after its
+//! base ([`E_MAX`]). `tat` may run ahead of `v` by at most `cap` plus
 //! [`MAX_LEAD`] (2⁵⁰ tokens of debt); a word beyond that was scribbled on
 //! and is reported as an error, never used. Legitimate use never gets near
 //! it: a force-through is allowed only while the bucket is not in debt, so
@@ -68,6 +69,11 @@ const NS: u64 = 1_000_000_000;
 
 /// The virtual clock saturates here (see the module docs).
 pub const V_MAX: u64 = 1 << 62;
+
+/// The elapsed time since the clock's base that [`Gcra::v`] counts at
+/// most: 2⁶¹ ns, about 73 years (the clock stops there, unless it reached
+/// [`V_MAX`] before: after 68 years at the highest rate).
+pub const E_MAX: u64 = 1 << 61;
 
 /// Where a new bucket's virtual clock starts: room below it for the
 /// capacity changes to move it down by (see the module docs).
@@ -189,16 +195,16 @@ impl Gcra {
     }
 
     /// Tokens ever refilled at `now_ns`: `base_v + ⌊elapsed · rate / 10⁹⌋`,
-    /// saturated at [`V_MAX`]. No 128-bit division: `secs · rate + ⌊nanos ·
-    /// rate / 10⁹⌋` with `nanos · rate < 2⁶¹`.
+    /// saturated at [`V_MAX`], the elapsed time at [`E_MAX`]. No 128-bit
+    /// division: `secs · rate + ⌊nanos · rate / 10⁹⌋` with `nanos · rate <
+    /// 2⁶¹`. With the elapsed time bounded, no sum can overflow (`secs <
+    /// 2.31·10⁹`, `rate < 2³²`, `base_v ≤ 2⁶²`: below 1.5·10¹⁹ < 2⁶⁴), so
+    /// the arithmetic needs no saturating steps (5 instructions a charge).
     #[inline]
     pub fn v(&self, now_ns: u64) -> u64 {
-        let e = now_ns.saturating_sub(self.base_ns);
+        let e = now_ns.saturating_sub(self.base_ns).min(E_MAX);
         let (s, ns) = (e / NS, e % NS);
-        s.saturating_mul(self.rate)
-            .saturating_add(ns * self.rate / NS)
-            .saturating_add(self.base_v)
-            .min(V_MAX)
+        (s * self.rate + ns * self.rate / NS + self.base_v).min(V_MAX)
     }
 
     /// The earliest instant (ns) at which `v` reaches `target`.
@@ -441,6 +447,39 @@ mod tests {
             g.v(3 * NS + NS / 2) - V_BIAS,
             3 * (i32::MAX as u64) + (i32::MAX as u64) / 2
         );
+    }
+
+    /// `v` without saturating steps is the exact `⌊e · rate / 10⁹⌋` (in
+    /// 128 bits) for any elapsed time up to [`E_MAX`], at any rate up to
+    /// 2³² − 1, and stops there; it never goes back.
+    #[test]
+    fn v_is_exact_up_to_its_bound_and_stops_there() {
+        for rate in [1u32, 7, 999_999_937, i32::MAX as u32, u32::MAX] {
+            let g = Gcra::based(rate, 1, 5, V_BIAS);
+            let exact = |e: u64| {
+                let x = u128::from(e.min(E_MAX)) * u128::from(rate) / u128::from(NS);
+                (u128::from(V_BIAS) + x).min(u128::from(V_MAX)) as u64
+            };
+            let mut last = 0;
+            for e in [
+                0,
+                1,
+                NS - 1,
+                NS,
+                NS + 1,
+                3_600 * NS + 123_456_789,
+                E_MAX / 3,
+                E_MAX - 1,
+                E_MAX,
+                E_MAX + 1,
+                u64::MAX - 5,
+            ] {
+                let v = g.v(e + 5);
+                assert_eq!(v, exact(e), "rate {rate}, elapsed {e}");
+                assert!(v >= last);
+                last = v;
+            }
+        }
     }
 
     #[test]

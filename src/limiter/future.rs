@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::node::{Home, Node};
+use super::node::{Home, Node, Now};
 use super::waiter::Waiter;
 use super::Grant;
 use crate::error::{Error, Result};
@@ -119,6 +119,8 @@ impl Future for Consume {
             this.done = true;
             return Poll::Ready(Err(e));
         }
+        // One reading of the clock for the levels this poll charges.
+        let mut now = Now::default();
         loop {
             let node = this.node_at(this.level);
             if let Some(w) = this.waiter.clone() {
@@ -154,7 +156,7 @@ impl Future for Consume {
             if let Err(e) = node.check_usable() {
                 return this.fail(e);
             }
-            match node.fast(this.n, this.priority) {
+            match node.fast(this.n, this.priority, &mut now) {
                 Ok(Some(debt)) => {
                     if let Some(g) = this.advance(&node, debt) {
                         return Poll::Ready(Ok(g));

@@ -90,7 +90,7 @@ pub use stats::{LimiterQueueStats, LimiterStats, SharedLimiterStats};
 use crate::error::{Error, Result};
 use crate::priority::Priority;
 use crate::region::Region;
-use node::{Home, Node};
+use node::{Home, Node, Now};
 use root::LimRoot;
 
 /// The largest rate, capacity and single consume: 2,147,483,647 (the
@@ -315,7 +315,7 @@ impl Limiter {
         check_consume(n)?;
         if self.node.parent().is_none() {
             self.node.check_usable()?;
-            if let Some(debt) = self.node.fast(n, priority)? {
+            if let Some(debt) = self.node.fast(n, priority, &mut Now::default())? {
                 return Ok(Grant {
                     immediate: true,
                     forced: debt,
@@ -334,6 +334,11 @@ impl Limiter {
         self.consume_chain(n, priority, std::time::Instant::now().checked_add(timeout))
     }
 
+    /// The chain, level by level from the leaf: one walk, one reading of
+    /// the clock for the levels charged at once (read afresh after a
+    /// wait), the fork checked once (every level of a chain was made in
+    /// the generation of the leaf: a child is made only from a usable
+    /// handle).
     #[inline(never)]
     fn consume_chain(
         &self,
@@ -341,27 +346,29 @@ impl Limiter {
         priority: Priority,
         deadline: Option<std::time::Instant>,
     ) -> Result<Grant> {
+        self.node.check_usable()?;
         let mut grant = Grant {
             immediate: true,
             forced: false,
         };
+        let mut now = Now::default();
         let mut node = &*self.node;
         loop {
-            let r = node
-                .check_usable()
-                .and_then(|()| match node.fast(n, priority)? {
-                    Some(debt) => Ok(debt),
-                    None => {
-                        grant.immediate = false;
-                        let arc = self.level_arc(node);
-                        let w = arc.enqueue(n, priority, false);
-                        let debt = arc.wait(&w, deadline)?;
+            let r = match node.fast(n, priority, &mut now) {
+                Ok(Some(debt)) => Ok(debt),
+                Ok(None) => {
+                    grant.immediate = false;
+                    now = Now::default();
+                    let arc = self.level_arc(node);
+                    let w = arc.enqueue(n, priority, false);
+                    arc.wait(&w, deadline).inspect(|&debt| {
                         if debt && matches!(node.home(), Home::Shared(_)) {
                             node.note_forced();
                         }
-                        Ok(debt)
-                    }
-                });
+                    })
+                }
+                Err(e) => Err(e),
+            };
             match r {
                 Ok(debt) => {
                     grant.forced |= debt;
@@ -446,22 +453,30 @@ impl Limiter {
     #[inline]
     pub fn try_consume_at(&self, n: u64, priority: Priority) -> Result<bool> {
         check_consume(n)?;
-        let tier = priority.index();
+        self.node.check_usable()?;
+        if self.node.parent().is_none() {
+            return self
+                .node
+                .try_level(n, priority.index(), &mut Now::default());
+        }
+        self.try_chain(n, priority)
+    }
+
+    /// [`try_consume_at`](Self::try_consume_at) through a chain: one walk,
+    /// one reading of the clock; a refusal or an error part-way refunds
+    /// the levels already charged.
+    #[inline(never)]
+    fn try_chain(&self, n: u64, priority: Priority) -> Result<bool> {
+        let mut now = Now::default();
         let mut node = &*self.node;
         loop {
-            node.check_usable()?;
-            let ok = match node.try_level(n) {
-                Ok(ok) => ok,
-                Err(e) => {
+            match node.try_level(n, priority.index(), &mut now) {
+                Ok(true) => {}
+                r => {
                     self.refund_below(node, n, priority);
-                    return Err(e);
+                    return r;
                 }
-            };
-            if !ok {
-                self.refund_below(node, n, priority);
-                return Ok(false);
             }
-            node.charged(tier, n);
             match node.parent() {
                 None => return Ok(true),
                 Some(p) => node = p,

@@ -11,7 +11,9 @@
 //! consume that a level cannot charge waits *at that level*, so a consume
 //! held back by its own child limiter never defers anyone at the root. If
 //! it gives up (timeout, dropped future) the levels already charged are
-//! refunded, exactly: nothing charged and unused is lost.
+//! refunded, exactly: nothing charged and unused is lost. The levels charged
+//! at once in one walk share one reading of the clock ([`Now`]): a TSC
+//! read costs a VM about 10 ns, as much as the rest of a level's charge.
 //!
 //! **Draining an in-process level.** Under the level's lock, tiers are
 //! visited from the highest down; each drains from its front while the
@@ -44,9 +46,32 @@ use crate::priority::{Priority, LEVELS};
 use crate::region::registry::{GATE_LEASED, GATE_TIERS};
 use crate::scheduler::QueueStats;
 use crate::stall::StallClock;
-use crate::sys::clock::Clock;
+use crate::sys::clock::{monotonic_ns, read_tsc, Clock};
 use crate::sys::fork::fork_generation;
 use crate::sys::futex::futex_wait;
+
+/// One reading of the clock for a walk up a chain: the TSC (or
+/// `CLOCK_MONOTONIC`, for a level without one) is read at most once, at
+/// the first level that needs it, and every level maps that reading with
+/// its own calibration. A reading a few ns old at the upper levels only
+/// makes them see slightly less refill; on a VM a TSC read costs about
+/// as much as the rest of a level's charge.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Now {
+    tsc: Option<u64>,
+    mono: Option<u64>,
+}
+
+impl Now {
+    /// Nanoseconds on `clock`'s scale, from this walk's reading.
+    #[inline(always)]
+    pub fn ns(&mut self, clock: &Clock) -> u64 {
+        match clock {
+            Clock::Tsc(c) => c.ns_at(*self.tsc.get_or_insert_with(read_tsc)),
+            Clock::Monotonic => *self.mono.get_or_insert_with(monotonic_ns),
+        }
+    }
+}
 
 /// An in-process level's bucket and queues.
 #[derive(Debug)]
@@ -173,21 +198,6 @@ impl Node {
         }
     }
 
-    /// This level's parameters now and its bucket word, for the fast paths:
-    /// one dispatch on the home; an in-process block (only this crate
-    /// writes it, with validated values) is read without the range checks
-    /// a region's needs.
-    #[inline(always)]
-    fn hot(&self) -> Result<(Params, &AtomicU64)> {
-        match &self.home {
-            Home::Local(b) => Ok((b.params.snapshot_trusted()?, &b.tat)),
-            Home::Shared(r) => {
-                let bucket = r.bucket();
-                Ok((r.hot_params()?, &bucket.state().tat))
-            }
-        }
-    }
-
     /// This level's parameters now.
     #[inline(always)]
     pub fn params(&self) -> Result<Params> {
@@ -279,51 +289,63 @@ impl Node {
     // ---- fast paths ----------------------------------------------------------
 
     /// Charges `n` at this level if nothing waits ahead of it here: `Ok(Some(
-    /// debt))` if charged, `Ok(None)` to queue.
+    /// debt))` if charged, `Ok(None)` to queue. `now` is the walk's one
+    /// reading of the clock (see [`Now`]).
+    ///
+    /// One dispatch on the home, and each arm is the whole path: its
+    /// queue test, its parameters, its charge and its counters (matching
+    /// on the home again for each of them cost about 10 instructions a
+    /// consume, and the parameters travelled through memory).
     #[inline(always)]
-    pub fn fast(&self, n: u64, p: Priority) -> Result<Option<bool>> {
-        let open = match &self.home {
+    pub fn fast(&self, n: u64, p: Priority, now: &mut Now) -> Result<Option<bool>> {
+        if n == 0 {
+            return Ok(self.fast_zero());
+        }
+        let tier = p.index();
+        match &self.home {
             Home::Local(b) => {
-                let q = b.queued.load(Ordering::SeqCst);
-                if n == 0 {
-                    q == 0
-                } else {
-                    q >> p.index() == 0
+                if b.queued.load(Ordering::SeqCst) >> tier != 0 {
+                    return Ok(None);
+                }
+                let params = b.params.snapshot_trusted()?;
+                let t = now.ns(&params.clock);
+                match params.gcra.charge(&b.tat, n, t, Mode::Normal) {
+                    Ok(c) => {
+                        if c.debt {
+                            self.forced.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        Ok(Some(c.debt))
+                    }
+                    Err(Refused::Until(_)) => Ok(None),
+                    Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
                 }
             }
             Home::Shared(r) => {
                 // One test, as without leases: a leased region
                 // (`GATE_LEASED`) checks its lease's deadline on the cold
                 // side.
-                let mask = if n == 0 {
-                    GATE_TIERS
-                } else {
-                    GATE_TIERS & !((1u64 << p.index()) - 1)
-                };
+                let mask = GATE_TIERS & !((1u64 << tier) - 1);
                 let g = r.gate();
-                g & (mask | GATE_LEASED) == 0 || r.open_slow(g, mask)
-            }
-        };
-        if !open {
-            return Ok(None);
-        }
-        if n == 0 {
-            return Ok(Some(false));
-        }
-        let (params, tat) = self.hot()?;
-        let charged = params
-            .gcra
-            .charge(tat, n, params.clock.now_ns(), Mode::Normal);
-        match charged {
-            Ok(c) => {
-                if c.debt {
-                    self.count_forced();
+                if g & (mask | GATE_LEASED) != 0 && !r.open_slow(g, mask) {
+                    return Ok(None);
                 }
-                self.charged(p.index(), n);
-                Ok(Some(c.debt))
+                let params = r.hot_params()?;
+                let bucket = r.bucket();
+                let t = now.ns(&params.clock);
+                match params.gcra.charge(&bucket.state().tat, n, t, Mode::Normal) {
+                    Ok(c) => {
+                        if c.debt {
+                            self.count_forced();
+                        }
+                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        Ok(Some(c.debt))
+                    }
+                    Err(Refused::Until(_)) => Ok(None),
+                    Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
+                }
             }
-            Err(Refused::Until(_)) => Ok(None),
-            Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
         }
     }
 
@@ -339,6 +361,7 @@ impl Node {
         }
     }
 
+    #[cold]
     fn count_forced(&self) {
         self.forced.fetch_add(1, Ordering::Relaxed);
         if let Home::Shared(r) = &self.home {
@@ -346,43 +369,71 @@ impl Node {
         }
     }
 
-    /// `try_consume_at` at this level: charges exactly `n` (never into
-    /// debt) only if nothing waits here (in any process, for a shared root,
-    /// after reaping dead waiters). Does not count it: the caller does, at
-    /// its priority ([`charged`](Self::charged)); a priority passed in here
-    /// costs the charge loop a spilled register (measured: +10 instructions
-    /// a call).
-    pub fn try_level(&self, n: u64) -> Result<bool> {
+    /// [`fast`](Self::fast) for `n == 0`, out of line (the fast path then
+    /// tests one mask known where it is inlined, 5 instructions fewer): it
+    /// goes at once only if nothing waits at all, at any priority.
+    #[cold]
+    #[inline(never)]
+    fn fast_zero(&self) -> Option<bool> {
         let open = match &self.home {
             Home::Local(b) => b.queued.load(Ordering::SeqCst) == 0,
             Home::Shared(r) => {
-                // A lease's deadline, as on the consume fast path: the
-                // precise clock only near or past it.
                 let g = r.gate();
-                if g & GATE_LEASED != 0 {
-                    r.open_slow(g, 0);
-                }
-                if !r.nobody_waits() {
-                    // Waiters of dead processes are reaped by the drain.
-                    r.drain_eager();
-                }
-                r.nobody_waits()
+                g & (GATE_TIERS | GATE_LEASED) == 0 || r.open_slow(g, GATE_TIERS)
             }
         };
-        if !open {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-        let (params, tat) = self.hot()?;
-        let charged = params
-            .gcra
-            .charge(tat, n, params.clock.now_ns(), Mode::Exact);
-        match charged {
-            Ok(_) => Ok(true),
-            Err(Refused::Until(_)) => Ok(false),
-            Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
+        open.then_some(false)
+    }
+
+    /// `try_consume_at` at this level: charges exactly `n` (never into
+    /// debt) only if nothing waits here (in any process, for a shared root,
+    /// after reaping dead waiters), and counts it at `tier`. One dispatch
+    /// on the home, as in [`fast`](Self::fast).
+    #[inline(always)]
+    pub fn try_level(&self, n: u64, tier: usize, now: &mut Now) -> Result<bool> {
+        match &self.home {
+            Home::Local(b) => {
+                if b.queued.load(Ordering::SeqCst) != 0 {
+                    return Ok(false);
+                }
+                if n == 0 {
+                    return Ok(true);
+                }
+                let params = b.params.snapshot_trusted()?;
+                let t = now.ns(&params.clock);
+                match params.gcra.charge(&b.tat, n, t, Mode::Exact) {
+                    Ok(_) => {
+                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        Ok(true)
+                    }
+                    Err(Refused::Until(_)) => Ok(false),
+                    Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
+                }
+            }
+            Home::Shared(r) => {
+                // A lease's deadline, as on the consume fast path: the
+                // precise clock only near or past it; waiters of dead
+                // processes are reaped by the drain.
+                let g = r.gate();
+                if g & (GATE_TIERS | GATE_LEASED) != 0 && !r.try_open_slow(g) {
+                    return Ok(false);
+                }
+                if n == 0 {
+                    return Ok(true);
+                }
+                let params = r.hot_params()?;
+                let bucket = r.bucket();
+                let t = now.ns(&params.clock);
+                match params.gcra.charge(&bucket.state().tat, n, t, Mode::Exact) {
+                    Ok(_) => {
+                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        Ok(true)
+                    }
+                    Err(Refused::Until(_)) => Ok(false),
+                    Err(Refused::Corrupt { tat, v }) => Err(corrupt_error(tat, v)),
+                }
+            }
         }
     }
 

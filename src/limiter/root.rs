@@ -493,6 +493,22 @@ impl LimRoot {
         g & mask == 0
     }
 
+    /// `try_consume`'s gate test failed (`g`: the gate it read): checks a
+    /// lease's deadline if the region is leased, and if anything waits,
+    /// drains eagerly (a caller that cannot wait reaps a dead front at
+    /// once); true if nothing waits after that.
+    #[cold]
+    #[inline(never)]
+    pub fn try_open_slow(&self, g: u64) -> bool {
+        if g & GATE_LEASED != 0 {
+            self.open_slow(g, 0);
+        }
+        if !self.nobody_waits() {
+            self.drain_eager();
+        }
+        self.nobody_waits()
+    }
+
     /// The gate word.
     #[inline(always)]
     pub fn gate(&self) -> u64 {
