@@ -31,9 +31,8 @@ pub struct ReplaySummary {
 /// `cfg` (which names the lenders: a lease records them by index).
 pub fn acquire_json(cfg: &FairConfig, r: &AcquireResult) -> Value {
     let name = |i: u32| {
-        cfg.tenants
-            .get(i as usize)
-            .map_or_else(|| format!("#{i}"), |t| t.0.clone())
+        cfg.tenant_id(i)
+            .map_or_else(|| format!("#{i}"), str::to_owned)
     };
     match r {
         Ok(Ok(l)) => json!({

@@ -292,13 +292,10 @@ impl Mapping {
     pub fn me_registered(&self) -> Option<u32> {
         let fast = self.fast.load(Ordering::Acquire);
         let owner = fast as u32;
-        let low = owner & 0xffff;
-        // The checks of `ProcId::decode`: `me` would answer this id.
-        (low != 0
-            && (fast >> 32) as u32 == sys::fork::fork_generation() as u32
-            && owner >> 31 == 0
-            && low <= self.header.process_slots)
-            .then_some(owner)
+        // What `me` checks, `ProcId::decode`'s rule included.
+        ((fast >> 32) as u32 == sys::fork::fork_generation() as u32
+            && ProcId::is_valid(owner, self.header.process_slots))
+        .then_some(owner)
     }
 
     /// Like [`me`](Mapping::me), but while the table is full, reaps dead

@@ -184,6 +184,14 @@ impl ProcId {
         ((idx & 0xffff) + 1) | ((generation & 0x7fff) << 16)
     }
 
+    /// Whether [`decode`](Self::decode) accepts `owner`: 31 bits, naming an
+    /// entry of a table of `process_slots`.
+    #[inline(always)]
+    pub fn is_valid(owner: u32, process_slots: u32) -> bool {
+        let low = owner & 0xffff;
+        owner >> 31 == 0 && low != 0 && low <= process_slots
+    }
+
     /// Splits an owner id read from the region, validating its index against
     /// `process_slots`.
     pub fn decode(owner: u32, process_slots: u32) -> Result<ProcId> {
