@@ -49,6 +49,13 @@
 //!   or did not.
 //! - **Integer exactness.** `v` is computed from absolute elapsed time
 //!   (seconds · rate + ⌊nanos · rate / 10⁹⌋), so rounding never accumulates.
+//! - **The fast path's clock is never ahead.** The consume fast path
+//!   computes `v` from the raw clock reading (TSC ticks) with one multiply
+//!   ([`Hot`]), every rounding down, so it never runs ahead of the exact
+//!   (rational) clock that this one also never passes, and lags it by less
+//!   than two tokens and a tick's refill: whichever path charged, the
+//!   bound above holds against the exact clock, and the long-run rate
+//!   never exceeds the configured one.
 //!
 //! # Bounds (overflow)
 //!
@@ -63,6 +70,7 @@
 //! debt stays below one request (2³¹). All sums stay below 2⁶³.
 
 use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sys::clock::Clock;
 
 /// Nanoseconds per second.
 const NS: u64 = 1_000_000_000;
@@ -240,37 +248,35 @@ impl Gcra {
         now_ns: u64,
         mode: Mode,
     ) -> Result<Charged, Refused> {
-        let v = self.v(now_ns);
-        let limit = v + self.cap; // tat may reach this without debt
-        let need = match mode {
-            Mode::Normal => n.min(self.cap),
-            Mode::Exact | Mode::Force => n,
+        charge_at(self.cap, word, n, self.v(now_ns), mode)
+    }
+
+    /// The fast path's form of this bucket on `clock` ([`Hot`]): the
+    /// virtual clock as a function of the clock's raw reading, `base_v +
+    /// ⌊(tick − base_tick) · k / 2^s⌋`, never ahead of [`v`](Self::v)'s
+    /// exact rational value (see [`Hot`]).
+    pub fn hot(&self, clock: &Clock) -> Hot {
+        let (k, s) = tick_rate(self.rate, clock);
+        let base_tick = match clock {
+            Clock::Monotonic => self.base_ns,
+            Clock::Tsc(c) => c.tick_at_or_after(self.base_ns),
         };
-        let mut t = word.load(Ordering::Acquire);
-        loop {
-            if self.corrupt(t, v) {
-                return Err(Refused::Corrupt { tat: t, v });
-            }
-            let base = t.max(v);
-            if mode == Mode::Force {
-                // Never into debt on top of debt: the balance must be
-                // non-negative first (this bounds debt below one request).
-                if t > limit {
-                    return Err(Refused::Until(t - self.cap));
-                }
-            } else if base + need > limit {
-                return Err(Refused::Until(base + need - self.cap));
-            }
-            let new = base + n;
-            match word.compare_exchange_weak(t, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    return Ok(Charged {
-                        tat: new,
-                        debt: new > limit,
-                    })
-                }
-                Err(cur) => t = cur,
-            }
+        // The largest elapsed time with (e · k) >> s ≤ V_MAX − base_v.
+        let room = u128::from(V_MAX - self.base_v.min(V_MAX)) + 1;
+        let e_max = ((room << s) - 1)
+            .checked_div(u128::from(k))
+            .map_or(u64::MAX, |e| u64::try_from(e).unwrap_or(u64::MAX));
+        Hot {
+            cap: self.cap,
+            base_tick,
+            base_v: self.base_v.min(V_MAX),
+            k,
+            s: s | if matches!(clock, Clock::Tsc(_)) {
+                HOT_TSC
+            } else {
+                0
+            },
+            e_max,
         }
     }
 
@@ -300,9 +306,177 @@ impl Gcra {
     }
 }
 
+/// Charges `n` tokens on `word` with the virtual clock at `v`, for a
+/// bucket of capacity `cap` (see the module docs): one CAS.
+#[inline(always)]
+fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<Charged, Refused> {
+    let limit = v + cap; // tat may reach this without debt
+    let need = match mode {
+        Mode::Normal => n.min(cap),
+        Mode::Exact | Mode::Force => n,
+    };
+    let mut t = word.load(Ordering::Acquire);
+    loop {
+        let base = t.max(v);
+        // Force: never into debt on top of debt, the balance must be
+        // non-negative first (this bounds debt below one request).
+        let go = if mode == Mode::Force {
+            t <= limit
+        } else {
+            base.saturating_add(need) <= limit
+        };
+        if !go {
+            // A scribbled word can only be refused (it is above `limit`):
+            // the check costs the charge nothing.
+            if t > limit + MAX_LEAD {
+                return Err(Refused::Corrupt { tat: t, v });
+            }
+            return Err(Refused::Until(if mode == Mode::Force {
+                t - cap
+            } else {
+                base + need - cap
+            }));
+        }
+        let new = base + n;
+        match word.compare_exchange_weak(t, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                return Ok(Charged {
+                    tat: new,
+                    debt: new > limit,
+                })
+            }
+            Err(cur) => t = cur,
+        }
+    }
+}
+
+/// The bit of [`Hot`]'s `s` word that says the clock is the TSC (clear:
+/// `CLOCK_MONOTONIC`).
+pub(crate) const HOT_TSC: u32 = 1 << 8;
+
+/// A bucket as its consume fast path sees it: the virtual clock computed
+/// from the raw reading of its clock (TSC ticks, or nanoseconds of
+/// `CLOCK_MONOTONIC`) with one multiply,
+///
+/// ```text
+/// v(tick) = base_v + ⌊(tick − base_tick) · k / 2^s⌋    (64 × 64 → 128 bits)
+/// ```
+///
+/// where `k / 2^s` is the bucket's tokens per tick, rounded down, with 63
+/// or 64 significant bits ([`tick_rate`]), and `base_tick` is the first
+/// tick at or after the clock's base instant (`base_ns`, mapped with the
+/// calibration, rounded up). Derived from a [`Gcra`] and its [`Clock`] by
+/// [`Gcra::hot`], once per change of the parameters, by every process
+/// from the same stored words (a region's calibration is the one its
+/// creator stored), so every process computes the same function.
+///
+/// **It never runs ahead of the exact clock.** Let `V(t)` be the exact
+/// (rational) virtual clock `base_v + (ns(t) − base_ns) · rate / 10⁹`,
+/// with `ns(t) = ns0 + (t − tsc0) · mult / 2^shift` the calibration
+/// without its rounding. Both rounding steps go down: `ns(base_tick) ≥
+/// base_ns`, and `k / 2^s ≤` the exact tokens per tick, so `v(t) ≤ V(t)`
+/// at every tick; [`Gcra::v`] (the slow paths' clock, through the rounded
+/// nanoseconds) is `≤ V(t)` too. The bucket's bound `Σn ≤ cap + V(now) −
+/// tokens(now)` so holds whichever path charged, and the long-run rate
+/// never exceeds the configured one. It lags `V` by less than two tokens
+/// plus one tick's refill, never accumulating: the tick's for `base_tick`
+/// rounded up (below a token on any clock at least as fast as the rate:
+/// a TSC of a GHz or more), one for the final rounding, and `e · (r −
+/// k/2^s) < e · 2⁻ˢ` for `k`'s, below one token while `e · 2⁻ˢ < 1` (`s =
+/// 63` below a token per tick: 2⁶³ ticks, a century at 3 GHz; else `k ≥
+/// 2⁶³`, a relative error below 2⁻⁶³ of the refill). A change of the
+/// parameters re-bases the clock on the slow path's reading, which is not
+/// ahead of `V` either, so no change creates tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hot {
+    /// The capacity (burst).
+    pub cap: u64,
+    /// The clock reading (TSC ticks, or ns) at which `v` is `base_v`.
+    pub base_tick: u64,
+    /// The virtual clock at `base_tick`.
+    pub base_v: u64,
+    /// Tokens per tick, scaled by `2^s`.
+    pub k: u64,
+    /// The scale of `k` (bits 0..=5, at most 63) and [`HOT_TSC`].
+    pub s: u32,
+    /// The elapsed ticks at which `v` reaches [`V_MAX`] (and stops).
+    pub e_max: u64,
+}
+
+impl Hot {
+    /// Whether the clock read is the TSC (else `CLOCK_MONOTONIC` ns).
+    #[inline(always)]
+    pub fn tsc(&self) -> bool {
+        self.s & HOT_TSC != 0
+    }
+
+    /// The virtual clock at clock reading `tick` (saturated at [`V_MAX`]:
+    /// the elapsed ticks stop at `e_max`; a reading before `base_tick` is
+    /// `base_v`). One 64 × 64 → 128-bit multiply and a shift, and no
+    /// saturating step after it: with `e ≤ e_max`, `(e · k) >> s ≤ V_MAX −
+    /// base_v` (so its low word is all of it, and the sum is at most
+    /// `V_MAX`).
+    #[inline(always)]
+    pub fn v(&self, tick: u64) -> u64 {
+        let e = tick.saturating_sub(self.base_tick).min(self.e_max);
+        let d = (u128::from(e) * u128::from(self.k)) >> (self.s & 63);
+        d as u64 + self.base_v
+    }
+
+    /// Charges `n` (≤ 2³¹−1) tokens at clock reading `tick` on `word`, as
+    /// [`Gcra::charge`] does at the matching instant.
+    #[inline(always)]
+    pub fn charge(
+        &self,
+        word: &AtomicU64,
+        n: u64,
+        tick: u64,
+        mode: Mode,
+    ) -> Result<Charged, Refused> {
+        charge_at(self.cap, word, n, self.v(tick), mode)
+    }
+}
+
+/// Tokens per tick of `clock` at `rate` tokens per second, as `(k, s)`:
+/// `k / 2^s`, rounded down, the largest `s ≤ 63` with `k < 2⁶⁴` (64
+/// significant bits from a token per tick up; below, `s = 63`). The
+/// exact rate per tick is `rate · mult / (10⁹ · 2^shift)` on a TSC clock
+/// and `rate / 10⁹` on `CLOCK_MONOTONIC`.
+pub(crate) fn tick_rate(rate: u64, clock: &Clock) -> (u64, u32) {
+    let (x, d) = match clock {
+        // rate < 2³², mult < 2⁶⁴, shift ≤ 63: x < 2⁹⁶, d < 2⁹³.
+        Clock::Tsc(c) => (
+            u128::from(rate) * u128::from(c.mult),
+            u128::from(NS) << (c.shift & 63),
+        ),
+        Clock::Monotonic => (u128::from(rate), u128::from(NS)),
+    };
+    let q = x / d;
+    // Tokens per tick below 2^b: k = ⌊x · 2^s / d⌋ < 2^(b + s) ≤ 2⁶⁴.
+    let b = 128 - q.leading_zeros();
+    if b > 64 {
+        // Not a clock any check accepts: as fast as can be represented.
+        return (u64::MAX, 0);
+    }
+    let s = 63.min(64 - b);
+    // The fraction's first s bits by long division, at most 32 bits a
+    // step (rem < d < 2⁹⁴, so rem · 2³² < 2¹²⁶).
+    let (mut rem, mut f, mut left) = (x % d, 0u128, s);
+    while left > 0 {
+        let c = left.min(32);
+        rem <<= c;
+        f = (f << c) | (rem / d);
+        rem %= d;
+        left -= c;
+    }
+    let k = (q << s) | f;
+    (u64::try_from(k).unwrap_or(u64::MAX), s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::clock::TscClock;
 
     #[test]
     fn starts_full_refills_continuously_and_caps() {
@@ -478,6 +652,192 @@ mod tests {
                 assert_eq!(v, exact(e), "rate {rate}, elapsed {e}");
                 assert!(v >= last);
                 last = v;
+            }
+        }
+    }
+
+    /// A TSC calibration of a `ghz` GHz counter (shift 32), based at
+    /// `tsc0 = 1_000`, `ns0 = 7_000`.
+    fn tsc_clock(mhz: u64) -> Clock {
+        Clock::Tsc(TscClock {
+            tsc0: 1_000,
+            ns0: 7_000,
+            mult: ((1000u128 << 32) / u128::from(mhz)) as u64,
+            shift: 32,
+        })
+    }
+
+    /// The exact (rational) virtual clock of `g` on `clock` at raw reading
+    /// `tick`, rounded down (see [`Hot`]): what no path may run ahead of.
+    fn exact_v(g: &Gcra, clock: &Clock, tick: u64) -> u64 {
+        let (base_ns, base_v) = g.base();
+        let num = match clock {
+            Clock::Monotonic => (
+                u128::from(tick.saturating_sub(base_ns)) * u128::from(g.rate()),
+                u128::from(NS),
+            ),
+            Clock::Tsc(c) => {
+                let here = u128::from(tick - c.tsc0) * u128::from(c.mult);
+                let base = u128::from(base_ns - c.ns0) << c.shift;
+                (
+                    here.saturating_sub(base) * u128::from(g.rate()),
+                    u128::from(NS) << c.shift,
+                )
+            }
+        };
+        base_v + u64::try_from(num.0 / num.1).unwrap()
+    }
+
+    /// The fast path's clock never runs ahead of the exact clock and lags
+    /// it by less than two tokens, at rates where the rounding bites (1
+    /// token/s, 10⁹/s, rates that divide no tick frequency) and on clocks
+    /// of several frequencies, over elapsed times up to years; and it
+    /// never goes back.
+    #[test]
+    fn hot_clock_rounds_down_by_less_than_two_tokens() {
+        let rates = [
+            1u32,
+            7,
+            1_000_000_000,
+            999_999_937,
+            123_456_789,
+            i32::MAX as u32,
+        ];
+        let clocks = [
+            Clock::Monotonic,
+            tsc_clock(2_600),
+            tsc_clock(2_999),
+            tsc_clock(1_000),
+            tsc_clock(3_333),
+            tsc_clock(1),
+        ];
+        for clock in clocks {
+            for rate in rates {
+                for (base_ns, base_v) in
+                    [(7_000, V_BIAS), (7_001, V_BIAS + 5), (123_456_789_123, 3)]
+                {
+                    let g = Gcra::based(rate, 1_000, base_ns, base_v);
+                    let h = g.hot(&clock);
+                    let start = match clock {
+                        Clock::Monotonic => base_ns,
+                        Clock::Tsc(c) => c.tsc0,
+                    };
+                    let mut last = 0;
+                    let mut e = 0u64;
+                    while e < 1 << 52 {
+                        for tick in [start + e, start + e + 1, start + e * 3 / 2 + 7] {
+                            let (fast, exact) = (h.v(tick), exact_v(&g, &clock, tick));
+                            if exact > V_MAX - (1 << 12) {
+                                // Saturated (see `hot_clock_saturates`).
+                                assert!(fast <= V_MAX);
+                                continue;
+                            }
+                            // Less than two tokens, plus the tick that
+                            // `base_tick` rounds up by.
+                            let tick_worth = (h.k >> (h.s & 63)) + 1;
+                            assert!(
+                                fast <= exact && fast + 2 + tick_worth > exact,
+                                "rate {rate}, {clock:?}, base {base_ns}: tick {tick}: \
+                                 {fast} against {exact}"
+                            );
+                            // The slow path's clock (through the rounded
+                            // nanoseconds) is not ahead either.
+                            let ns = match clock {
+                                Clock::Tsc(c) => c.ns_at(tick),
+                                Clock::Monotonic => tick,
+                            };
+                            assert!(g.v(ns) <= exact);
+                        }
+                        let v = h.v(start + e);
+                        assert!(v >= last);
+                        last = v;
+                        e = e * 2 + 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Charging as fast as the bucket allows through the fast path gets,
+    /// over any span, no more than the capacity plus the exact refill, at
+    /// 1 token/s, 10⁹/s and a rate that divides no tick frequency; and no
+    /// fewer than two tokens less.
+    #[test]
+    fn hot_charges_never_exceed_the_configured_rate() {
+        for (rate, clock) in [
+            (1u32, tsc_clock(2_600)),
+            (1_000_000_000, tsc_clock(2_600)),
+            (999_999_937, tsc_clock(2_999)),
+            (7, tsc_clock(3_333)),
+            (999_999_937, Clock::Monotonic),
+            (1, Clock::Monotonic),
+        ] {
+            // Never full within the run, so no refill is capped away.
+            let cap = i32::MAX as u32;
+            let base_ns = 1_000_000;
+            let g = Gcra::new(rate, cap, base_ns);
+            let h = g.hot(&clock);
+            let w = AtomicU64::new(0);
+            let start = h.base_tick;
+            let mut got = 0u64;
+            // Steps that share no factor with the rate or the frequency.
+            let (mut tick, step) = (start, 1 + h.k % 9_973);
+            let take = |tick: u64, got: &mut u64| {
+                for b in (0..31).rev() {
+                    while h.charge(&w, 1 << b, tick, Mode::Exact).is_ok() {
+                        *got += 1 << b;
+                    }
+                }
+            };
+            for _ in 0..20_000 {
+                take(tick, &mut got);
+                let refill = exact_v(&g, &clock, tick) - V_BIAS;
+                assert!(
+                    got <= u64::from(cap) + refill,
+                    "{rate}: {got} > {cap} + {refill}"
+                );
+                assert!(
+                    got + 2 > u64::from(cap) + refill,
+                    "{rate}: {got} ≪ {cap} + {refill}"
+                );
+                tick += step * (1 + tick % 7);
+            }
+            // A year later.
+            let year = match clock {
+                Clock::Monotonic => 365 * 86_400 * NS,
+                Clock::Tsc(_) => 365 * 86_400 * 3_333_000_000,
+            };
+            let tick = tick + year;
+            let before = got;
+            take(tick, &mut got);
+            let refill = exact_v(&g, &clock, tick) - V_BIAS;
+            let want = (before + u64::from(cap)).min(u64::from(cap) + refill);
+            assert!(
+                got <= want && got + 2 > want,
+                "{rate}: a year: {got}, {want}"
+            );
+        }
+    }
+
+    /// The fast path's clock saturates at [`V_MAX`] without overflowing,
+    /// at the highest rate on the fastest and the slowest clocks.
+    #[test]
+    fn hot_clock_saturates() {
+        for clock in [Clock::Monotonic, tsc_clock(1), tsc_clock(100_000)] {
+            for base_v in [0, V_BIAS, V_MAX - 1, V_MAX] {
+                let g = Gcra::based(i32::MAX as u32, 1, 0, base_v);
+                let h = g.hot(&clock);
+                // e_max rounds down: less than a tick's refill short
+                // (a 100 GHz counter wraps first, after 5.8 years).
+                let top = h.v(u64::MAX);
+                assert!(top <= V_MAX, "{clock:?} {base_v}: {top}");
+                if clock != tsc_clock(100_000) {
+                    assert!(top + (1 << 12) > V_MAX, "{clock:?} {base_v}: {top}");
+                }
+                assert!(h.v(h.base_tick.saturating_add(h.e_max)) <= V_MAX);
+                assert_eq!(h.v(0), base_v);
+                let w = AtomicU64::new(0);
+                assert!(h.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force).is_ok());
             }
         }
     }

@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bucket::{Gcra, Mode, Refused};
+use super::bucket::{Gcra, Hot, Mode, Refused};
 use super::params::{ParamBlock, Params};
 use super::root::LimRoot;
 use super::stats::{LimiterQueueStats, LimiterStats};
@@ -52,10 +52,11 @@ use crate::sys::futex::futex_wait;
 
 /// One reading of the clock for a walk up a chain: the TSC (or
 /// `CLOCK_MONOTONIC`, for a level without one) is read at most once, at
-/// the first level that needs it, and every level maps that reading with
-/// its own calibration. A reading a few ns old at the upper levels only
-/// makes them see slightly less refill; on a VM a TSC read costs about
-/// as much as the rest of a level's charge.
+/// the first level that needs it, and every level maps that raw reading
+/// to its own virtual clock ([`Hot::v`](super::bucket::Hot::v)). A
+/// reading a few ns old at the upper levels only makes them see slightly
+/// less refill; on a VM a TSC read costs about as much as the rest of a
+/// level's charge.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Now {
     tsc: Option<u64>,
@@ -63,12 +64,14 @@ pub(crate) struct Now {
 }
 
 impl Now {
-    /// Nanoseconds on `clock`'s scale, from this walk's reading.
+    /// The raw reading for a level of `hot`'s clock: TSC ticks, or
+    /// nanoseconds of `CLOCK_MONOTONIC`.
     #[inline(always)]
-    pub fn ns(&mut self, clock: &Clock) -> u64 {
-        match clock {
-            Clock::Tsc(c) => c.ns_at(*self.tsc.get_or_insert_with(read_tsc)),
-            Clock::Monotonic => *self.mono.get_or_insert_with(monotonic_ns),
+    pub fn tick(&mut self, hot: &Hot) -> u64 {
+        if hot.tsc() {
+            *self.tsc.get_or_insert_with(read_tsc)
+        } else {
+            *self.mono.get_or_insert_with(monotonic_ns)
         }
     }
 }
@@ -307,9 +310,9 @@ impl Node {
                 if b.queued.load(Ordering::SeqCst) >> tier != 0 {
                     return Ok(None);
                 }
-                let params = b.params.snapshot_trusted()?;
-                let t = now.ns(&params.clock);
-                match params.gcra.charge(&b.tat, n, t, Mode::Normal) {
+                let hot = b.params.hot_trusted()?;
+                let t = now.tick(&hot);
+                match hot.charge(&b.tat, n, t, Mode::Normal) {
                     Ok(c) => {
                         if c.debt {
                             self.forced.fetch_add(1, Ordering::Relaxed);
@@ -330,10 +333,10 @@ impl Node {
                 if g & (mask | GATE_LEASED) != 0 && !r.open_slow(g, mask) {
                     return Ok(None);
                 }
-                let params = r.hot_params()?;
+                let hot = r.hot_params()?;
                 let bucket = r.bucket();
-                let t = now.ns(&params.clock);
-                match params.gcra.charge(&bucket.state().tat, n, t, Mode::Normal) {
+                let t = now.tick(&hot);
+                match hot.charge(&bucket.state().tat, n, t, Mode::Normal) {
                     Ok(c) => {
                         if c.debt {
                             self.count_forced();
@@ -399,9 +402,9 @@ impl Node {
                 if n == 0 {
                     return Ok(true);
                 }
-                let params = b.params.snapshot_trusted()?;
-                let t = now.ns(&params.clock);
-                match params.gcra.charge(&b.tat, n, t, Mode::Exact) {
+                let hot = b.params.hot_trusted()?;
+                let t = now.tick(&hot);
+                match hot.charge(&b.tat, n, t, Mode::Exact) {
                     Ok(_) => {
                         self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
                         Ok(true)
@@ -421,10 +424,10 @@ impl Node {
                 if n == 0 {
                     return Ok(true);
                 }
-                let params = r.hot_params()?;
+                let hot = r.hot_params()?;
                 let bucket = r.bucket();
-                let t = now.ns(&params.clock);
-                match params.gcra.charge(&bucket.state().tat, n, t, Mode::Exact) {
+                let t = now.tick(&hot);
+                match hot.charge(&bucket.state().tat, n, t, Mode::Exact) {
                     Ok(_) => {
                         self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
                         bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);

@@ -32,7 +32,7 @@
 
 use crate::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use super::bucket::Gcra;
+use super::bucket::{Gcra, Hot};
 use crate::error::{Error, Result};
 use crate::sys::clock::{Clock, TscClock};
 
@@ -50,7 +50,12 @@ pub(crate) struct ParamSlot {
     /// 0: `CLOCK_MONOTONIC`; 1: the TSC with the calibration that follows.
     tsc_on: AtomicU64,
     tsc: [AtomicU64; 4],
-    _pad: [u64; 6],
+    /// The fast path's clock derived from the words above ([`Hot`]):
+    /// `base_tick`, `k`, `s`, `e_max`, written with them (in a region
+    /// only this process's copy is used, derived again from the validated
+    /// words, see [`ParamCache`]).
+    hot: [AtomicU64; 4],
+    _pad: [u64; 2],
 }
 
 /// Parameter slots in a block: the active one, and one spare for each of
@@ -111,6 +116,14 @@ impl ParamSlot {
             }
             Clock::Monotonic => self.tsc_on.store(0, Ordering::Relaxed),
         }
+        let h = p.gcra.hot(&p.clock);
+        for (w, x) in self
+            .hot
+            .iter()
+            .zip([h.base_tick, h.k, u64::from(h.s), h.e_max])
+        {
+            w.store(x, Ordering::Relaxed);
+        }
         self.gen.store(gen, Ordering::Release);
     }
 }
@@ -144,28 +157,22 @@ impl ParamBlock {
         self.with_active(|_, p| f(p))
     }
 
-    /// The current parameters of a block in process memory, which only
-    /// this crate's code writes, with parameters it validated: one attempt
-    /// of the seqlock read inline, without the range checks, so the
-    /// parameters stay in registers on the consume fast path (a closure
-    /// handed a `&Params` was not inlined and spilled them: about 20
-    /// instructions a consume); a read that raced a writer goes to the
-    /// full read, out of line.
+    /// The fast path's form ([`Hot`]) of the current parameters of a
+    /// block in process memory, which only this crate's code writes, with
+    /// parameters it validated: one attempt of the seqlock read inline,
+    /// six words, without the range checks, so they stay in registers on
+    /// the consume fast path; a read that raced a writer goes to the full
+    /// read, out of line.
     #[inline(always)]
-    pub fn snapshot_trusted(&self) -> Result<Params> {
+    pub fn hot_trusted(&self) -> Result<Hot> {
         let a = self.active.load(Ordering::Acquire);
         if let Some(slot) = self.slots.get((a & 3) as usize) {
-            let rate = slot.rate.load(Ordering::Relaxed);
             let cap = slot.cap.load(Ordering::Relaxed);
-            let base_ns = slot.base_ns.load(Ordering::Relaxed);
             let base_v = slot.base_v.load(Ordering::Relaxed);
-            let tsc_on = slot.tsc_on.load(Ordering::Relaxed);
-            let tsc = [
-                slot.tsc[0].load(Ordering::Relaxed),
-                slot.tsc[1].load(Ordering::Relaxed),
-                slot.tsc[2].load(Ordering::Relaxed),
-                slot.tsc[3].load(Ordering::Relaxed),
-            ];
+            let base_tick = slot.hot[0].load(Ordering::Relaxed);
+            let k = slot.hot[1].load(Ordering::Relaxed);
+            let sh = slot.hot[2].load(Ordering::Relaxed);
+            let e_max = slot.hot[3].load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             // `active` unmoved is enough here, without the slot's
             // generation (4 instructions): in process memory no claim is
@@ -176,28 +183,21 @@ impl ParamBlock {
             // moved off it, and `active` never takes a value twice (its
             // generation).
             if self.active.load(Ordering::Relaxed) == a {
-                // Written by `ParamSlot::write` from a validated `Params`:
-                // rate and capacity fit 32 bits, the shift is at most 63.
-                let clock = if tsc_on == 0 {
-                    Clock::Monotonic
-                } else {
-                    Clock::Tsc(TscClock {
-                        tsc0: tsc[0],
-                        ns0: tsc[1],
-                        mult: tsc[2],
-                        shift: tsc[3] as u32,
-                    })
-                };
-                return Ok(Params {
-                    gcra: Gcra::based(rate as u32, cap as u32, base_ns, base_v),
-                    clock,
+                // Written by `ParamSlot::write` from a validated `Params`.
+                return Ok(Hot {
+                    cap,
+                    base_tick,
+                    base_v,
+                    k,
+                    s: sh as u32,
+                    e_max,
                 });
             }
         }
-        self.load_cold()
+        self.load_cold().map(|p| p.gcra.hot(&p.clock))
     }
 
-    /// [`snapshot_trusted`](Self::snapshot_trusted)'s cold side: the full read, with its
+    /// [`hot_trusted`](Self::hot_trusted)'s cold side: the full read, with its
     /// retries and its error naming what is wrong.
     #[cold]
     #[inline(never)]
@@ -329,16 +329,19 @@ impl ParamBlock {
 /// `GEN_MASK << 2 | 3`, below this).
 const NO_KEY: u64 = u64::MAX;
 
-/// A process's copy of a region's parameters, validated once per change
-/// of the block's `active` word, for the consume fast path: while `active`
-/// reads what the copy was made under, the copy is those parameters (a
-/// published slot is never written while active, and every publication
-/// moves the generation), so a hit costs no range checks and no
-/// generation check of the slot.
+/// A process's copy of a region's parameters in the fast path's form
+/// ([`Hot`]), derived from the block's words validated once per change of
+/// its `active` word, for the consume fast path: while `active` reads what
+/// the copy was made under, the copy is those parameters (a published slot
+/// is never written while active, and every publication moves the
+/// generation), so a hit costs no range checks, no generation check of the
+/// slot and no derivation.
 ///
 /// The copy is itself a seqlock with one filler at a time (`filling`):
 /// `key` is [`NO_KEY`] while the words are rewritten. Every value in it
-/// passed [`validate`], so a reader never computes with unchecked words; a
+/// was derived here ([`Gcra::hot`]) from words that passed [`validate`]
+/// (never from the slot's stored derivation, which any process could
+/// have scribbled), so a reader never computes with unchecked words; a
 /// scribble of the live slot after the copy was made is seen by the paths
 /// that read the block itself (the drain, the stats, a new handle) and by
 /// the copy at the next change.
@@ -346,8 +349,8 @@ const NO_KEY: u64 = u64::MAX;
 pub(crate) struct ParamCache {
     key: AtomicU64,
     filling: AtomicBool,
-    /// rate, cap, base_ns, base_v, tsc_on (0 or 1), tsc0, ns0, mult, shift.
-    words: [AtomicU64; 9],
+    /// cap, base_tick, base_v, k, s, e_max (see [`Hot`]).
+    words: [AtomicU64; 6],
 }
 
 impl Default for ParamCache {
@@ -361,39 +364,30 @@ impl Default for ParamCache {
 }
 
 impl ParamCache {
-    /// `block`'s parameters now, validated: from the copy while `block`'s
-    /// `active` word has not moved, else read from `block` (out of line)
-    /// and copied.
+    /// `block`'s parameters now in the fast path's form, validated: from
+    /// the copy while `block`'s `active` word has not moved, else read
+    /// from `block` (out of line), derived and copied.
     #[inline(always)]
-    pub fn snapshot(&self, block: &ParamBlock) -> Result<Params> {
+    pub fn hot(&self, block: &ParamBlock) -> Result<Hot> {
         let k = self.key.load(Ordering::Acquire);
         if k == block.active.load(Ordering::Acquire) {
             let w = &self.words;
-            let rate = w[0].load(Ordering::Relaxed);
-            let cap = w[1].load(Ordering::Relaxed);
-            let base_ns = w[2].load(Ordering::Relaxed);
-            let base_v = w[3].load(Ordering::Relaxed);
-            let tsc_on = w[4].load(Ordering::Relaxed);
-            let tsc0 = w[5].load(Ordering::Relaxed);
-            let ns0 = w[6].load(Ordering::Relaxed);
-            let mult = w[7].load(Ordering::Relaxed);
-            let shift = w[8].load(Ordering::Relaxed);
+            let cap = w[0].load(Ordering::Relaxed);
+            let base_tick = w[1].load(Ordering::Relaxed);
+            let base_v = w[2].load(Ordering::Relaxed);
+            let mul = w[3].load(Ordering::Relaxed);
+            let sh = w[4].load(Ordering::Relaxed);
+            let e_max = w[5].load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if self.key.load(Ordering::Relaxed) == k {
-                // Copied from a validated `Params` (see `refill`).
-                let clock = if tsc_on == 0 {
-                    Clock::Monotonic
-                } else {
-                    Clock::Tsc(TscClock {
-                        tsc0,
-                        ns0,
-                        mult,
-                        shift: shift as u32,
-                    })
-                };
-                return Ok(Params {
-                    gcra: Gcra::based(rate as u32, cap as u32, base_ns, base_v),
-                    clock,
+                // Derived from a validated `Params` (see `refill`).
+                return Ok(Hot {
+                    cap,
+                    base_tick,
+                    base_v,
+                    k: mul,
+                    s: sh as u32,
+                    e_max,
                 });
             }
         }
@@ -401,11 +395,12 @@ impl ParamCache {
     }
 
     /// The miss: the full read of `block` (validated, errors naming what is
-    /// wrong), copied unless another thread is copying now.
+    /// wrong), derived, and copied unless another thread is copying now.
     #[cold]
     #[inline(never)]
-    fn refill(&self, block: &ParamBlock) -> Result<Params> {
+    fn refill(&self, block: &ParamBlock) -> Result<Hot> {
         let (a, p) = block.with_active(|a, p| (a, *p))?;
+        let h = p.gcra.hot(&p.clock);
         if self
             .filling
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -413,37 +408,14 @@ impl ParamCache {
         {
             self.key.store(NO_KEY, Ordering::Relaxed);
             fence(Ordering::Release);
-            let (base_ns, base_v) = p.gcra.base();
-            let (tsc_on, c) = match p.clock {
-                Clock::Tsc(c) => (1, c),
-                Clock::Monotonic => (
-                    0,
-                    TscClock {
-                        tsc0: 0,
-                        ns0: 0,
-                        mult: 0,
-                        shift: 0,
-                    },
-                ),
-            };
-            let vals = [
-                p.gcra.rate(),
-                p.gcra.cap(),
-                base_ns,
-                base_v,
-                tsc_on,
-                c.tsc0,
-                c.ns0,
-                c.mult,
-                u64::from(c.shift),
-            ];
+            let vals = [h.cap, h.base_tick, h.base_v, h.k, u64::from(h.s), h.e_max];
             for (w, v) in self.words.iter().zip(vals) {
                 w.store(v, Ordering::Relaxed);
             }
             self.key.store(a, Ordering::Release);
             self.filling.store(false, Ordering::Release);
         }
-        Ok(p)
+        Ok(h)
     }
 }
 
@@ -533,7 +505,12 @@ fn invalid(rate: u64, cap: u64, base_v: u64, tsc_on: u64, tsc: [u64; 4]) -> Erro
 
 #[cfg(test)]
 mod tests {
+    use super::super::bucket::tick_rate;
     use super::*;
+
+    fn hot(p: Params) -> Hot {
+        p.gcra.hot(&p.clock)
+    }
 
     fn params(rate: u32) -> Params {
         Params {
@@ -599,13 +576,13 @@ mod tests {
         let b = Box::<ParamBlock>::default();
         b.init(&params(100));
         let c = ParamCache::default();
-        assert_eq!(c.snapshot(&b).unwrap(), params(100));
+        assert_eq!(c.hot(&b).unwrap(), hot(params(100)));
         assert_eq!(
             c.key.load(Ordering::Relaxed),
             b.active.load(Ordering::Relaxed)
         );
         // A hit, then every change seen at the next read.
-        assert_eq!(c.snapshot(&b).unwrap(), params(100));
+        assert_eq!(c.hot(&b).unwrap(), hot(params(100)));
         for r in 1..5u32 {
             let next = b
                 .update(1, &|_| true, |p| Params {
@@ -613,7 +590,7 @@ mod tests {
                     ..p
                 })
                 .unwrap();
-            assert_eq!(c.snapshot(&b).unwrap(), next);
+            assert_eq!(c.hot(&b).unwrap(), hot(next));
         }
         // A TSC clock travels through the copy whole.
         let tsc = Clock::Tsc(TscClock {
@@ -625,7 +602,7 @@ mod tests {
         let next = b
             .update(1, &|_| true, |p| Params { clock: tsc, ..p })
             .unwrap();
-        assert_eq!(c.snapshot(&b).unwrap(), next);
+        assert_eq!(c.hot(&b).unwrap(), hot(next));
         // A scribbled block published under a new word is an error, not a
         // stale copy.
         let a = b.active.load(Ordering::Relaxed);
@@ -635,7 +612,7 @@ mod tests {
         s.gen.store((a >> 2) + 1, Ordering::Relaxed);
         b.active
             .store((((a >> 2) + 1) << 2) | slot, Ordering::Relaxed);
-        assert!(c.snapshot(&b).is_err());
+        assert!(c.hot(&b).is_err());
     }
 
     #[test]
@@ -665,9 +642,10 @@ mod tests {
                     let mut last = 0;
                     loop {
                         let done = stop.load(std::sync::atomic::Ordering::SeqCst);
-                        let p = c.snapshot(&b).unwrap();
-                        let (ns, v) = p.gcra.base();
-                        assert!(p.gcra.rate() == p.gcra.cap() && ns == v && ns == p.gcra.rate());
+                        let h = c.hot(&b).unwrap();
+                        let (ns, v) = (h.base_tick, h.base_v);
+                        assert!(h.cap == ns && ns == v, "{h:?}");
+                        assert_eq!((h.k, h.s), tick_rate(h.cap, &Clock::Monotonic));
                         // Never older than a value this thread saw.
                         assert!(ns >= last, "{ns} after {last}");
                         last = ns;
@@ -682,7 +660,7 @@ mod tests {
         for r in readers {
             r.join().unwrap();
         }
-        assert_eq!(c.snapshot(&b).unwrap().gcra.rate(), 19_999);
+        assert_eq!(c.hot(&b).unwrap().cap, 19_999);
     }
 
     /// Both reads (the full one, and the in-process fast path's, which
@@ -708,14 +686,18 @@ mod tests {
         });
         let mut last = 0;
         while !writer.is_finished() {
-            for p in [b.load().unwrap(), b.snapshot_trusted().unwrap()] {
-                let (ns, v) = p.gcra.base();
-                assert!(p.gcra.rate() == p.gcra.cap() && ns == v && ns == p.gcra.rate());
-                assert!(ns >= last, "{ns} after {last}");
-                last = ns;
-            }
+            let p = b.load().unwrap();
+            let (ns, v) = p.gcra.base();
+            assert!(p.gcra.rate() == p.gcra.cap() && ns == v && ns == p.gcra.rate());
+            assert!(ns >= last, "{ns} after {last}");
+            last = ns;
+            let h = b.hot_trusted().unwrap();
+            assert!(h.cap == h.base_tick && h.base_tick == h.base_v, "{h:?}");
+            assert_eq!((h.k, h.s), tick_rate(h.cap, &Clock::Monotonic));
+            assert!(h.cap >= last, "{} after {last}", h.cap);
+            last = h.cap;
         }
         writer.join().unwrap();
-        assert_eq!(b.snapshot_trusted().unwrap().gcra.rate(), 19_999);
+        assert_eq!(b.hot_trusted().unwrap().cap, 19_999);
     }
 }

@@ -64,6 +64,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::bucket::Hot;
 use super::params::{ParamCache, Params};
 use super::shared::SharedBucket;
 use super::waiter::{
@@ -167,11 +168,11 @@ impl LimRoot {
         Ok(root)
     }
 
-    /// The region's parameters now, validated, through this process's copy
-    /// (the fast paths' read).
+    /// The region's parameters now in the fast path's form, validated,
+    /// through this process's copy (the fast paths' read).
     #[inline(always)]
-    pub fn hot_params(&self) -> Result<Params> {
-        self.params_cache.snapshot(self.bucket.params())
+    pub fn hot_params(&self) -> Result<Hot> {
+        self.params_cache.hot(self.bucket.params())
     }
 
     /// The region side.

@@ -1,7 +1,7 @@
 //! The Limiter's home in a region: one bucket word and its parameters,
 //! shared by every process, beside the wait registry.
 //!
-//! **Layout** (object area of a `Limiter` region, revision 7, fixed
+//! **Layout** (object area of a `Limiter` region, revision 9, fixed
 //! offsets): `[wait registry: 1,408 bytes][LimState: 128][LimCounters:
 //! 128][ParamBlock: 512][LimTotals: 128]`. The state line holds `tat` (the bucket, see
 //! [`bucket`](super::bucket)) and, per tier, the ticket of the region front
@@ -36,8 +36,11 @@ use crate::sys::clock::{calibrate, Clock};
 /// the gate its `GATE_LEASED` bit; 7: the `LimTotals` line after the
 /// parameter block, tokens consumed and refunded per priority; 8: the gate
 /// carries the region's stall time in one word with its `GATE_CLOSING`
-/// bit).
-pub(crate) const OBJECT_REV: u64 = 8;
+/// bit; 9: the consume fast path's virtual clock is computed from the raw
+/// TSC ticks with one multiply, `Hot` in `bucket.rs`, derived from the
+/// stored parameters and calibration, and every parameter slot stores
+/// that derivation).
+pub(crate) const OBJECT_REV: u64 = 9;
 
 /// The limiter's shared state line.
 #[repr(C, align(128))]

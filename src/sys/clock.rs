@@ -136,6 +136,20 @@ impl TscClock {
             .saturating_add(u64::try_from(d).unwrap_or(u64::MAX))
     }
 
+    /// The first TSC reading whose exact (unrounded) time is at or after
+    /// `ns`: `tsc0 + ⌈(ns − ns0) · 2^shift / mult⌉` (`tsc0` for an `ns`
+    /// before `ns0`, saturating). [`ns_at`](Self::ns_at) of it is at
+    /// least `ns`, less than a tick more. Needs `mult` non-zero (0:
+    /// `u64::MAX`).
+    pub fn tick_at_or_after(&self, ns: u64) -> u64 {
+        let d = u128::from(ns.saturating_sub(self.ns0)) << (self.shift & 63);
+        let t = d.checked_div(u128::from(self.mult)).map_or(u128::MAX, |q| {
+            q + u128::from(q * u128::from(self.mult) != d)
+        });
+        self.tsc0
+            .saturating_add(u64::try_from(t).unwrap_or(u64::MAX))
+    }
+
     /// Nanoseconds now.
     #[inline(always)]
     pub fn now_ns(&self) -> u64 {
@@ -342,6 +356,43 @@ mod tests {
             assert!(t + 1_000_000 >= m0 && t <= m1 + 1_000_000, "{m0} {t} {m1}");
             if m1 >= end {
                 break;
+            }
+        }
+    }
+
+    /// `tick_at_or_after` is the first tick whose exact time is at or
+    /// after the instant asked for.
+    #[test]
+    fn tick_at_or_after_rounds_up() {
+        for mult in [(1u64 << 32) / 3, 1 << 32, 0x1_8a3d_70a3, 1_000 << 32] {
+            let c = TscClock {
+                tsc0: 500,
+                ns0: 1_000,
+                mult,
+                shift: 32,
+            };
+            assert_eq!(c.tick_at_or_after(0), 500);
+            assert_eq!(c.tick_at_or_after(1_000), 500);
+            for ns in [
+                1_001,
+                1_002,
+                1_003,
+                12_345,
+                1 << 40,
+                (1 << 40) + 1,
+                u64::MAX / 4,
+            ] {
+                let t = c.tick_at_or_after(ns);
+                // exact ns of tick t: ns0 + (t − tsc0) · mult / 2³²
+                let at = |t: u64| u128::from(t - 500) * u128::from(mult);
+                let want = u128::from(ns - 1_000) << 32;
+                assert!(at(t) >= want, "{mult} {ns}: {t}");
+                assert!(at(t - 1) < want, "{mult} {ns}: {t}");
+                let tick_ns = mult.div_ceil(1 << 32);
+                assert!(
+                    c.ns_at(t) >= ns && c.ns_at(t) < ns + tick_ns,
+                    "{mult} {ns}: {t}"
+                );
             }
         }
     }
