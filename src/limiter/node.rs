@@ -97,10 +97,16 @@ struct LocalQueues {
 }
 
 /// Where a level's bucket lives.
+///
+/// The in-process bucket is inline, not boxed: every handle lives in an
+/// `Arc<Node>` already, and the box's pointer was one more dependent load
+/// on the consume fast path (3 instructions a consume in-process, 4
+/// through a child); a shared handle's node so carries 900 unused bytes.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Home {
     /// Process memory.
-    Local(Box<LocalBucket>),
+    Local(LocalBucket),
     /// A region (this process's side of it).
     Shared(Arc<LimRoot>),
 }
@@ -146,13 +152,13 @@ impl Node {
             clock,
         });
         Node::with_home(
-            Home::Local(Box::new(LocalBucket {
+            Home::Local(LocalBucket {
                 params,
                 tat: AtomicU64::new(0),
                 queued: AtomicU32::new(0),
                 inner: Mutex::new(LocalQueues::default()),
                 async_waiting: AtomicU32::new(0),
-            })),
+            }),
             parent,
         )
     }
