@@ -481,8 +481,10 @@ fn snap(x: f64) -> f64 {
 pub(crate) enum Answer {
     /// Granted: the lease was written to `out`.
     Granted,
-    /// Refused, with the reason.
-    Refused(Refusal),
+    /// Refused, with the reason (boxed: the answer is moved through every
+    /// layer of a call, and a grant's is then two words, not a `Refusal`'s
+    /// hundred bytes; a refusal allocates its explanation anyway).
+    Refused(Box<Refusal>),
     /// Deferred: nothing was written (see [`acquire`]).
     Deferred,
 }
@@ -500,7 +502,7 @@ impl Answer {
             // SAFETY: `acquire` answers `Granted` only after writing `out`
             // (the last thing it does on that path).
             Answer::Granted => Ok(Ok(unsafe { out.assume_init_read() })),
-            Answer::Refused(r) => Ok(Err(r)),
+            Answer::Refused(r) => Ok(Err(*r)),
             Answer::Deferred => Err(FairError::Corrupt(
                 "an acquire was deferred where it may not be".into(),
             )),
@@ -531,8 +533,8 @@ pub(crate) fn acquire(
     let ti = v
         .find_tenant(tenant)
         .ok_or_else(|| FairError::UnknownTenant(tenant.to_string()))?;
-    let mut me = TenantRec::default();
-    v.tenant_into(ti, &mut me)?;
+    let mut me_buf = std::mem::MaybeUninit::uninit();
+    let me = v.tenant_into(ti, &mut me_buf)?;
     if !(cost.is_finite() && cost >= 0.0) {
         return Err(FairError::InvalidCost(cost));
     }
@@ -550,7 +552,7 @@ pub(crate) fn acquire(
         hold: hold_ms,
         now,
     };
-    let decision = decide(v, &ask, &me)?;
+    let decision = decide(v, &ask, me)?;
     let slot = match decision {
         Decision::Grant { .. } => match v.take_slot(m)? {
             Some(s) => Some(s),
@@ -571,7 +573,7 @@ pub(crate) fn acquire(
         return Ok(Answer::Deferred);
     }
     // From here on the call is accepted and recorded.
-    integrate(&mut me, v.p.idle_after_ms, now);
+    integrate(me, v.p.idle_after_ms, now);
     me.last_ask_ms = now;
     let (own, cover, slot, mut m) = match (decision, slot) {
         (Decision::Refuse(r), _) => {
@@ -588,9 +590,9 @@ pub(crate) fn acquire(
                     me.want_since_ms = now;
                 }
             }
-            v.set_tenant(ti, &me)?;
+            v.set_tenant(ti, me)?;
             note_now(v, m, now)?;
-            return Ok(Answer::Refused(r));
+            return Ok(Answer::Refused(Box::new(r)));
         }
         (Decision::Grant { own, cover }, Some((slot, m))) => (own, cover, slot, m),
         (Decision::Grant { .. }, None) => {
@@ -614,7 +616,7 @@ pub(crate) fn acquire(
     me.next_lease_no += 1;
     me.granted_requests += 1;
     me.granted_cost += cost;
-    v.set_tenant(ti, &me)?;
+    v.set_tenant(ti, me)?;
     let mut rec = LeaseRec {
         state: 1,
         tenant: ti as u32,
@@ -689,9 +691,9 @@ fn free_lease(
     reaped: bool,
 ) -> Result<(), FairError> {
     let ti = l.tenant as usize;
-    let mut t = TenantRec::default();
-    v.tenant_into(ti, &mut t)?;
-    integrate(&mut t, v.p.idle_after_ms, now);
+    let mut t_buf = std::mem::MaybeUninit::uninit();
+    let t = v.tenant_into(ti, &mut t_buf)?;
+    integrate(t, v.p.idle_after_ms, now);
     t.live_leases = t.live_leases.saturating_sub(1);
     if t.live_leases == 0 {
         t.own_held = 0.0;
@@ -706,7 +708,7 @@ fn free_lease(
     } else {
         t.last_activity_ms = now;
     }
-    v.set_tenant(ti, &t)?;
+    v.set_tenant(ti, t)?;
     for s in &l.slices[..(l.n_slices as usize).min(MAX_SLICES)] {
         let mut lt = v.tenant(s.lender as usize)?;
         lt.lent = snap(lt.lent - s.units);

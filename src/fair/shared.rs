@@ -216,6 +216,10 @@ pub enum CrashPoint {
     /// In the middle of the update's first write: the entry is journaled
     /// and half of the record written (a torn record).
     MidWrite,
+    /// Just before the update's journal save number `k` (0-based): `k`
+    /// entries saved and their writes complete, the rest not begun (as a
+    /// crash point only; `test_hook_at` ignores it).
+    BeforeSave(usize),
     /// After the update wrote everything, before the commit store.
     BeforeCommit,
     /// After the commit store, before `seq` is even again.
@@ -242,6 +246,8 @@ pub struct SharedLedger {
     flags_override: Option<u32>,
     crash: Option<(u64, CrashPoint)>,
     hook: Option<(CrashPoint, fn())>,
+    /// Whether `crash` or `hook` is set: one test per seam on every call.
+    armed: bool,
     ops: u64,
     /// Sorts the overrun leases of `stats` (kept: no allocation).
     scratch: Vec<(u64, u32)>,
@@ -367,6 +373,7 @@ impl SharedLedger {
             flags_override: None,
             crash: None,
             hook: None,
+            armed: false,
             ops: 0,
             scratch: Vec::new(),
             taken: (0, 0),
@@ -459,6 +466,7 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn test_hook_at(&mut self, point: CrashPoint, f: Option<fn()>) {
         self.hook = f.map(|f| (point, f));
+        self.armed = self.crash.is_some() || self.hook.is_some();
     }
 
     /// Times a corrupt ledger mutex was re-initialised.
@@ -508,6 +516,7 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn crash_at(&mut self, nth: u64, point: CrashPoint) {
         self.crash = Some((nth, point));
+        self.armed = true;
     }
 
     fn header(&self) -> &SharedHeader {
@@ -521,7 +530,7 @@ impl SharedLedger {
     /// outside tests: one test of two `None`s).
     #[inline(always)]
     fn point(&self, nth: u64, at: CrashPoint) {
-        if self.crash.is_none() && self.hook.is_none() {
+        if !self.armed {
             return;
         }
         self.point_armed(nth, at);
@@ -542,11 +551,15 @@ impl SharedLedger {
     /// The first write's fault for call `nth`, if a test asked for one.
     #[inline(always)]
     fn write_fault(&self, nth: u64) -> Option<WriteFault> {
-        if self.crash.is_none() && self.hook.is_none() {
+        if !self.armed {
             return None;
         }
-        if self.crash == Some((nth, CrashPoint::MidWrite)) {
-            return Some(WriteFault::Abort);
+        match self.crash {
+            Some((n, CrashPoint::MidWrite)) if n == nth => return Some(WriteFault::Abort),
+            Some((n, CrashPoint::BeforeSave(k))) if n == nth => {
+                return Some(WriteFault::AbortBeforeSave(k))
+            }
+            _ => {}
         }
         match self.hook {
             Some((CrashPoint::MidWrite, f)) => Some(WriteFault::Call(f)),

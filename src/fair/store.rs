@@ -551,6 +551,9 @@ pub(crate) enum WriteFault {
     /// Write half the record, call this (a test stops the process there),
     /// then finish the write and go on.
     Call(fn()),
+    /// Abort the process when the update is about to make journal save
+    /// number `k` (0-based): after `k` saves and their writes, complete.
+    AbortBeforeSave(usize),
 }
 
 /// The undo journal of a ledger in shared memory (see `shared.rs`): every
@@ -588,7 +591,10 @@ impl Journal<'_> {
     }
 
     /// Saves `len` bytes at `at` before they are overwritten (`len` 0:
-    /// nothing to save, the update is only marked under way).
+    /// nothing to save, the update is only marked under way). Inlined: every
+    /// caller's `len` is a constant (a record's size, or the part of it a
+    /// call writes), so the copy is a few moves, not a `memcpy` call.
+    #[inline(always)]
     fn save(&mut self, at: *const u8, len: usize) -> Result<(), FairError> {
         self.open();
         if len == 0 {
@@ -652,7 +658,7 @@ fn journal_error(n: usize, off: usize, len: usize) -> FairError {
 /// Writes `val` to `dst`, first saving the old bytes in `journal` (if any).
 /// `val` is borrowed: a record is copied once, into `dst` (a record passed
 /// by value cost a copy into the argument first).
-#[inline]
+#[inline(always)]
 fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: &T) -> Result<(), FairError> {
     put_saving(journal, dst, val, std::mem::size_of::<T>())
 }
@@ -663,44 +669,79 @@ const FREE_LEASE_BYTES: usize = std::mem::offset_of!(LeaseRec, link) + 4;
 
 /// Like [`put`], saving only the first `saved` bytes of the old value (the
 /// rest of it does not matter: a free lease record beyond its link).
-#[inline]
+#[inline(always)]
 fn put_saving<T: Copy>(
     journal: &mut Option<Journal<'_>>,
     dst: &mut T,
     val: &T,
     saved: usize,
 ) -> Result<(), FairError> {
+    let size = std::mem::size_of::<T>();
     if let Some(j) = journal {
-        j.save(
-            dst as *const T as *const u8,
-            saved.min(std::mem::size_of::<T>()),
-        )?;
-        if let Some(fault) = j.fault.take() {
-            let half = std::mem::size_of::<T>() / 2;
-            // SAFETY: `dst` is a valid `&mut T`; writing its first `half`
-            // bytes from `val` leaves a torn record, which is the point (the
-            // journal entry saved above restores it). T is plain data.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    val as *const T as *const u8,
+        if j.fault.is_some() {
+            // SAFETY: `dst` and `val` are valid, distinct `T`s of plain data
+            // (any bit pattern valid); `size` bytes each.
+            return unsafe {
+                faulty_write(
+                    j,
                     dst as *mut T as *mut u8,
-                    half,
+                    val as *const T as *const u8,
+                    saved.min(size),
+                    size,
                 )
             };
+        }
+        j.save(dst as *const T as *const u8, saved.min(size))?;
+    }
+    *dst = *val;
+    Ok(())
+}
+
+/// A journaled write while a test's fault is armed: saves `saved` bytes at
+/// `d`, then writes `len` bytes from `v` there, doing what the fault says
+/// (a torn first write, then abort or a call; or abort before save `k`).
+///
+/// # Safety
+///
+/// `d` is valid for reads and writes of `len` bytes, `v` for reads of
+/// `len`, they do not overlap, `saved <= len`, and any bytes are valid
+/// there (plain data).
+#[cold]
+#[inline(never)]
+unsafe fn faulty_write(
+    j: &mut Journal<'_>,
+    d: *mut u8,
+    v: *const u8,
+    saved: usize,
+    len: usize,
+) -> Result<(), FairError> {
+    if let Some(WriteFault::AbortBeforeSave(k)) = j.fault {
+        if j.count >= k {
+            std::process::abort();
+        }
+        j.save(d, saved)?;
+    } else {
+        j.save(d, saved)?;
+        if let Some(fault) = j.fault.take() {
+            // SAFETY: the caller's contract; the first half of the bytes:
+            // a torn record, which the entry saved above restores.
+            unsafe { ptr::copy_nonoverlapping(v, d, len / 2) };
             match fault {
                 WriteFault::Abort => std::process::abort(),
                 WriteFault::Call(f) => f(),
+                WriteFault::AbortBeforeSave(_) => {}
             }
         }
     }
-    *dst = *val;
+    // SAFETY: the caller's contract.
+    unsafe { ptr::copy_nonoverlapping(v, d, len) };
     Ok(())
 }
 
 /// Like [`put_saving`], changing `dst` in place with `f` (after saving its
 /// first `saved` bytes) instead of copying a whole new value in: a write
 /// of a few fields of a record, or of a record built from another one.
-#[inline]
+#[inline(always)]
 fn update_saving<T: Copy>(
     journal: &mut Option<Journal<'_>>,
     dst: &mut T,
@@ -720,6 +761,45 @@ fn update_saving<T: Copy>(
         )?;
     }
     f(dst);
+    Ok(())
+}
+
+/// Byte offset of the first field of a [`TenantRec`] after the fixed ones
+/// (`id_len`, `id`, `weight`, `guarantee`): from here to the end is what
+/// ledger calls change (with `want_open`, written on its own when it
+/// changes; see [`View::set_tenant`]).
+pub(crate) const TENANT_STATE_OFF: usize = std::mem::offset_of!(TenantRec, own_held);
+
+/// Writes the bytes `[FROM, size_of::<T>())` of `val` into `dst`, first
+/// saving the old ones in `journal` (if any): a record's changing tail,
+/// journaled and copied without its fixed head.
+#[inline(always)]
+fn put_tail<T: Copy, const FROM: usize>(
+    journal: &mut Option<Journal<'_>>,
+    dst: &mut T,
+    val: &T,
+) -> Result<(), FairError> {
+    const { assert!(FROM < std::mem::size_of::<T>()) };
+    let n = std::mem::size_of::<T>() - FROM;
+    // SAFETY: `FROM < size_of::<T>()` (checked at compile time), so both
+    // pointers stay inside their (valid, distinct: `dst` is `&mut`) values.
+    let (d, v) = unsafe {
+        (
+            (dst as *mut T as *mut u8).add(FROM),
+            (val as *const T as *const u8).add(FROM),
+        )
+    };
+    if let Some(j) = journal {
+        if j.fault.is_some() {
+            // SAFETY: as above: `n` bytes of two distinct, valid records of
+            // plain data.
+            return unsafe { faulty_write(j, d, v, n, n) };
+        }
+        j.save(d, n)?;
+    }
+    // SAFETY: as above; `T` is plain data (any bit pattern valid), so the
+    // tail bytes of one valid `T` copied over another's leave a valid `T`.
+    unsafe { ptr::copy_nonoverlapping(v, d, n) };
     Ok(())
 }
 
@@ -861,34 +941,47 @@ impl<'a> View<'a> {
     /// A validated copy of tenant `i`.
     #[inline(always)]
     pub fn tenant(&self, i: usize) -> Result<TenantRec, FairError> {
-        let mut t = TenantRec::default();
-        self.tenant_into(i, &mut t)?;
-        Ok(t)
+        let mut t = std::mem::MaybeUninit::uninit();
+        Ok(*self.tenant_into(i, &mut t)?)
     }
 
     /// [`tenant`](Self::tenant) into `out`: one copy of the record, where
     /// the caller keeps it (returned by value, a record was copied into the
-    /// result and again out of it). The copy is checked, not the shared
-    /// bytes, which another process may change meanwhile. On an error
-    /// `out` is unspecified.
+    /// result and again out of it; and a zeroed buffer to copy into cost a
+    /// `memset` of its 192 bytes first). The copy is checked, not the
+    /// shared bytes, which another process may change meanwhile. Returns
+    /// the initialised copy.
     #[inline(always)]
-    pub fn tenant_into(&self, i: usize, out: &mut TenantRec) -> Result<(), FairError> {
-        *out = *self.tenants.get(i).ok_or_else(|| {
+    pub fn tenant_into<'o>(
+        &self,
+        i: usize,
+        out: &'o mut std::mem::MaybeUninit<TenantRec>,
+    ) -> Result<&'o mut TenantRec, FairError> {
+        let src = self.tenants.get(i).ok_or_else(|| {
             FairError::Corrupt(format!(
                 "tenant index {i} >= tenant count {}",
                 self.tenants.len()
             ))
         })?;
-        out.check(i)
+        let t = out.write(*src);
+        t.check(i)?;
+        Ok(t)
     }
 
-    /// Writes tenant `i` (index checked by the caller's earlier read).
+    /// Writes tenant `i`'s changing fields from `t` (index checked by the
+    /// caller's earlier read): its tail from [`TENANT_STATE_OFF`] on, and
+    /// `want_open` when it differs from the stored one. The fixed fields
+    /// (`id_len`, `id`, `weight`, `guarantee`) are never written after
+    /// creation, so they are neither saved nor copied.
     #[inline]
     pub fn set_tenant(&mut self, i: usize, t: &TenantRec) -> Result<(), FairError> {
-        match self.tenants.get_mut(i) {
-            Some(slot) => put(&mut self.journal, slot, t),
-            None => Err(FairError::Corrupt(format!("tenant index {i} out of range"))),
+        let Some(slot) = self.tenants.get_mut(i) else {
+            return Err(FairError::Corrupt(format!("tenant index {i} out of range")));
+        };
+        if slot.want_open != t.want_open {
+            put(&mut self.journal, &mut slot.want_open, &t.want_open)?;
         }
+        put_tail::<TenantRec, TENANT_STATE_OFF>(&mut self.journal, slot, t)
     }
 
     /// The index of the tenant with this id. Compares the stored bytes

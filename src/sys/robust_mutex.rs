@@ -342,16 +342,24 @@ fn lock_result(rc: libc::c_int) -> Result<LockState, Error> {
     match rc {
         0 => Ok(LockState::Locked),
         libc::EOWNERDEAD => Ok(LockState::OwnerDied),
-        libc::ENOTRECOVERABLE => Err(Error::BadRegion(
+        other => Err(lock_error(other)),
+    }
+}
+
+/// The error of a lock call that returned `rc` (neither 0 nor `EOWNERDEAD`).
+#[cold]
+fn lock_error(rc: libc::c_int) -> Error {
+    match rc {
+        libc::ENOTRECOVERABLE => Error::BadRegion(
             "the region's robust mutex is not recoverable: a holder died and the next holder released it \
              without marking the data consistent; recreate the region"
                 .into(),
-        )),
-        other => Err(Error::io(
+        ),
+        other => Error::io(
             "pthread_mutex_lock",
             None,
             io::Error::from_raw_os_error(other),
-        )),
+        ),
     }
 }
 
@@ -517,27 +525,32 @@ impl RobustMutex {
     /// the lock (or failed for a reason no wait can change); `None` when
     /// the mutex is held, not recoverable or has a scribbled type word,
     /// which `lock_bounded` sorts out.
+    ///
+    /// The type word is checked before the attempt (a scribbled type would
+    /// send glibc down another code path); the list pointers are predicted
+    /// here and written back by [`unlock_held`](Self::unlock_held) just
+    /// before glibc reads them (unlock is the only time it does), so they
+    /// are checked once per lock pair, not also right after the lock: a
+    /// scribble can land at any time during the hold, and the write-back
+    /// at unlock is the one that undoes it.
     #[inline]
     pub fn try_lock(&self) -> Option<Result<(LockState, Held), Error>> {
         let glibc = glibc_layout();
-        if glibc.is_some_and(|g| self.kind_word(g) != g.expected_kind) {
-            return None;
-        }
         // Read before the attempt: the lock itself changes the head.
-        let links = glibc
-            .filter(|g| g.links_known)
-            .and_then(|_| expected_links());
-        match self.timed_lock(Duration::ZERO) {
-            Ok(Some(state)) => {
-                let held = self.held(glibc, links);
-                // A scribble between the lock and now is undone at once.
-                self.write_back(&held);
-                Some(Ok((state, held)))
-            }
-            Ok(None) => None,
-            Err(e) if is_not_recoverable(&e) => None,
-            Err(e) => Some(Err(e)),
-        }
+        let links = match glibc {
+            Some(g) if self.kind_word(g) != g.expected_kind => return None,
+            Some(g) if g.links_known => expected_links(),
+            _ => None,
+        };
+        // SAFETY: as in `lock`.
+        let rc = unsafe { libc::pthread_mutex_trylock(self.raw()) };
+        let state = match rc {
+            0 => LockState::Locked,
+            libc::EOWNERDEAD => LockState::OwnerDied,
+            libc::EBUSY | libc::ENOTRECOVERABLE => return None,
+            other => return Some(Err(lock_error(other))),
+        };
+        Some(Ok((state, self.held(glibc, links))))
     }
 
     /// One attempt that sleeps at most `slice`: `Ok(None)` on timeout.
