@@ -242,6 +242,8 @@ pub struct SharedLedger {
     cap: usize,
     params: Params,
     at: Offsets,
+    /// `bucket_count(cap)`, computed once.
+    nbuckets: usize,
     owner: u32,
     flags_override: Option<u32>,
     crash: Option<(u64, CrashPoint)>,
@@ -369,6 +371,7 @@ impl SharedLedger {
             cap,
             params,
             at: offsets(n, cap),
+            nbuckets: bucket_count(cap),
             owner: 0,
             flags_override: None,
             crash: None,
@@ -569,12 +572,22 @@ impl SharedLedger {
 
     /// Takes the ledger's lock (bounded), repairing a corrupt mutex when the
     /// ledger lives in a region (see the module docs).
+    #[inline(always)]
     fn lock(&self) -> Result<(LockState, Held), FairError> {
-        let h = self.header();
         // Uncontended: one attempt, nothing built.
-        if let Some(r) = h.mutex.try_lock() {
-            return r.map_err(|e| FairError::Lock(e.to_string()));
+        match self.header().mutex.try_lock() {
+            Some(Ok(locked)) => Ok(locked),
+            Some(Err(e)) => Err(lock_failed(e)),
+            None => self.lock_slow(),
         }
+    }
+
+    /// [`lock`](Self::lock) when one attempt did not take the lock: the
+    /// bounded wait, and the repair of a corrupt mutex.
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self) -> Result<(LockState, Held), FairError> {
+        let h = self.header();
         let file = self.region.as_ref().map(|m| m.file_identity());
         // In a region, only a process that holds a process-table entry (as
         // its live owner, or as the reaper at work on it) ever holds the
@@ -663,7 +676,7 @@ impl SharedLedger {
                     ),
                     buckets: std::slice::from_raw_parts_mut(
                         base.add(at.buckets) as *mut u32,
-                        bucket_count(self.cap),
+                        self.nbuckets,
                     ),
                     live: std::slice::from_raw_parts_mut(base.add(at.live) as *mut u32, self.cap),
                 },
@@ -987,6 +1000,12 @@ impl SharedLedger {
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
         self.report_at(Some(now_ms))
     }
+}
+
+/// The ledger's error for a lock call that failed.
+#[cold]
+fn lock_failed(e: crate::error::Error) -> FairError {
+    FairError::Lock(e.to_string())
 }
 
 /// Unlocks on every exit path of `with_view_at` (errors included), writing

@@ -533,7 +533,7 @@ impl RobustMutex {
     /// are checked once per lock pair, not also right after the lock: a
     /// scribble can land at any time during the hold, and the write-back
     /// at unlock is the one that undoes it.
-    #[inline]
+    #[inline(always)]
     pub fn try_lock(&self) -> Option<Result<(LockState, Held), Error>> {
         let glibc = glibc_layout();
         // Read before the attempt: the lock itself changes the head.
