@@ -105,7 +105,9 @@ use super::{
 };
 use crate::region::Mapping;
 use crate::sys::clock::monotonic_ms;
-use crate::sys::robust_mutex::{Bounded, Held, LockState, LockWait, RobustMutex, MUTEX_LAYOUT_TAG};
+use crate::sys::robust_mutex::{
+    lock_error_of, Bounded, Held, LockState, LockWait, RobustMutex, MUTEX_LAYOUT_TAG,
+};
 
 /// Longest a call waits for the ledger's lock while a live thread holds it
 /// (a ledger call holds it for microseconds; a holder stopped longer than
@@ -245,7 +247,10 @@ pub struct SharedLedger {
     /// `bucket_count(cap)`, computed once.
     nbuckets: usize,
     owner: u32,
-    flags_override: Option<u32>,
+    /// The parameters views are built with: `params`, with the flags of
+    /// [`set_refusal_counts_as_activity`](Self::set_refusal_counts_as_activity)
+    /// if a test set them.
+    view_params: Params,
     crash: Option<(u64, CrashPoint)>,
     hook: Option<(CrashPoint, fn())>,
     /// Whether `crash` or `hook` is set: one test per seam on every call.
@@ -373,7 +378,7 @@ impl SharedLedger {
             at: offsets(n, cap),
             nbuckets: bucket_count(cap),
             owner: 0,
-            flags_override: None,
+            view_params: params,
             crash: None,
             hook: None,
             armed: false,
@@ -507,11 +512,11 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn set_refusal_counts_as_activity(&mut self, yes: bool) {
         let f = self.params.flags & !FLAG_REFUSAL_NOT_ACTIVITY;
-        self.flags_override = Some(if yes {
+        self.view_params.flags = if yes {
             f
         } else {
             f | FLAG_REFUSAL_NOT_ACTIVITY
-        });
+        };
     }
 
     /// Crash test hook: the `nth` call (0-based) made through this handle
@@ -572,13 +577,15 @@ impl SharedLedger {
 
     /// Takes the ledger's lock (bounded), repairing a corrupt mutex when the
     /// ledger lives in a region (see the module docs).
+    /// The [`Held`] record goes to `held` (a small answer: the lock's
+    /// state, moved through no `Result` of a record).
     #[inline(always)]
-    fn lock(&self) -> Result<(LockState, Held), FairError> {
+    fn lock(&self, held: &mut Held) -> Result<LockState, FairError> {
         // Uncontended: one attempt, nothing built.
-        match self.header().mutex.try_lock() {
-            Some(Ok(locked)) => Ok(locked),
-            Some(Err(e)) => Err(lock_failed(e)),
-            None => self.lock_slow(),
+        match self.header().mutex.try_lock_into(held) {
+            Ok(state) => Ok(state),
+            Err(0) => self.lock_slow(held),
+            Err(rc) => Err(lock_failed(lock_error_of(rc))),
         }
     }
 
@@ -586,7 +593,7 @@ impl SharedLedger {
     /// bounded wait, and the repair of a corrupt mutex.
     #[cold]
     #[inline(never)]
-    fn lock_slow(&self) -> Result<(LockState, Held), FairError> {
+    fn lock_slow(&self, held: &mut Held) -> Result<LockState, FairError> {
         let h = self.header();
         let file = self.region.as_ref().map(|m| m.file_identity());
         // In a region, only a process that holds a process-table entry (as
@@ -612,7 +619,10 @@ impl SharedLedger {
         let mut repairs = 0;
         loop {
             let c = match h.mutex.lock_bounded(&wait) {
-                Ok(Bounded::Locked(state, held)) => return Ok((state, held)),
+                Ok(Bounded::Locked(state, h)) => {
+                    *held = h;
+                    return Ok(state);
+                }
                 Ok(Bounded::Corrupt(c)) => c,
                 Err(e) => return Err(FairError::Lock(e.to_string())),
             };
@@ -686,14 +696,10 @@ impl SharedLedger {
                 ),
             )
         };
-        let mut params = self.params;
-        if let Some(f) = self.flags_override {
-            params.flags = f;
-        }
         // The parts' lengths are the validated parameters' (`handle`), so
         // they are not checked again here; a journaled view clamps time.
         View::from_parts(
-            params,
+            &self.view_params,
             parts,
             Some(Journal {
                 base,
@@ -787,7 +793,8 @@ impl SharedLedger {
     ) -> Result<R, FairError> {
         let nth = self.ops;
         self.ops += 1;
-        let (state, held) = self.lock()?;
+        let mut held = Held::NONE;
+        let state = self.lock(&mut held)?;
         // SAFETY: as in `header`; a reference of its own (not a borrow of
         // `self`), valid while the caller keeps the memory mapped, which
         // outlasts this call.

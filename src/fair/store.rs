@@ -843,8 +843,9 @@ pub struct Found {
 /// A validated, mutable view over the ledger state. All ledger logic
 /// (`admission.rs`) is written against this type only.
 pub struct View<'a> {
-    /// Immutable parameters, checked at construction.
-    pub p: Params,
+    /// Immutable parameters, checked at construction (borrowed from the
+    /// home: a view is built on every call, and a copy was eight words).
+    pub p: &'a Params,
     /// In a region a `now` earlier than the last accepted one is taken as
     /// the last accepted one; in-process it is misuse.
     pub clamp_time: bool,
@@ -862,7 +863,7 @@ impl<'a> View<'a> {
     /// passed [`Params::check`] (both homes check their private copy once,
     /// at construction or attach; it is not re-read from shared memory).
     #[cfg(test)]
-    pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
+    pub fn new(p: &'a Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
         let cap = p.lease_capacity as usize;
         if parts.tenants.len() != p.tenant_count as usize
             || parts.leases.len() != cap
@@ -892,7 +893,7 @@ impl<'a> View<'a> {
     /// write and clamp time (`clamp_time`); `None` in-process.
     #[inline(always)]
     pub(crate) fn from_parts(
-        p: Params,
+        p: &'a Params,
         parts: Parts<'a>,
         journal: Option<Journal<'a>>,
     ) -> View<'a> {
@@ -1336,7 +1337,7 @@ impl OwnedState {
     /// A view over this state (no journal: in-process writes are final),
     /// its parts checked against `p`.
     #[cfg(test)]
-    pub fn view(&mut self, p: Params) -> Result<View<'_>, FairError> {
+    pub fn view<'s>(&'s mut self, p: &'s Params) -> Result<View<'s>, FairError> {
         View::new(
             p,
             Parts {
@@ -1353,7 +1354,7 @@ impl OwnedState {
     /// ([`OwnedState::new`] with `p`'s tenants and capacity): their lengths
     /// are not checked again on every call (see [`View::from_parts`]).
     #[inline(always)]
-    pub(crate) fn view_built(&mut self, p: Params) -> View<'_> {
+    pub(crate) fn view_built<'s>(&'s mut self, p: &'s Params) -> View<'s> {
         View::from_parts(
             p,
             Parts {
@@ -1372,8 +1373,8 @@ impl OwnedState {
 mod tests {
     use super::*;
 
-    fn params(n: u32, cap: u32) -> Params {
-        Params {
+    fn params(n: u32, cap: u32) -> &'static Params {
+        Box::leak(Box::new(Params {
             ceiling: 100.0,
             total_weight: 2.0,
             unit: 0,
@@ -1383,7 +1384,7 @@ mod tests {
             started_at_ms: 0,
             tenant_count: n,
             lease_capacity: cap,
-        }
+        }))
     }
 
     fn state() -> OwnedState {
@@ -1492,10 +1493,10 @@ mod tests {
     fn meta_and_params_are_checked() {
         let mut s = state();
         assert!(s.view(params(3, 4)).is_err(), "tenant count mismatch");
-        let mut p = params(2, 4);
+        let mut p = *params(2, 4);
         p.idle_after_ms = 100;
         assert!(p.check().is_err());
-        p = params(2, 4);
+        p = *params(2, 4);
         p.unit = 5;
         assert!(p.check().is_err());
         s.meta.fresh = 5;

@@ -156,6 +156,12 @@ pub struct Held {
     words: Option<(i32, u64, u64)>,
 }
 
+impl Held {
+    /// Nothing recorded yet (a place for [`RobustMutex::try_lock_into`]
+    /// to write to; unlocking with it writes nothing back).
+    pub const NONE: Held = Held { words: None };
+}
+
 /// A corrupt mutex, as seen: the words, and why they cannot be a real
 /// holder's.
 #[derive(Debug, Clone)]
@@ -344,6 +350,13 @@ fn lock_result(rc: libc::c_int) -> Result<LockState, Error> {
         libc::EOWNERDEAD => Ok(LockState::OwnerDied),
         other => Err(lock_error(other)),
     }
+}
+
+/// The error of a lock call that returned `rc` (neither 0 nor `EOWNERDEAD`),
+/// as [`RobustMutex::try_lock_into`] reports it.
+#[cold]
+pub fn lock_error_of(rc: libc::c_int) -> Error {
+    lock_error(rc)
 }
 
 /// The error of a lock call that returned `rc` (neither 0 nor `EOWNERDEAD`).
@@ -535,10 +548,27 @@ impl RobustMutex {
     /// at unlock is the one that undoes it.
     #[inline(always)]
     pub fn try_lock(&self) -> Option<Result<(LockState, Held), Error>> {
+        let mut held = Held::NONE;
+        match self.try_lock_into(&mut held) {
+            Ok(state) => Some(Ok((state, held))),
+            Err(0) => None,
+            Err(rc) => Some(Err(lock_error(rc))),
+        }
+    }
+
+    /// [`try_lock`](Self::try_lock) with the [`Held`] written to `held`
+    /// and nothing but a code to return (no `Error` built or moved on the
+    /// way): `Ok` when it took the lock; `Err(0)` when the mutex is held,
+    /// not recoverable or has a scribbled type word (for
+    /// [`lock_bounded`](Self::lock_bounded) to sort out); `Err(rc)` when
+    /// `pthread_mutex_trylock` failed with `rc` (see
+    /// [`lock_error_of`]).
+    #[inline(always)]
+    pub fn try_lock_into(&self, held: &mut Held) -> Result<LockState, libc::c_int> {
         let glibc = glibc_layout();
         // Read before the attempt: the lock itself changes the head.
         let links = match glibc {
-            Some(g) if self.kind_word(g) != g.expected_kind => return None,
+            Some(g) if self.kind_word(g) != g.expected_kind => return Err(0),
             Some(g) if g.links_known => expected_links(),
             _ => None,
         };
@@ -547,10 +577,11 @@ impl RobustMutex {
         let state = match rc {
             0 => LockState::Locked,
             libc::EOWNERDEAD => LockState::OwnerDied,
-            libc::EBUSY | libc::ENOTRECOVERABLE => return None,
-            other => return Some(Err(lock_error(other))),
+            libc::EBUSY | libc::ENOTRECOVERABLE => return Err(0),
+            other => return Err(other),
         };
-        Some(Ok((state, self.held(glibc, links))))
+        *held = self.held(glibc, links);
+        Ok(state)
     }
 
     /// One attempt that sleeps at most `slice`: `Ok(None)` on timeout.
