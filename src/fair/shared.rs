@@ -535,7 +535,7 @@ impl SharedLedger {
     }
 
     /// Runs the test seams of `point` for call `nth` (none are armed
-    /// outside tests: one test of two `None`s).
+    /// outside tests: one test of the `armed` flag).
     #[inline(always)]
     fn point(&self, nth: u64, at: CrashPoint) {
         if !self.armed {

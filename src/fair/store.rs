@@ -35,9 +35,12 @@
 //! numbers finite and not negative, flags known) and return
 //! [`FairError::Corrupt`] otherwise; chain walks are bounded by the
 //! capacity, and a slot found on the wrong list is corrupt. Writes copy a
-//! whole record (or one link word) back, through [`put`], which in a region
-//! first saves the old bytes in the undo journal ([`Journal`]). Nothing
-//! here panics on bad data.
+//! record (or one link word) back, through [`put`], which in a region
+//! first saves the old bytes in the undo journal ([`Journal`]); a tenant
+//! record is written (and saved) by its changing tail only, from
+//! [`TENANT_STATE_OFF`], and its `want_open` word when that changes
+//! ([`View::set_tenant`]): its id, weight and guarantee are never written
+//! after creation. Nothing here panics on bad data.
 
 use std::ptr;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
