@@ -69,9 +69,65 @@ fn snapshot_no_acquire<L: FairLedger>(l: &mut L) -> serde_json::Value {
 #[test]
 fn crash_consistency_and_concurrency() {
     killed_holder_at_every_step_leaves_committed_state();
+    killed_before_every_journal_save_leaves_committed_state();
     killed_during_the_undo_leaves_committed_state();
     stopped_writer_is_read_as_committed_state();
     concurrent_processes_keep_the_ledger_exact();
+}
+
+/// A holder killed just before each journal save of each call (after `k`
+/// saves and their writes, for every `k` the call reaches: the records it
+/// changes written field range by field range, the tenant's `want_open` on
+/// its own) leaves exactly the state after the calls before it; a `k` past
+/// the call's last save lets the script finish.
+fn killed_before_every_journal_save_leaves_committed_state() {
+    let mut kills = 0;
+    for (n, call) in SCRIPT.iter().enumerate() {
+        let mut saves = None;
+        for k in 0..40 {
+            let t = TestShared::create(&cfg2(), 16).unwrap();
+            // SAFETY: fork from this single-threaded test; the child only
+            // uses the ledger and then dies by abort (or exits).
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                crash_child(&t, n, CrashPoint::BeforeSave(k));
+            }
+            let status = tools::bounded_waitpid(pid);
+            let died = libc::WIFSIGNALED(status);
+            assert!(died || libc::WEXITSTATUS(status) == 3, "call {n} save {k}");
+            let mut h = t.attach().unwrap();
+            let committed = if died { n } else { SCRIPT.len() };
+            let mut reference = FairShare::new(cfg2()).unwrap();
+            run(&mut reference, &SCRIPT[..committed]);
+            let got = snapshot(&mut h);
+            assert_eq!(h.recoveries(), u64::from(died), "call {n} save {k}");
+            assert_eq!(
+                got,
+                snapshot(&mut reference),
+                "call {n} {call:?} killed before save {k}"
+            );
+            if !died {
+                saves = Some(k);
+                break;
+            }
+            kills += 1;
+        }
+        let saves = saves.expect("a call makes fewer than 40 journal saves");
+        // An acquire or release saves at least its tenant and the meta
+        // record, a stats call the meta record (its time); a misuse call
+        // (releasing "zz") saves nothing.
+        let least = match call {
+            _ if !writes(call) => 0,
+            Call::Stats(_) => 1,
+            _ => 2,
+        };
+        assert!(
+            saves >= least && (least > 0 || saves == 0),
+            "call {n} {call:?} made {saves} saves"
+        );
+    }
+    assert!(kills > 3 * SCRIPT.len(), "{kills} kills");
 }
 
 /// Whether call `c` of the script writes the ledger (a misuse error is

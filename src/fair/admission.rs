@@ -251,9 +251,13 @@ fn cover(lenders: &[(u32, f64)], need: f64) -> Option<Cover> {
     None
 }
 
+/// What [`decide`] found. Small on purpose (it is moved through the
+/// call): a grant's borrowed slices are written to the caller's [`Cover`]
+/// (`borrows` says whether they were), a refusal is boxed (it allocates
+/// its explanation anyway).
 enum Decision {
-    Grant { own: f64, cover: Cover },
-    Refuse(Refusal),
+    Grant { own: f64, borrows: bool },
+    Refuse(Box<Refusal>),
 }
 
 struct Ask<'s> {
@@ -264,14 +268,22 @@ struct Ask<'s> {
     now: u64,
 }
 
-fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairError> {
+/// Decides an acquire (nothing is written to the ledger). A grant that
+/// borrows writes its slices to `out` and answers `borrows: true`; `out`
+/// is left alone otherwise.
+fn decide(
+    v: &View<'_>,
+    a: &Ask<'_>,
+    me: &TenantRec,
+    out: &mut std::mem::MaybeUninit<Cover>,
+) -> Result<Decision, FairError> {
     let p = v.p;
     let (name, charge, hold, now) = (a.name, a.charge, a.hold, a.now);
     let h = p.reclaim_horizon_ms;
     // (2) a charge no ceiling can hold.
     if charge > p.ceiling + TOLERANCE {
         let unit = unit_of(v).noun();
-        return Ok(Decision::Refuse(Refusal {
+        return Ok(Decision::Refuse(Box::new(Refusal {
             reason: RefusalReason::ExceedsCeiling,
             retry_after_ms: None,
             blocking_leases: Vec::new(),
@@ -282,14 +294,14 @@ fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairErr
                 fmt_num(p.ceiling),
                 fmt_num(p.ceiling)
             ),
-        }));
+        })));
     }
     // (3) fits the own free units: no horizon limit.
     let own_free = me.guarantee - me.own_held - me.lent;
     if charge <= own_free + TOLERANCE {
         return Ok(Decision::Grant {
             own: charge,
-            cover: Cover::NONE,
+            borrows: false,
         });
     }
     let own_part = own_free.max(0.0);
@@ -299,25 +311,26 @@ fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairErr
     if me.lent > TOLERANCE && charge <= own_free + me.lent + TOLERANCE {
         if hold <= h {
             if let Some(cover) = cover(pool.top(), need) {
+                out.write(cover);
                 return Ok(Decision::Grant {
                     own: own_part,
-                    cover,
+                    borrows: true,
                 });
             }
         }
-        return Ok(Decision::Refuse(on_loan(
+        return Ok(Decision::Refuse(Box::new(on_loan(
             v,
             a,
             me,
             own_part,
             need,
             hold > h && pool.count > 0,
-        )?));
+        )?)));
     }
     let unit = unit_of(v).noun();
     // (5) borrowing for longer than the horizon is refused outright.
     if hold > h {
-        return Ok(Decision::Refuse(Refusal {
+        return Ok(Decision::Refuse(Box::new(Refusal {
             reason: RefusalReason::HoldExceedsReclaimHorizon,
             retry_after_ms: None,
             blocking_leases: Vec::new(),
@@ -331,13 +344,14 @@ fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairErr
                 fmt_num(charge),
                 fmt_num(own_part)
             ),
-        }));
+        })));
     }
     // (6) idle lenders, largest first.
     if let Some(cover) = cover(pool.top(), need) {
+        out.write(cover);
         return Ok(Decision::Grant {
             own: own_part,
-            cover,
+            borrows: true,
         });
     }
     // (7) nothing to borrow.
@@ -347,7 +361,7 @@ fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairErr
     } else {
         String::new()
     };
-    Ok(Decision::Refuse(Refusal {
+    Ok(Decision::Refuse(Box::new(Refusal {
         reason: RefusalReason::NoLendableCapacity,
         retry_after_ms: None,
         blocking_leases: Vec::new(),
@@ -363,7 +377,7 @@ fn decide(v: &View<'_>, a: &Ask<'_>, me: &TenantRec) -> Result<Decision, FairErr
             p.idle_after_ms,
             fmt_num(own_part + usable)
         ),
-    }))
+    })))
 }
 
 /// The live leases, as `(slot, record)`.
@@ -481,8 +495,10 @@ fn snap(x: f64) -> f64 {
 pub(crate) enum Answer {
     /// Granted: the lease was written to `out`.
     Granted,
-    /// Refused, with the reason.
-    Refused(Refusal),
+    /// Refused, with the reason (boxed: the answer is moved through every
+    /// layer of a call, and a grant's is then two words, not a `Refusal`'s
+    /// hundred bytes; a refusal allocates its explanation anyway).
+    Refused(Box<Refusal>),
     /// Deferred: nothing was written (see [`acquire`]).
     Deferred,
 }
@@ -500,7 +516,7 @@ impl Answer {
             // SAFETY: `acquire` answers `Granted` only after writing `out`
             // (the last thing it does on that path).
             Answer::Granted => Ok(Ok(unsafe { out.assume_init_read() })),
-            Answer::Refused(r) => Ok(Err(r)),
+            Answer::Refused(r) => Ok(Err(*r)),
             Answer::Deferred => Err(FairError::Corrupt(
                 "an acquire was deferred where it may not be".into(),
             )),
@@ -531,8 +547,8 @@ pub(crate) fn acquire(
     let ti = v
         .find_tenant(tenant)
         .ok_or_else(|| FairError::UnknownTenant(tenant.to_string()))?;
-    let mut me = TenantRec::default();
-    v.tenant_into(ti, &mut me)?;
+    let mut me_buf = std::mem::MaybeUninit::uninit();
+    let me = v.tenant_into(ti, &mut me_buf)?;
     if !(cost.is_finite() && cost >= 0.0) {
         return Err(FairError::InvalidCost(cost));
     }
@@ -550,7 +566,8 @@ pub(crate) fn acquire(
         hold: hold_ms,
         now,
     };
-    let decision = decide(v, &ask, &me)?;
+    let mut cover_buf = std::mem::MaybeUninit::uninit();
+    let decision = decide(v, &ask, me, &mut cover_buf)?;
     let slot = match decision {
         Decision::Grant { .. } => match v.take_slot(m)? {
             Some(s) => Some(s),
@@ -571,7 +588,7 @@ pub(crate) fn acquire(
         return Ok(Answer::Deferred);
     }
     // From here on the call is accepted and recorded.
-    integrate(&mut me, v.p.idle_after_ms, now);
+    integrate(me, v.p.idle_after_ms, now);
     me.last_ask_ms = now;
     let (own, cover, slot, mut m) = match (decision, slot) {
         (Decision::Refuse(r), _) => {
@@ -588,11 +605,20 @@ pub(crate) fn acquire(
                     me.want_since_ms = now;
                 }
             }
-            v.set_tenant(ti, &me)?;
+            v.set_tenant(ti, me)?;
             note_now(v, m, now)?;
             return Ok(Answer::Refused(r));
         }
-        (Decision::Grant { own, cover }, Some((slot, m))) => (own, cover, slot, m),
+        (Decision::Grant { own, borrows }, Some((slot, m))) => {
+            let cover: &[(u32, f64)] = if borrows {
+                // SAFETY: `decide` wrote the cover when it answered
+                // `borrows: true`.
+                unsafe { cover_buf.assume_init_ref() }.slices()
+            } else {
+                &[]
+            };
+            (own, cover, slot, m)
+        }
         (Decision::Grant { .. }, None) => {
             return Err(FairError::Corrupt("a grant without a slot".into()))
         }
@@ -606,7 +632,7 @@ pub(crate) fn acquire(
         me.want_open = 0;
         me.want = 0.0;
     }
-    let borrowed: f64 = cover.slices().iter().map(|s| s.1).sum();
+    let borrowed: f64 = cover.iter().map(|s| s.1).sum();
     me.own_held += own;
     me.borrowed += borrowed;
     me.live_leases += 1;
@@ -614,12 +640,12 @@ pub(crate) fn acquire(
     me.next_lease_no += 1;
     me.granted_requests += 1;
     me.granted_cost += cost;
-    v.set_tenant(ti, &me)?;
+    v.set_tenant(ti, me)?;
     let mut rec = LeaseRec {
         state: 1,
         tenant: ti as u32,
         owner,
-        n_slices: cover.n as u32,
+        n_slices: cover.len() as u32,
         no,
         seq: m.next_seq,
         cost,
@@ -643,7 +669,7 @@ pub(crate) fn acquire(
         at.write(Slices::new());
         &mut *at
     };
-    for (k, &(li, units)) in cover.slices().iter().enumerate() {
+    for (k, &(li, units)) in cover.iter().enumerate() {
         let mut l = v.tenant(li as usize)?;
         l.lent += units;
         slices.push(Slice { lender: li, units });
@@ -689,9 +715,9 @@ fn free_lease(
     reaped: bool,
 ) -> Result<(), FairError> {
     let ti = l.tenant as usize;
-    let mut t = TenantRec::default();
-    v.tenant_into(ti, &mut t)?;
-    integrate(&mut t, v.p.idle_after_ms, now);
+    let mut t_buf = std::mem::MaybeUninit::uninit();
+    let t = v.tenant_into(ti, &mut t_buf)?;
+    integrate(t, v.p.idle_after_ms, now);
     t.live_leases = t.live_leases.saturating_sub(1);
     if t.live_leases == 0 {
         t.own_held = 0.0;
@@ -706,7 +732,7 @@ fn free_lease(
     } else {
         t.last_activity_ms = now;
     }
-    v.set_tenant(ti, &t)?;
+    v.set_tenant(ti, t)?;
     for s in &l.slices[..(l.n_slices as usize).min(MAX_SLICES)] {
         let mut lt = v.tenant(s.lender as usize)?;
         lt.lent = snap(lt.lent - s.units);

@@ -268,7 +268,7 @@ impl FairShare {
     /// checked again on every call.
     #[inline(always)]
     fn view(&mut self) -> Result<View<'_>, FairError> {
-        Ok(self.state.view_built(self.params))
+        Ok(self.state.view_built(&self.params))
     }
 
     /// Appends a call-log line; the line is only built when recording.

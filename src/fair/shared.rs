@@ -105,7 +105,9 @@ use super::{
 };
 use crate::region::Mapping;
 use crate::sys::clock::monotonic_ms;
-use crate::sys::robust_mutex::{Bounded, Held, LockState, LockWait, RobustMutex, MUTEX_LAYOUT_TAG};
+use crate::sys::robust_mutex::{
+    lock_error_of, Bounded, Held, LockState, LockWait, RobustMutex, MUTEX_LAYOUT_TAG,
+};
 
 /// Longest a call waits for the ledger's lock while a live thread holds it
 /// (a ledger call holds it for microseconds; a holder stopped longer than
@@ -216,6 +218,10 @@ pub enum CrashPoint {
     /// In the middle of the update's first write: the entry is journaled
     /// and half of the record written (a torn record).
     MidWrite,
+    /// Just before the update's journal save number `k` (0-based): `k`
+    /// entries saved and their writes complete, the rest not begun (as a
+    /// crash point only; `test_hook_at` ignores it).
+    BeforeSave(usize),
     /// After the update wrote everything, before the commit store.
     BeforeCommit,
     /// After the commit store, before `seq` is even again.
@@ -238,10 +244,17 @@ pub struct SharedLedger {
     cap: usize,
     params: Params,
     at: Offsets,
+    /// `bucket_count(cap)`, computed once.
+    nbuckets: usize,
     owner: u32,
-    flags_override: Option<u32>,
+    /// The parameters views are built with: `params`, with the flags of
+    /// [`set_refusal_counts_as_activity`](Self::set_refusal_counts_as_activity)
+    /// if a test set them.
+    view_params: Params,
     crash: Option<(u64, CrashPoint)>,
     hook: Option<(CrashPoint, fn())>,
+    /// Whether `crash` or `hook` is set: one test per seam on every call.
+    armed: bool,
     ops: u64,
     /// Sorts the overrun leases of `stats` (kept: no allocation).
     scratch: Vec<(u64, u32)>,
@@ -363,10 +376,12 @@ impl SharedLedger {
             cap,
             params,
             at: offsets(n, cap),
+            nbuckets: bucket_count(cap),
             owner: 0,
-            flags_override: None,
+            view_params: params,
             crash: None,
             hook: None,
+            armed: false,
             ops: 0,
             scratch: Vec::new(),
             taken: (0, 0),
@@ -459,6 +474,7 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn test_hook_at(&mut self, point: CrashPoint, f: Option<fn()>) {
         self.hook = f.map(|f| (point, f));
+        self.armed = self.crash.is_some() || self.hook.is_some();
     }
 
     /// Times a corrupt ledger mutex was re-initialised.
@@ -496,11 +512,11 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn set_refusal_counts_as_activity(&mut self, yes: bool) {
         let f = self.params.flags & !FLAG_REFUSAL_NOT_ACTIVITY;
-        self.flags_override = Some(if yes {
+        self.view_params.flags = if yes {
             f
         } else {
             f | FLAG_REFUSAL_NOT_ACTIVITY
-        });
+        };
     }
 
     /// Crash test hook: the `nth` call (0-based) made through this handle
@@ -508,6 +524,7 @@ impl SharedLedger {
     #[doc(hidden)]
     pub fn crash_at(&mut self, nth: u64, point: CrashPoint) {
         self.crash = Some((nth, point));
+        self.armed = true;
     }
 
     fn header(&self) -> &SharedHeader {
@@ -518,10 +535,10 @@ impl SharedLedger {
     }
 
     /// Runs the test seams of `point` for call `nth` (none are armed
-    /// outside tests: one test of two `None`s).
+    /// outside tests: one test of the `armed` flag).
     #[inline(always)]
     fn point(&self, nth: u64, at: CrashPoint) {
-        if self.crash.is_none() && self.hook.is_none() {
+        if !self.armed {
             return;
         }
         self.point_armed(nth, at);
@@ -542,11 +559,15 @@ impl SharedLedger {
     /// The first write's fault for call `nth`, if a test asked for one.
     #[inline(always)]
     fn write_fault(&self, nth: u64) -> Option<WriteFault> {
-        if self.crash.is_none() && self.hook.is_none() {
+        if !self.armed {
             return None;
         }
-        if self.crash == Some((nth, CrashPoint::MidWrite)) {
-            return Some(WriteFault::Abort);
+        match self.crash {
+            Some((n, CrashPoint::MidWrite)) if n == nth => return Some(WriteFault::Abort),
+            Some((n, CrashPoint::BeforeSave(k))) if n == nth => {
+                return Some(WriteFault::AbortBeforeSave(k))
+            }
+            _ => {}
         }
         match self.hook {
             Some((CrashPoint::MidWrite, f)) => Some(WriteFault::Call(f)),
@@ -556,12 +577,24 @@ impl SharedLedger {
 
     /// Takes the ledger's lock (bounded), repairing a corrupt mutex when the
     /// ledger lives in a region (see the module docs).
-    fn lock(&self) -> Result<(LockState, Held), FairError> {
-        let h = self.header();
+    /// The [`Held`] record goes to `held` (a small answer: the lock's
+    /// state, moved through no `Result` of a record).
+    #[inline(always)]
+    fn lock(&self, held: &mut Held) -> Result<LockState, FairError> {
         // Uncontended: one attempt, nothing built.
-        if let Some(r) = h.mutex.try_lock() {
-            return r.map_err(|e| FairError::Lock(e.to_string()));
+        match self.header().mutex.try_lock_into(held) {
+            Ok(state) => Ok(state),
+            Err(0) => self.lock_slow(held),
+            Err(rc) => Err(lock_failed(lock_error_of(rc))),
         }
+    }
+
+    /// [`lock`](Self::lock) when one attempt did not take the lock: the
+    /// bounded wait, and the repair of a corrupt mutex.
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self, held: &mut Held) -> Result<LockState, FairError> {
+        let h = self.header();
         let file = self.region.as_ref().map(|m| m.file_identity());
         // In a region, only a process that holds a process-table entry (as
         // its live owner, or as the reaper at work on it) ever holds the
@@ -586,7 +619,10 @@ impl SharedLedger {
         let mut repairs = 0;
         loop {
             let c = match h.mutex.lock_bounded(&wait) {
-                Ok(Bounded::Locked(state, held)) => return Ok((state, held)),
+                Ok(Bounded::Locked(state, h)) => {
+                    *held = h;
+                    return Ok(state);
+                }
                 Ok(Bounded::Corrupt(c)) => c,
                 Err(e) => return Err(FairError::Lock(e.to_string())),
             };
@@ -650,7 +686,7 @@ impl SharedLedger {
                     ),
                     buckets: std::slice::from_raw_parts_mut(
                         base.add(at.buckets) as *mut u32,
-                        bucket_count(self.cap),
+                        self.nbuckets,
                     ),
                     live: std::slice::from_raw_parts_mut(base.add(at.live) as *mut u32, self.cap),
                 },
@@ -660,14 +696,10 @@ impl SharedLedger {
                 ),
             )
         };
-        let mut params = self.params;
-        if let Some(f) = self.flags_override {
-            params.flags = f;
-        }
         // The parts' lengths are the validated parameters' (`handle`), so
         // they are not checked again here; a journaled view clamps time.
         View::from_parts(
-            params,
+            &self.view_params,
             parts,
             Some(Journal {
                 base,
@@ -761,7 +793,8 @@ impl SharedLedger {
     ) -> Result<R, FairError> {
         let nth = self.ops;
         self.ops += 1;
-        let (state, held) = self.lock()?;
+        let mut held = Held::NONE;
+        let state = self.lock(&mut held)?;
         // SAFETY: as in `header`; a reference of its own (not a borrow of
         // `self`), valid while the caller keeps the memory mapped, which
         // outlasts this call.
@@ -974,6 +1007,12 @@ impl SharedLedger {
     pub fn fairness_report(&mut self, now_ms: u64) -> Result<FairnessReport, FairError> {
         self.report_at(Some(now_ms))
     }
+}
+
+/// The ledger's error for a lock call that failed.
+#[cold]
+fn lock_failed(e: crate::error::Error) -> FairError {
+    FairError::Lock(e.to_string())
 }
 
 /// Unlocks on every exit path of `with_view_at` (errors included), writing

@@ -35,9 +35,12 @@
 //! numbers finite and not negative, flags known) and return
 //! [`FairError::Corrupt`] otherwise; chain walks are bounded by the
 //! capacity, and a slot found on the wrong list is corrupt. Writes copy a
-//! whole record (or one link word) back, through [`put`], which in a region
-//! first saves the old bytes in the undo journal ([`Journal`]). Nothing
-//! here panics on bad data.
+//! record (or one link word) back, through [`put`], which in a region
+//! first saves the old bytes in the undo journal ([`Journal`]); a tenant
+//! record is written (and saved) by its changing tail only, from
+//! [`TENANT_STATE_OFF`], and its `want_open` word when that changes
+//! ([`View::set_tenant`]): its id, weight and guarantee are never written
+//! after creation. Nothing here panics on bad data.
 
 use std::ptr;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -551,6 +554,9 @@ pub(crate) enum WriteFault {
     /// Write half the record, call this (a test stops the process there),
     /// then finish the write and go on.
     Call(fn()),
+    /// Abort the process when the update is about to make journal save
+    /// number `k` (0-based): after `k` saves and their writes, complete.
+    AbortBeforeSave(usize),
 }
 
 /// The undo journal of a ledger in shared memory (see `shared.rs`): every
@@ -588,7 +594,10 @@ impl Journal<'_> {
     }
 
     /// Saves `len` bytes at `at` before they are overwritten (`len` 0:
-    /// nothing to save, the update is only marked under way).
+    /// nothing to save, the update is only marked under way). Inlined: every
+    /// caller's `len` is a constant (a record's size, or the part of it a
+    /// call writes), so the copy is a few moves, not a `memcpy` call.
+    #[inline(always)]
     fn save(&mut self, at: *const u8, len: usize) -> Result<(), FairError> {
         self.open();
         if len == 0 {
@@ -652,7 +661,7 @@ fn journal_error(n: usize, off: usize, len: usize) -> FairError {
 /// Writes `val` to `dst`, first saving the old bytes in `journal` (if any).
 /// `val` is borrowed: a record is copied once, into `dst` (a record passed
 /// by value cost a copy into the argument first).
-#[inline]
+#[inline(always)]
 fn put<T: Copy>(journal: &mut Option<Journal<'_>>, dst: &mut T, val: &T) -> Result<(), FairError> {
     put_saving(journal, dst, val, std::mem::size_of::<T>())
 }
@@ -663,44 +672,79 @@ const FREE_LEASE_BYTES: usize = std::mem::offset_of!(LeaseRec, link) + 4;
 
 /// Like [`put`], saving only the first `saved` bytes of the old value (the
 /// rest of it does not matter: a free lease record beyond its link).
-#[inline]
+#[inline(always)]
 fn put_saving<T: Copy>(
     journal: &mut Option<Journal<'_>>,
     dst: &mut T,
     val: &T,
     saved: usize,
 ) -> Result<(), FairError> {
+    let size = std::mem::size_of::<T>();
     if let Some(j) = journal {
-        j.save(
-            dst as *const T as *const u8,
-            saved.min(std::mem::size_of::<T>()),
-        )?;
-        if let Some(fault) = j.fault.take() {
-            let half = std::mem::size_of::<T>() / 2;
-            // SAFETY: `dst` is a valid `&mut T`; writing its first `half`
-            // bytes from `val` leaves a torn record, which is the point (the
-            // journal entry saved above restores it). T is plain data.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    val as *const T as *const u8,
+        if j.fault.is_some() {
+            // SAFETY: `dst` and `val` are valid, distinct `T`s of plain data
+            // (any bit pattern valid); `size` bytes each.
+            return unsafe {
+                faulty_write(
+                    j,
                     dst as *mut T as *mut u8,
-                    half,
+                    val as *const T as *const u8,
+                    saved.min(size),
+                    size,
                 )
             };
+        }
+        j.save(dst as *const T as *const u8, saved.min(size))?;
+    }
+    *dst = *val;
+    Ok(())
+}
+
+/// A journaled write while a test's fault is armed: saves `saved` bytes at
+/// `d`, then writes `len` bytes from `v` there, doing what the fault says
+/// (a torn first write, then abort or a call; or abort before save `k`).
+///
+/// # Safety
+///
+/// `d` is valid for reads and writes of `len` bytes, `v` for reads of
+/// `len`, they do not overlap, `saved <= len`, and any bytes are valid
+/// there (plain data).
+#[cold]
+#[inline(never)]
+unsafe fn faulty_write(
+    j: &mut Journal<'_>,
+    d: *mut u8,
+    v: *const u8,
+    saved: usize,
+    len: usize,
+) -> Result<(), FairError> {
+    if let Some(WriteFault::AbortBeforeSave(k)) = j.fault {
+        if j.count >= k {
+            std::process::abort();
+        }
+        j.save(d, saved)?;
+    } else {
+        j.save(d, saved)?;
+        if let Some(fault) = j.fault.take() {
+            // SAFETY: the caller's contract; the first half of the bytes:
+            // a torn record, which the entry saved above restores.
+            unsafe { ptr::copy_nonoverlapping(v, d, len / 2) };
             match fault {
                 WriteFault::Abort => std::process::abort(),
                 WriteFault::Call(f) => f(),
+                WriteFault::AbortBeforeSave(_) => {}
             }
         }
     }
-    *dst = *val;
+    // SAFETY: the caller's contract.
+    unsafe { ptr::copy_nonoverlapping(v, d, len) };
     Ok(())
 }
 
 /// Like [`put_saving`], changing `dst` in place with `f` (after saving its
 /// first `saved` bytes) instead of copying a whole new value in: a write
 /// of a few fields of a record, or of a record built from another one.
-#[inline]
+#[inline(always)]
 fn update_saving<T: Copy>(
     journal: &mut Option<Journal<'_>>,
     dst: &mut T,
@@ -720,6 +764,45 @@ fn update_saving<T: Copy>(
         )?;
     }
     f(dst);
+    Ok(())
+}
+
+/// Byte offset of the first field of a [`TenantRec`] after the fixed ones
+/// (`id_len`, `id`, `weight`, `guarantee`): from here to the end is what
+/// ledger calls change (with `want_open`, written on its own when it
+/// changes; see [`View::set_tenant`]).
+pub(crate) const TENANT_STATE_OFF: usize = std::mem::offset_of!(TenantRec, own_held);
+
+/// Writes the bytes `[FROM, size_of::<T>())` of `val` into `dst`, first
+/// saving the old ones in `journal` (if any): a record's changing tail,
+/// journaled and copied without its fixed head.
+#[inline(always)]
+fn put_tail<T: Copy, const FROM: usize>(
+    journal: &mut Option<Journal<'_>>,
+    dst: &mut T,
+    val: &T,
+) -> Result<(), FairError> {
+    const { assert!(FROM < std::mem::size_of::<T>()) };
+    let n = std::mem::size_of::<T>() - FROM;
+    // SAFETY: `FROM < size_of::<T>()` (checked at compile time), so both
+    // pointers stay inside their (valid, distinct: `dst` is `&mut`) values.
+    let (d, v) = unsafe {
+        (
+            (dst as *mut T as *mut u8).add(FROM),
+            (val as *const T as *const u8).add(FROM),
+        )
+    };
+    if let Some(j) = journal {
+        if j.fault.is_some() {
+            // SAFETY: as above: `n` bytes of two distinct, valid records of
+            // plain data.
+            return unsafe { faulty_write(j, d, v, n, n) };
+        }
+        j.save(d, n)?;
+    }
+    // SAFETY: as above; `T` is plain data (any bit pattern valid), so the
+    // tail bytes of one valid `T` copied over another's leave a valid `T`.
+    unsafe { ptr::copy_nonoverlapping(v, d, n) };
     Ok(())
 }
 
@@ -763,8 +846,9 @@ pub struct Found {
 /// A validated, mutable view over the ledger state. All ledger logic
 /// (`admission.rs`) is written against this type only.
 pub struct View<'a> {
-    /// Immutable parameters, checked at construction.
-    pub p: Params,
+    /// Immutable parameters, checked at construction (borrowed from the
+    /// home: a view is built on every call, and a copy was eight words).
+    pub p: &'a Params,
     /// In a region a `now` earlier than the last accepted one is taken as
     /// the last accepted one; in-process it is misuse.
     pub clamp_time: bool,
@@ -782,7 +866,7 @@ impl<'a> View<'a> {
     /// passed [`Params::check`] (both homes check their private copy once,
     /// at construction or attach; it is not re-read from shared memory).
     #[cfg(test)]
-    pub fn new(p: Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
+    pub fn new(p: &'a Params, parts: Parts<'a>) -> Result<View<'a>, FairError> {
         let cap = p.lease_capacity as usize;
         if parts.tenants.len() != p.tenant_count as usize
             || parts.leases.len() != cap
@@ -812,7 +896,7 @@ impl<'a> View<'a> {
     /// write and clamp time (`clamp_time`); `None` in-process.
     #[inline(always)]
     pub(crate) fn from_parts(
-        p: Params,
+        p: &'a Params,
         parts: Parts<'a>,
         journal: Option<Journal<'a>>,
     ) -> View<'a> {
@@ -861,34 +945,47 @@ impl<'a> View<'a> {
     /// A validated copy of tenant `i`.
     #[inline(always)]
     pub fn tenant(&self, i: usize) -> Result<TenantRec, FairError> {
-        let mut t = TenantRec::default();
-        self.tenant_into(i, &mut t)?;
-        Ok(t)
+        let mut t = std::mem::MaybeUninit::uninit();
+        Ok(*self.tenant_into(i, &mut t)?)
     }
 
     /// [`tenant`](Self::tenant) into `out`: one copy of the record, where
     /// the caller keeps it (returned by value, a record was copied into the
-    /// result and again out of it). The copy is checked, not the shared
-    /// bytes, which another process may change meanwhile. On an error
-    /// `out` is unspecified.
+    /// result and again out of it; and a zeroed buffer to copy into cost a
+    /// `memset` of its 192 bytes first). The copy is checked, not the
+    /// shared bytes, which another process may change meanwhile. Returns
+    /// the initialised copy.
     #[inline(always)]
-    pub fn tenant_into(&self, i: usize, out: &mut TenantRec) -> Result<(), FairError> {
-        *out = *self.tenants.get(i).ok_or_else(|| {
+    pub fn tenant_into<'o>(
+        &self,
+        i: usize,
+        out: &'o mut std::mem::MaybeUninit<TenantRec>,
+    ) -> Result<&'o mut TenantRec, FairError> {
+        let src = self.tenants.get(i).ok_or_else(|| {
             FairError::Corrupt(format!(
                 "tenant index {i} >= tenant count {}",
                 self.tenants.len()
             ))
         })?;
-        out.check(i)
+        let t = out.write(*src);
+        t.check(i)?;
+        Ok(t)
     }
 
-    /// Writes tenant `i` (index checked by the caller's earlier read).
+    /// Writes tenant `i`'s changing fields from `t` (index checked by the
+    /// caller's earlier read): its tail from [`TENANT_STATE_OFF`] on, and
+    /// `want_open` when it differs from the stored one. The fixed fields
+    /// (`id_len`, `id`, `weight`, `guarantee`) are never written after
+    /// creation, so they are neither saved nor copied.
     #[inline]
     pub fn set_tenant(&mut self, i: usize, t: &TenantRec) -> Result<(), FairError> {
-        match self.tenants.get_mut(i) {
-            Some(slot) => put(&mut self.journal, slot, t),
-            None => Err(FairError::Corrupt(format!("tenant index {i} out of range"))),
+        let Some(slot) = self.tenants.get_mut(i) else {
+            return Err(FairError::Corrupt(format!("tenant index {i} out of range")));
+        };
+        if slot.want_open != t.want_open {
+            put(&mut self.journal, &mut slot.want_open, &t.want_open)?;
         }
+        put_tail::<TenantRec, TENANT_STATE_OFF>(&mut self.journal, slot, t)
     }
 
     /// The index of the tenant with this id. Compares the stored bytes
@@ -1243,7 +1340,7 @@ impl OwnedState {
     /// A view over this state (no journal: in-process writes are final),
     /// its parts checked against `p`.
     #[cfg(test)]
-    pub fn view(&mut self, p: Params) -> Result<View<'_>, FairError> {
+    pub fn view<'s>(&'s mut self, p: &'s Params) -> Result<View<'s>, FairError> {
         View::new(
             p,
             Parts {
@@ -1260,7 +1357,7 @@ impl OwnedState {
     /// ([`OwnedState::new`] with `p`'s tenants and capacity): their lengths
     /// are not checked again on every call (see [`View::from_parts`]).
     #[inline(always)]
-    pub(crate) fn view_built(&mut self, p: Params) -> View<'_> {
+    pub(crate) fn view_built<'s>(&'s mut self, p: &'s Params) -> View<'s> {
         View::from_parts(
             p,
             Parts {
@@ -1279,8 +1376,8 @@ impl OwnedState {
 mod tests {
     use super::*;
 
-    fn params(n: u32, cap: u32) -> Params {
-        Params {
+    fn params(n: u32, cap: u32) -> &'static Params {
+        Box::leak(Box::new(Params {
             ceiling: 100.0,
             total_weight: 2.0,
             unit: 0,
@@ -1290,7 +1387,7 @@ mod tests {
             started_at_ms: 0,
             tenant_count: n,
             lease_capacity: cap,
-        }
+        }))
     }
 
     fn state() -> OwnedState {
@@ -1399,10 +1496,10 @@ mod tests {
     fn meta_and_params_are_checked() {
         let mut s = state();
         assert!(s.view(params(3, 4)).is_err(), "tenant count mismatch");
-        let mut p = params(2, 4);
+        let mut p = *params(2, 4);
         p.idle_after_ms = 100;
         assert!(p.check().is_err());
-        p = params(2, 4);
+        p = *params(2, 4);
         p.unit = 5;
         assert!(p.check().is_err());
         s.meta.fresh = 5;

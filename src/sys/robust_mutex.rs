@@ -156,6 +156,12 @@ pub struct Held {
     words: Option<(i32, u64, u64)>,
 }
 
+impl Held {
+    /// Nothing recorded yet (a place for [`RobustMutex::try_lock_into`]
+    /// to write to; unlocking with it writes nothing back).
+    pub const NONE: Held = Held { words: None };
+}
+
 /// A corrupt mutex, as seen: the words, and why they cannot be a real
 /// holder's.
 #[derive(Debug, Clone)]
@@ -342,16 +348,31 @@ fn lock_result(rc: libc::c_int) -> Result<LockState, Error> {
     match rc {
         0 => Ok(LockState::Locked),
         libc::EOWNERDEAD => Ok(LockState::OwnerDied),
-        libc::ENOTRECOVERABLE => Err(Error::BadRegion(
+        other => Err(lock_error(other)),
+    }
+}
+
+/// The error of a lock call that returned `rc` (neither 0 nor `EOWNERDEAD`),
+/// as [`RobustMutex::try_lock_into`] reports it.
+#[cold]
+pub fn lock_error_of(rc: libc::c_int) -> Error {
+    lock_error(rc)
+}
+
+/// The error of a lock call that returned `rc` (neither 0 nor `EOWNERDEAD`).
+#[cold]
+fn lock_error(rc: libc::c_int) -> Error {
+    match rc {
+        libc::ENOTRECOVERABLE => Error::BadRegion(
             "the region's robust mutex is not recoverable: a holder died and the next holder released it \
              without marking the data consistent; recreate the region"
                 .into(),
-        )),
-        other => Err(Error::io(
+        ),
+        other => Error::io(
             "pthread_mutex_lock",
             None,
             io::Error::from_raw_os_error(other),
-        )),
+        ),
     }
 }
 
@@ -517,27 +538,50 @@ impl RobustMutex {
     /// the lock (or failed for a reason no wait can change); `None` when
     /// the mutex is held, not recoverable or has a scribbled type word,
     /// which `lock_bounded` sorts out.
-    #[inline]
+    ///
+    /// The type word is checked before the attempt (a scribbled type would
+    /// send glibc down another code path); the list pointers are predicted
+    /// here and written back by [`unlock_held`](Self::unlock_held) just
+    /// before glibc reads them (unlock is the only time it does), so they
+    /// are checked once per lock pair, not also right after the lock: a
+    /// scribble can land at any time during the hold, and the write-back
+    /// at unlock is the one that undoes it.
+    #[inline(always)]
     pub fn try_lock(&self) -> Option<Result<(LockState, Held), Error>> {
+        let mut held = Held::NONE;
+        match self.try_lock_into(&mut held) {
+            Ok(state) => Some(Ok((state, held))),
+            Err(0) => None,
+            Err(rc) => Some(Err(lock_error(rc))),
+        }
+    }
+
+    /// [`try_lock`](Self::try_lock) with the [`Held`] written to `held`
+    /// and nothing but a code to return (no `Error` built or moved on the
+    /// way): `Ok` when it took the lock; `Err(0)` when the mutex is held,
+    /// not recoverable or has a scribbled type word (for
+    /// [`lock_bounded`](Self::lock_bounded) to sort out); `Err(rc)` when
+    /// `pthread_mutex_trylock` failed with `rc` (see
+    /// [`lock_error_of`]).
+    #[inline(always)]
+    pub fn try_lock_into(&self, held: &mut Held) -> Result<LockState, libc::c_int> {
         let glibc = glibc_layout();
-        if glibc.is_some_and(|g| self.kind_word(g) != g.expected_kind) {
-            return None;
-        }
         // Read before the attempt: the lock itself changes the head.
-        let links = glibc
-            .filter(|g| g.links_known)
-            .and_then(|_| expected_links());
-        match self.timed_lock(Duration::ZERO) {
-            Ok(Some(state)) => {
-                let held = self.held(glibc, links);
-                // A scribble between the lock and now is undone at once.
-                self.write_back(&held);
-                Some(Ok((state, held)))
-            }
-            Ok(None) => None,
-            Err(e) if is_not_recoverable(&e) => None,
-            Err(e) => Some(Err(e)),
-        }
+        let links = match glibc {
+            Some(g) if self.kind_word(g) != g.expected_kind => return Err(0),
+            Some(g) if g.links_known => expected_links(),
+            _ => None,
+        };
+        // SAFETY: as in `lock`.
+        let rc = unsafe { libc::pthread_mutex_trylock(self.raw()) };
+        let state = match rc {
+            0 => LockState::Locked,
+            libc::EOWNERDEAD => LockState::OwnerDied,
+            libc::EBUSY | libc::ENOTRECOVERABLE => return Err(0),
+            other => return Err(other),
+        };
+        *held = self.held(glibc, links);
+        Ok(state)
     }
 
     /// One attempt that sleeps at most `slice`: `Ok(None)` on timeout.
