@@ -9,7 +9,8 @@
 //!   thread. Throughput is 1 element per pair, so criterion prints pairs/s.
 //! - `handoff_latency`: a release in one process wakes a waiter in another.
 //!   A forked partner ping-pongs with the parent through two cap-1
-//!   resources; one criterion iteration is one one-way handoff (half a round
+//!   resources (three shared schedulers for shmsched, so that neither side
+//!   can go on alone: see `ShmPingPong`); one criterion iteration is one one-way handoff (half a round
 //!   trip), so the time shown is the one-way handoff latency. Parent and
 //!   partner are pinned to two different CPUs (or to one CPU with
 //!   `SHMSCHED_BENCH_SAME_CPU=1`) so every row of a run measures the same
@@ -397,66 +398,76 @@ struct JobserverPingPong {
     pong: jobserver::Client,
 }
 
-/// Two regions, each a shared scheduler with max 1 (the same two-resource
-/// design as [`JobserverPingPong`]). At any time each side holds one of the
-/// two slots; a round trip is: the parent releases its slot `x`, which wakes
-/// the partner queued on `x`; the partner releases its slot `y`, which wakes
-/// the parent queued on `y`. Then the roles of `x` and `y` swap.
+/// Three regions, each a shared scheduler with max 1. Each side always
+/// holds a slot the other side needs next, so neither can go on alone, as
+/// with the semaphores and the pipe, which only the other side posts: the
+/// parent starts holding slots 0 and 1, the partner slot 2; the parent's
+/// step `i` releases `i % 3` (which wakes the partner queued on it) and
+/// waits for `(i + 2) % 3`; the partner's step `i` waits for `i % 3`, then
+/// releases `(i + 2) % 3`, which wakes the parent.
 ///
-/// A [`Permit`] borrows its scheduler, and both sides keep a permit across
-/// round trips, so the schedulers are leaked (`&'static`): two small regions
-/// per bench run, in the parent, and the partner's own handles in the
-/// partner (which never exits normally).
+/// With two schedulers (each side holding one slot) a side preempted right
+/// after its release holds nothing the other needs: the other then runs
+/// round trips alone for the rest of its time slice, which the parent's
+/// timer counts as hand-off time (`examples/handoff_probe.rs`, mode `shm`:
+/// on one CPU about 50 partner loops per parent round trip on average, in
+/// bursts of a whole slice after one wake-up preemption in a thousand
+/// hand-offs).
+///
+/// A [`Permit`] borrows its scheduler, and both sides keep permits across
+/// round trips, so the schedulers are leaked (`&'static`): three small
+/// regions per bench run, in the parent, and the partner's own handles in
+/// the partner (which never exits normally).
 struct ShmPingPong {
-    regions: [Region; 2],
+    regions: [Region; 3],
     /// The parent's handles, created before the fork.
-    parent: [&'static Scheduler; 2],
-    /// The slot the parent holds from `make` until its first round trip.
-    first: Cell<Option<Permit<'static>>>,
+    parent: [&'static Scheduler; 3],
+    /// The slots the parent holds from `make` until its first round trips.
+    first: Cell<[Option<Permit<'static>>; 2]>,
 }
 
-/// One side's state: the permit it holds and which scheduler it is on.
+/// One side's state: the permits it holds and its step.
 struct PingPongSide {
-    scheds: [&'static Scheduler; 2],
-    held: Option<Permit<'static>>,
-    on: usize,
+    scheds: [&'static Scheduler; 3],
+    held: [Option<Permit<'static>>; 3],
+    step: usize,
 }
 
 impl PingPongSide {
-    /// Parent: release the held slot, then wait for the other one.
+    /// Parent: release one slot, then wait for the one the partner holds.
     fn release_then_acquire(&mut self) {
-        drop(self.held.take());
-        self.on = 1 - self.on;
-        self.held = Some(
-            self.scheds[self.on]
+        let (give, want) = (self.step % 3, (self.step + 2) % 3);
+        drop(self.held[give].take());
+        self.held[want] = Some(
+            self.scheds[want]
                 .acquire(Priority::Normal)
                 .expect("shmsched acquire"),
         );
+        self.step += 1;
     }
 
-    /// Partner: wait for the slot the parent holds, then release the held one.
+    /// Partner: wait for the slot the parent released, then release one.
     fn acquire_then_release(&mut self) {
-        let next = 1 - self.on;
-        let Ok(p) = self.scheds[next].acquire(Priority::Normal) else {
+        let (want, give) = (self.step % 3, (self.step + 2) % 3);
+        let Ok(p) = self.scheds[want].acquire(Priority::Normal) else {
             partner_failed()
         };
-        drop(self.held.replace(p));
-        self.on = next;
+        self.held[want] = Some(p);
+        drop(self.held[give].take());
+        self.step += 1;
     }
 }
 
 impl ShmPingPong {
     fn new() -> ShmPingPong {
-        let regions = [
-            Region::anonymous().expect("region"),
-            Region::anonymous().expect("region"),
-        ];
-        let parent = [0, 1].map(|i| {
+        let regions = [0, 1, 2].map(|_| Region::anonymous().expect("region"));
+        let parent = [0, 1, 2].map(|i| {
             &*Box::leak(Box::new(
                 Scheduler::shared(&regions[i], 1).expect("shared scheduler"),
             ))
         });
-        let first = Cell::new(Some(parent[0].acquire(Priority::Normal).expect("acquire")));
+        let first =
+            Cell::new([0, 1].map(|i| Some(parent[i].acquire(Priority::Normal).expect("acquire"))));
         ShmPingPong {
             regions,
             parent,
@@ -464,35 +475,37 @@ impl ShmPingPong {
         }
     }
 
-    /// In the partner: own handles on both regions (a Scheduler is not usable
-    /// across fork), holding slot 1.
+    /// In the partner: own handles on the three regions (a Scheduler is not
+    /// usable across fork), holding slot 2.
     fn partner(&self) -> PingPongSide {
-        let scheds = [0, 1].map(|i| match Scheduler::attach(&self.regions[i]) {
+        let scheds = [0, 1, 2].map(|i| match Scheduler::attach(&self.regions[i]) {
             Ok(s) => &*Box::leak(Box::new(s)),
             Err(_) => partner_failed(),
         });
-        let Some(held) = scheds[1].try_acquire(Priority::Normal) else {
+        let Some(held) = scheds[2].try_acquire(Priority::Normal) else {
             partner_failed()
         };
         PingPongSide {
             scheds,
-            held: Some(held),
-            on: 1,
+            held: [None, None, Some(held)],
+            step: 0,
         }
     }
 
-    /// In the parent, after the fork: holding slot 0; waits until the partner
-    /// holds slot 1, so the first round trip starts from the steady state.
+    /// In the parent, after the fork: holding slots 0 and 1; waits until the
+    /// partner holds slot 2, so the first round trip starts from the steady
+    /// state.
     fn parent(&self) -> PingPongSide {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.parent[1].global_running() == 0 {
+        while self.parent[2].global_running() == 0 {
             assert!(Instant::now() < deadline, "partner never took its slot");
             std::thread::sleep(Duration::from_millis(1));
         }
+        let [a, b] = self.first.replace([None, None]);
         PingPongSide {
             scheds: self.parent,
-            held: self.first.take(),
-            on: 0,
+            held: [a, b, None],
+            step: 0,
         }
     }
 }

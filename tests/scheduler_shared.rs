@@ -90,6 +90,28 @@ fn child_entry() {
                 }
             }
         }
+        // The partner of a three-scheduler ping-pong (see
+        // `ping_pong_hand_offs_across_processes_are_never_lost`): holds slot
+        // 2, then step i waits for slot i % 3 and releases (i + 2) % 3.
+        "pingpong" => {
+            let s: Vec<Scheduler> = args[..3].iter().map(|p| attach(p)).collect();
+            let steps: usize = args[3].parse().unwrap();
+            let mut held: [Option<_>; 3] = [None, None, s[2].try_acquire(Priority::Normal)];
+            assert!(held[2].is_some(), "slot 2 free at start");
+            say("ready");
+            for i in 0..steps {
+                match s[i % 3].acquire_timeout(Priority::Normal, Duration::from_secs(5)) {
+                    Ok(p) => held[i % 3] = Some(p),
+                    Err(e) => {
+                        say(&format!("failed at {i}: {e}"));
+                        std::process::exit(1);
+                    }
+                }
+                drop(held[(i + 2) % 3].take());
+            }
+            say("done");
+            wait_parent();
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -335,4 +357,61 @@ fn opening_with_another_max_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("70000") && e.contains("65536"), "{e}");
+}
+
+/// Every hand-off of a ping-pong between two processes through three
+/// schedulers of max 1 (each side always holds a slot the other needs
+/// next) wakes the waiter in the other process: a waiter's first sleep
+/// uses the words it read when it was queued, before its enqueue served,
+/// so a designation or grant that lands between that serve and the sleep
+/// must still wake it. A lost wake-up shows as a step that waits for the
+/// keeper's backstop (20 ms) or times out (5 s, then the test fails).
+#[test]
+fn ping_pong_hand_offs_across_processes_are_never_lost() {
+    const STEPS: usize = 3000;
+    let tmps: Vec<TempRegion> = (0..3).map(|i| TempRegion::new(&format!("pp{i}"))).collect();
+    let regions: Vec<Region> = tmps.iter().map(|t| Region::create(&t.0).unwrap()).collect();
+    let s: Vec<Scheduler> = regions
+        .iter()
+        .map(|r| Scheduler::shared(r, 1).unwrap())
+        .collect();
+    let mut held = [
+        Some(s[0].acquire(Priority::Normal).unwrap()),
+        Some(s[1].acquire(Priority::Normal).unwrap()),
+        None,
+    ];
+    let mut args: Vec<String> = tmps.iter().map(|t| t.0.clone()).collect();
+    args.push(STEPS.to_string());
+    let mut kid = spawn(ENTRY, "pingpong", &args);
+    kid.expect_line("ready");
+    until("partner holds slot 2", 10, || s[2].global_running() == 1);
+    let mut steps = Vec::with_capacity(STEPS);
+    for i in 0..STEPS {
+        let t = Instant::now();
+        drop(held[i % 3].take());
+        let want = (i + 2) % 3;
+        held[want] = Some(
+            s[want]
+                .acquire_timeout(Priority::Normal, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("step {i}: {e}")),
+        );
+        steps.push(t.elapsed());
+    }
+    kid.expect_line("done");
+    assert!(kid.finish().success());
+    steps.sort();
+    let median = steps[STEPS / 2];
+    let slow = steps
+        .iter()
+        .filter(|d| **d >= Duration::from_millis(20))
+        .count();
+    eprintln!("ping-pong: median round trip {median:?}, {slow} of {STEPS} at 20 ms or more");
+    assert!(
+        median < Duration::from_millis(5),
+        "median round trip {median:?}"
+    );
+    assert!(
+        slow * 50 < STEPS,
+        "{slow} of {STEPS} round trips took 20 ms or more"
+    );
 }

@@ -63,6 +63,12 @@ pub struct Park {
     /// True while it is its process's front of its tier (written under the
     /// queue's lock).
     front: AtomicBool,
+    /// Both words as its queue read them when it was queued, before that
+    /// queue change served (see [`note`](Self::note)): region word in the
+    /// high half, own word in the low.
+    noted: AtomicU64,
+    /// True while `noted` holds a reading its thread has not used yet.
+    has_note: AtomicBool,
 }
 
 /// The two futex words' values, read before a sleeper looks at its state.
@@ -85,6 +91,35 @@ impl Park {
             region: reg.my_seq(),
             own: self.own.load(Ordering::SeqCst),
         }
+    }
+
+    /// Notes both words for the waiter's thread (under the queue's lock,
+    /// when it is queued, before the serve of that change): its first
+    /// sleep may use them instead of reading the words and serving again.
+    /// Every change after this point that the thread must act on (a
+    /// designation, a grant, a new role) bumps one of them, so that sleep
+    /// returns at once and the thread looks again.
+    pub fn note(&self, reg: &Registry) {
+        let s = self.seqs(reg);
+        self.noted.store(
+            (u64::from(s.region) << 32) | u64::from(s.own),
+            Ordering::SeqCst,
+        );
+        self.has_note.store(true, Ordering::SeqCst);
+    }
+
+    /// The words noted when the waiter was queued, once (see
+    /// [`note`](Self::note)).
+    #[inline]
+    pub fn take_note(&self) -> Option<Seqs> {
+        if !self.has_note.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        let v = self.noted.load(Ordering::SeqCst);
+        Some(Seqs {
+            region: (v >> 32) as u32,
+            own: v as u32,
+        })
     }
 
     /// Marks the waiter as its process's front of its tier, or not (under

@@ -588,6 +588,13 @@ impl Scheduler {
         n: u32,
         deadline: Option<Instant>,
     ) -> Result<Permit<'_>> {
+        if self.node.parent().is_none() {
+            // A root alone: no chain to walk (nor to allocate).
+            let slots = self
+                .node
+                .acquire_level(priority, n, deadline, Default::default())?;
+            return Ok(self.permit(slots, priority));
+        }
         // Check every level first: a zero max or a disposed ancestor fails
         // at once rather than after queueing below it.
         let mut chain: Vec<&Node> = Vec::new();

@@ -444,8 +444,18 @@ impl SharedRoot {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
             }
             q.push(w.clone(), self.slots.max());
+            if !is_async {
+                // Its thread's first sleep uses these (see `wait`): the
+                // serve below is the look before that sleep.
+                w.park.note(self.reg());
+            }
             self.republish(&q, tier, &mut out);
             self.serve(&mut q, &mut out, false);
+            if !is_async {
+                // Its thread is the caller, awake: it reads its state and
+                // its front mark before it sleeps.
+                out.skip_parked(&w);
+            }
             w
         };
         self.wake(out);
@@ -459,10 +469,18 @@ impl SharedRoot {
     /// [`park`](crate::region::park) says: on the region word as its tier's
     /// front, else on its own word. One front per process, the keeper,
     /// sleeps with the backstop instead and does the rounds when it fires.
+    ///
+    /// The first round uses the words noted when `w` was queued, before
+    /// the serve of its enqueue: that serve was this round's look, and any
+    /// change since that this thread must act on moved a word (its sleep
+    /// returns at once, and the next round serves).
     pub fn wait(&self, w: &Arc<Waiter>, deadline: Option<Instant>) -> Result<Slots> {
         let reg = self.reg();
+        let mut noted = w.park.take_note();
         loop {
-            let seqs = w.park.seqs(reg);
+            let first = noted.take();
+            let served = first.is_some();
+            let seqs = first.unwrap_or_else(|| w.park.seqs(reg));
             match w.state() {
                 GRANTED => return Ok(w.take_slots()),
                 FAILED => return Err(Error::Disposed),
@@ -478,9 +496,11 @@ impl SharedRoot {
                 }
                 None => None,
             };
-            self.serve_now(false);
-            if w.state() != WAITING {
-                continue;
+            if !served {
+                self.serve_now(false);
+                if w.state() != WAITING {
+                    continue;
+                }
             }
             let keeper = self.fronts.keeps(w);
             let backstop = keeper && left.is_none_or(|l| l > BACKSTOP);

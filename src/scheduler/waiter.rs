@@ -393,6 +393,24 @@ impl Wakeups {
         }
     }
 
+    /// Takes `w` off the threads to wake at a shared root (its own thread
+    /// is the caller: awake, it looks at its state before it sleeps).
+    pub fn skip_parked(&mut self, w: &std::sync::Arc<Waiter>) {
+        if self
+            .parked
+            .as_ref()
+            .is_some_and(|p| std::sync::Arc::ptr_eq(p, w))
+        {
+            self.parked = self
+                .more
+                .as_mut()
+                .and_then(|m| (!m.parked.is_empty()).then(|| m.parked.remove(0)));
+        }
+        if let Some(m) = self.more.as_mut() {
+            m.parked.retain(|p| !std::sync::Arc::ptr_eq(p, w));
+        }
+    }
+
     /// True if a thread blocked at a shared root is to be woken.
     pub fn has_parked(&self) -> bool {
         self.parked.is_some()
