@@ -80,26 +80,29 @@ mod imp {
         #[inline(always)]
         pub fn add(&self, tier: usize, n: u64) {
             let me = thread_id();
+            let owner = self.owner.load(Ordering::Relaxed);
             // `me` is 0 for a thread without an id and `owner` never is.
-            if self.owner.load(Ordering::Relaxed) == me {
+            if owner == me {
                 let w = &self.own[tier];
                 w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+            } else if owner != UNCLAIMED {
+                self.other[tier].fetch_add(n, Ordering::Relaxed);
             } else {
-                self.add_other(me, tier, n);
+                self.claim(me, tier, n);
             }
         }
 
-        /// [`add`](Self::add) by a thread that does not own the counter:
-        /// it claims it if no thread has, else counts on the shared words.
+        /// [`add`](Self::add) while no thread owns the counter: claims it
+        /// (giving this thread its id first), or, if another thread was
+        /// quicker, counts on the shared words.
         #[cold]
         #[inline(never)]
-        fn add_other(&self, me: u64, tier: usize, n: u64) {
+        fn claim(&self, me: u64, tier: usize, n: u64) {
             let me = if me == 0 { assign_id() } else { me };
-            if self.owner.load(Ordering::Relaxed) == UNCLAIMED
-                && self
-                    .owner
-                    .compare_exchange(UNCLAIMED, me, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
+            if self
+                .owner
+                .compare_exchange(UNCLAIMED, me, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
             {
                 // Ours now: no other thread writes `own`.
                 let w = &self.own[tier];
