@@ -410,3 +410,61 @@ fn try_consume_at_never_overtakes_a_waiter_of_any_priority() {
     assert_eq!(l.stats().queues[Priority::High.index()].consumed, 0);
     w.join().unwrap();
 }
+
+/// Threads consuming at once through one handle and its clones (which
+/// share its counters: the first thread owns them, the others count on
+/// shared words), then a thread started after every one of them exited,
+/// the first owner included: the per-priority counters are exact, in
+/// process and for a shared handle, at each level of a chain.
+#[test]
+fn counters_exact_across_threads_sharing_a_handle() {
+    const THREADS: u64 = 4;
+    const PER: u64 = 20_000;
+    let region = shmsched::region::Region::anonymous().unwrap();
+    let rate = i32::MAX as u64;
+    let shared = Limiter::shared(&region, rate).unwrap();
+    for lim in [
+        Limiter::new(rate).unwrap(),
+        shared.clone(),
+        shared.child(rate).unwrap(),
+    ] {
+        let go = Arc::new(std::sync::Barrier::new(THREADS as usize));
+        let hs: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (lim, go) = (lim.clone(), go.clone());
+                thread::spawn(move || {
+                    go.wait();
+                    for k in 0..PER {
+                        let p = if k % 2 == 0 {
+                            Priority::High
+                        } else {
+                            Priority::Low
+                        };
+                        lim.consume(i + 1, p).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let each: u64 = (1..=THREADS).map(|i| i * PER / 2).sum();
+        let s = lim.stats();
+        assert_eq!(s.queues[Priority::High.index()].consumed, each);
+        assert_eq!(s.queues[Priority::Low.index()].consumed, each);
+        assert_eq!(s.consumed, 2 * each);
+        // Every thread that counted has exited; a new one counts on.
+        let l2 = lim.clone();
+        thread::spawn(move || {
+            for _ in 0..PER {
+                l2.consume(1, Priority::High).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+        lim.consume(3, Priority::High).unwrap();
+        let s = lim.stats();
+        assert_eq!(s.queues[Priority::High.index()].consumed, each + PER + 3);
+        assert_eq!(s.consumed, 2 * each + PER + 3);
+    }
+}

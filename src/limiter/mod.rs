@@ -77,6 +77,7 @@ mod shared;
 /// writes (see [`crate::object_revision`]).
 pub const OBJECT_REVISION: u64 = shared::OBJECT_REV;
 mod stats;
+mod tally;
 mod timer;
 mod view;
 mod waiter;

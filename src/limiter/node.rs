@@ -37,6 +37,7 @@ use super::bucket::{Gcra, Hot, Mode, Refused};
 use super::params::{ParamBlock, Params};
 use super::root::LimRoot;
 use super::stats::{LimiterQueueStats, LimiterStats};
+use super::tally::Tally;
 use super::waiter::{
     step, Step, Waiter, Wakeups, CANCELLED, CORRUPT, GRANTED, GRANTED_FORCED, WAITING,
 };
@@ -117,8 +118,9 @@ struct Counters {
     deferred: [AtomicU64; LEVELS],
     completed: [AtomicU64; LEVELS],
     cancelled: [AtomicU64; LEVELS],
-    /// Tokens charged at this level, per tier.
-    consumed: [AtomicU64; LEVELS],
+    /// Tokens charged at this level, per tier (cheap for the handle's
+    /// main thread, see `tally.rs`).
+    consumed: Tally,
     /// Tokens refunded at this level, per tier.
     refunded: [AtomicU64; LEVELS],
 }
@@ -323,7 +325,7 @@ impl Node {
                         if c.debt {
                             self.forced.fetch_add(1, Ordering::Relaxed);
                         }
-                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        self.counters.consumed.add(tier, n);
                         Ok(Some(c.debt))
                     }
                     Err(Refused::Until(_)) => Ok(None),
@@ -347,7 +349,7 @@ impl Node {
                         if c.debt {
                             self.count_forced();
                         }
-                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        self.counters.consumed.add(tier, n);
                         bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
                         Ok(Some(c.debt))
                     }
@@ -364,7 +366,7 @@ impl Node {
         if n == 0 || tier >= LEVELS {
             return;
         }
-        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+        self.counters.consumed.add(tier, n);
         if let Home::Shared(r) = &self.home {
             r.bucket().totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
         }
@@ -412,7 +414,7 @@ impl Node {
                 let t = now.tick(&hot);
                 match hot.charge(&b.tat, n, t, Mode::Exact) {
                     Ok(_) => {
-                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        self.counters.consumed.add(tier, n);
                         Ok(true)
                     }
                     Err(Refused::Until(_)) => Ok(false),
@@ -435,7 +437,7 @@ impl Node {
                 let t = now.tick(&hot);
                 match hot.charge(&bucket.state().tat, n, t, Mode::Exact) {
                     Ok(_) => {
-                        self.counters.consumed[tier].fetch_add(n, Ordering::Relaxed);
+                        self.counters.consumed.add(tier, n);
                         bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
                         Ok(true)
                     }
@@ -779,7 +781,7 @@ impl Node {
             q.deferred = c.deferred[t].load(Ordering::Relaxed);
             q.completed = c.completed[t].load(Ordering::Relaxed);
             q.cancelled = c.cancelled[t].load(Ordering::Relaxed);
-            q.consumed = c.consumed[t].load(Ordering::Relaxed);
+            q.consumed = c.consumed.get(t);
             q.refunded = c.refunded[t].load(Ordering::Relaxed);
             consumed += q.consumed;
             refunded += q.refunded;
