@@ -9,7 +9,11 @@
 //! in turn), so that load from other work on the machine falls on every
 //! row alike. The C program (`benches/c/pair.c`) is built with `cc -O2`
 //! against the release `libshmsched.a` (static, as a C program or Go would
-//! link it) and `libshmsched.so`; the Python rows go through ctypes.
+//! link it) and `libshmsched.so`; the Python rows go through ctypes. Two
+//! more C rows time the pair's atomic skeleton without the library
+//! (`benches/c/atomics.c`): the library's two CASes alone, and with the
+//! checked-permit table's claim CAS and stores; their ratio is the floor of
+//! a release check that claims an entry of its own.
 //!
 //! Run: `cargo bench -p shmsched-ffi --bench ffi_pair`. Not a criterion
 //! bench: the C and Python rows run in other processes, and all rows must
@@ -96,9 +100,26 @@ fn build_c(lib: &Path, statically: bool) -> PathBuf {
     out
 }
 
-/// One round of a C row.
-fn c_round(exe: &Path, iters: u64) -> f64 {
+/// Builds the atomic skeleton of a pair (`benches/c/atomics.c`, no
+/// library): the library's two CASes alone, and with the C table's claim.
+fn build_atomics(lib: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = lib.join("pair-atomics");
+    let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-std=c11"])
+        .arg(dir.join("benches/c/atomics.c"))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    out
+}
+
+/// One round of a C row: `exe [mode] ITERS 1`.
+fn c_round(exe: &Path, mode: Option<&str>, iters: u64) -> f64 {
     let run = Command::new(exe)
+        .args(mode)
         .args([iters.to_string(), "1".to_string()])
         .output()
         .expect("run the C pair bench");
@@ -150,6 +171,7 @@ fn main() {
     let lib = release_lib_dir();
     let c_static = build_c(&lib, true);
     let c_dynamic = build_c(&lib, false);
+    let atomics = build_atomics(&lib);
     let region = Region::anonymous().expect("region");
     let s = Scheduler::shared(&region, 8).expect("scheduler");
     let labels = [
@@ -158,12 +180,16 @@ fn main() {
         "C, `libshmsched.so` (dynamic)",
         "Python, bare ctypes calls",
         "Python, `with sched.acquire():`",
+        "C skeleton: the library's two CASes alone",
+        "C skeleton: + the table's claim CAS and stores",
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); labels.len()];
     for _ in 0..ROUNDS {
         samples[0].push(rust_round(&s, iters));
-        samples[1].push(c_round(&c_static, iters));
-        samples[2].push(c_round(&c_dynamic, iters));
+        samples[1].push(c_round(&c_static, None, iters));
+        samples[2].push(c_round(&c_dynamic, None, iters));
+        samples[5].push(c_round(&atomics, Some("cas2"), iters));
+        samples[6].push(c_round(&atomics, Some("table"), iters));
         for (name, v) in python_round(&lib, iters) {
             match name.as_str() {
                 "ctypes_raw" => samples[3].push(v),
