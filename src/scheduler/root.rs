@@ -833,7 +833,10 @@ impl SharedRoot {
                     // leaves it, without the offer, the `taking` swaps and
                     // the scans. A release that read the designation as
                     // notified woke nobody; it freed before that read, and
-                    // this looks after the swap: one sees the other.
+                    // this looks at the cells after the swap: one sees the
+                    // other. Not notified, nothing is swapped: a release
+                    // that frees after the look above reads this
+                    // designation, not notified, and serves it.
                     if d.notified {
                         let back = Designee {
                             notified: false,
@@ -846,7 +849,10 @@ impl SharedRoot {
                     if fair_due_at(reg, now.ns()) {
                         reg.set_strict();
                     }
-                    if d.notified && self.slots.free() >= u64::from(w.need) {
+                    if d.notified
+                        && !self.slots.fewer_free_cells_than(w.need)
+                        && self.fits()(w.need, cap)
+                    {
                         continue;
                     }
                     return;
