@@ -1105,6 +1105,13 @@ impl Registry {
     /// valid, a scribble, counts as nobody and is replaced). True on
     /// success.
     pub fn designate(&self, d: Designee) -> bool {
+        self.designate_at(d, monotonic_ns())
+    }
+
+    /// [`designate`](Self::designate) with the caller's reading of
+    /// `CLOCK_MONOTONIC` (ns), taken before this call (one reading shared
+    /// by the steps of one serve).
+    pub fn designate_at(&self, d: Designee, now_ns: u64) -> bool {
         let w = &self.d().designee;
         let cur = w.load(Ordering::SeqCst);
         if Designee::unpack(cur).is_some() {
@@ -1114,9 +1121,7 @@ impl Registry {
             .compare_exchange(cur, d.pack(), Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
         if ok {
-            self.d()
-                .designated_ns
-                .store(monotonic_ns(), Ordering::SeqCst);
+            self.d().designated_ns.store(now_ns, Ordering::SeqCst);
         }
         ok
     }
@@ -1127,7 +1132,13 @@ impl Registry {
     /// before the designation word changes, so that whoever sees the new
     /// state sees this time or a later one.
     pub fn offer(&self) {
-        self.d().offered_ns.store(bound_now_ns(), Ordering::SeqCst);
+        self.offer_at(bound_now_ns());
+    }
+
+    /// [`offer`](Self::offer) at `now_ns`, a reading of [`bound_now_ns`]
+    /// taken before this call.
+    pub fn offer_at(&self, now_ns: u64) {
+        self.d().offered_ns.store(now_ns, Ordering::SeqCst);
     }
 
     /// Renews the offer while this process takes for its designee (a take
@@ -1145,7 +1156,13 @@ impl Registry {
     /// True once the designee has been offered capacity [`PASS_AFTER_NS`]
     /// ago or more without taking it.
     pub fn offer_overdue(&self) -> bool {
-        bound_now_ns().saturating_sub(self.d().offered_ns.load(Ordering::SeqCst)) >= PASS_AFTER_NS
+        self.offer_overdue_at(bound_now_ns())
+    }
+
+    /// [`offer_overdue`](Self::offer_overdue) at `now_ns`, a reading of
+    /// [`bound_now_ns`] (an earlier reading only makes the answer later).
+    pub fn offer_overdue_at(&self, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.d().offered_ns.load(Ordering::SeqCst)) >= PASS_AFTER_NS
     }
 
     /// Replaces designee `from` (exactly as read) by `to` (`None`: nobody).
@@ -1528,7 +1545,12 @@ impl Registry {
     /// Returns true at most once per `interval_ns` region-wide (for rate
     /// limiting liveness probes of a stalled designee).
     pub fn probe_due(&self, interval_ns: u64) -> bool {
-        let now = monotonic_ns();
+        self.probe_due_at(interval_ns, monotonic_ns())
+    }
+
+    /// [`probe_due`](Self::probe_due) at `now`, a reading of
+    /// `CLOCK_MONOTONIC` (ns) taken before this call.
+    pub fn probe_due_at(&self, interval_ns: u64, now: u64) -> bool {
         let last = self.d().last_probe_ns.load(Ordering::Relaxed);
         now.saturating_sub(last) >= interval_ns
             && self

@@ -120,6 +120,8 @@ use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
 use crate::region::park::{wake_parked, Fronts};
+#[cfg(shuttle)]
+use crate::region::registry::bound_now_ns;
 use crate::region::registry::{
     tier_bit, Designee, Front, Registry, GATE_LEASED, GATE_SHRINKING, GATE_STRICT, GATE_TIERS,
     HELPER_BIT, REAP_INTERVAL_MS,
@@ -692,6 +694,16 @@ impl SharedRoot {
             && (d.lottery || f.cap >= self.slots.max() || (self.fits())(f.need, f.cap))
     }
 
+    /// True if a take of `need` for a designee of this process would fail
+    /// now for want of free cells (see
+    /// [`fewer_free_cells_than`](SharedSlots::fewer_free_cells_than)),
+    /// while no cluster lease is armed (a take then applies a due lapse)
+    /// and no lowering of the ceiling is in progress.
+    fn cannot_take(&self, need: u32) -> bool {
+        self.reg().gate() & (GATE_LEASED | GATE_SHRINKING) == 0
+            && self.slots.fewer_free_cells_than(need)
+    }
+
     /// This process ran again after being passed over: a designation that
     /// went meanwhile to a younger waiter of a tier where this process has
     /// an older one goes back to the region's order (so that this process's
@@ -724,6 +736,7 @@ impl SharedRoot {
     fn serve(&self, q: &mut RootQueues, out: &mut Wakeups, eager_probe: bool) {
         let reg = self.reg();
         let me = reg.me().idx;
+        let now = Now::default();
         if reg.progress() {
             self.reclaim_place(q);
         }
@@ -744,9 +757,10 @@ impl SharedRoot {
                 };
                 if d.idx != me && !reg.alive(d.idx) {
                     let _ = self.slots.reap();
+                    now.forget();
                     continue;
                 }
-                if reg.designate(d) && !reg.still_front(&d) {
+                if reg.designate_at(d, now.ns()) && !reg.still_front(&d) {
                     // It left between the look and the designation.
                     self.end_designation(&d);
                 }
@@ -761,11 +775,14 @@ impl SharedRoot {
                 // not ended yet): then it is passed over (if it took cells,
                 // it grants them when it runs again).
                 if d.idx != me {
-                    if (eager_probe || reg.probe_due(PROBE_INTERVAL_NS)) && !reg.alive(d.idx) {
+                    if (eager_probe || reg.probe_due_at(PROBE_INTERVAL_NS, now.ns()))
+                        && !reg.alive(d.idx)
+                    {
                         let _ = self.slots.reap();
+                        now.forget();
                         continue;
                     }
-                    if reg.offer_overdue()
+                    if reg.offer_overdue_at(now.bound_ns())
                         && reg
                             .front_of(d.idx, d.tier)
                             .is_none_or(|f| f.ticket != d.ticket || self.room_for(&d, &f))
@@ -808,14 +825,45 @@ impl SharedRoot {
                     continue;
                 };
                 let w = dq[pos].clone();
+                let cap = if d.lottery { u32::MAX } else { w.cap };
+                if self.cannot_take(w.need) {
+                    // No free cell for it: a take would fail (the common
+                    // case right after this waiter queued behind a holder).
+                    // Stay designated, not notified, as a failed take below
+                    // leaves it, without the offer, the `taking` swaps and
+                    // the scans. A release that read the designation as
+                    // notified woke nobody; it freed before that read, and
+                    // this looks at the cells after the swap: one sees the
+                    // other. Not notified, nothing is swapped: a release
+                    // that frees after the look above reads this
+                    // designation, not notified, and serves it.
+                    if d.notified {
+                        let back = Designee {
+                            notified: false,
+                            ..d
+                        };
+                        if !reg.swap_designee(&d, Some(&back)) {
+                            continue;
+                        }
+                    }
+                    if fair_due_at(reg, now.ns()) {
+                        reg.set_strict();
+                    }
+                    if d.notified
+                        && !self.slots.fewer_free_cells_than(w.need)
+                        && self.fits()(w.need, cap)
+                    {
+                        continue;
+                    }
+                    return;
+                }
                 let taking = Designee { taking: true, ..d };
-                reg.offer();
+                reg.offer_at(now.bound_ns());
                 if !reg.swap_designee(&d, Some(&taking)) {
                     continue;
                 }
                 #[cfg(shuttle)]
                 self.slots.mapping().model_death_point("designee taking");
-                let cap = if d.lottery { u32::MAX } else { w.cap };
                 match self.admit(w.need, cap) {
                     Some(slots) => {
                         #[cfg(shuttle)]
@@ -837,7 +885,7 @@ impl SharedRoot {
                             ..d
                         };
                         let back_in = reg.swap_designee(&taking, Some(&back));
-                        if fair_due(reg) {
+                        if fair_due_at(reg, now.ns()) {
                             reg.set_strict();
                         }
                         // A release that read the designation while it was
@@ -868,23 +916,25 @@ impl SharedRoot {
                 self.end_designation(&d);
                 continue;
             }
-            let waited = monotonic_ns().saturating_sub(reg.designated_ns());
+            let waited = now.ns().saturating_sub(reg.designated_ns());
             if d.notified
                 && (eager_probe || waited >= PROBE_AFTER.as_nanos() as u64)
                 && !self.slots.full()
-                && reg.probe_due(PROBE_INTERVAL_NS)
+                && reg.probe_due_at(PROBE_INTERVAL_NS, now.ns())
                 && !reg.alive(d.idx)
             {
                 let _ = self.slots.reap();
+                now.forget();
                 continue;
             }
             // Alive is not progress: offered capacity it could use and not
             // come within the bound, it is passed over (dead: reaped).
             #[cfg(shuttle)]
             crate::sys::futex::model::trace(format_args!("serve: remote front {front:?}"));
-            if d.notified && reg.offer_overdue() && self.room_for(&d, &front) {
+            if d.notified && reg.offer_overdue_at(now.bound_ns()) && self.room_for(&d, &front) {
                 if !reg.alive(d.idx) {
                     let _ = self.slots.reap();
+                    now.forget();
                 } else {
                     self.pass(&d);
                 }
@@ -898,7 +948,7 @@ impl SharedRoot {
                     notified: true,
                     ..d
                 };
-                reg.offer();
+                reg.offer_at(now.bound_ns());
                 if !reg.swap_designee(&d, Some(&n)) {
                     continue;
                 }
@@ -1150,7 +1200,53 @@ fn fair_check_turn() -> bool {
 
 /// True once the current designee has been overtaken for [`FAIR_AFTER`].
 fn fair_due(reg: &Registry) -> bool {
-    monotonic_ns().saturating_sub(reg.designated_ns()) >= fair_after_ns()
+    fair_due_at(reg, monotonic_ns())
+}
+
+/// [`fair_due`] at `now_ns`, a reading of `CLOCK_MONOTONIC` taken before
+/// this call (an earlier reading only makes the answer later).
+fn fair_due_at(reg: &Registry, now_ns: u64) -> bool {
+    now_ns.saturating_sub(reg.designated_ns()) >= fair_after_ns()
+}
+
+/// One reading of the clock shared by the steps of one serve (a serve runs
+/// under the process's queue lock, for microseconds): read at its first
+/// use, read again after a reap (a scan of the process table, which may
+/// take longer). Stamps written from it (a designation's time, an offer's)
+/// are at most that early, which moves a bound's end earlier by as much;
+/// checks against it (fairness, probes, the pass-over bound) answer at
+/// most that late, and the next serve reads the clock afresh.
+#[derive(Default)]
+struct Now(std::cell::Cell<u64>);
+
+impl Now {
+    /// `CLOCK_MONOTONIC` (ns), read once.
+    #[inline]
+    fn ns(&self) -> u64 {
+        let v = self.0.get();
+        if v != 0 {
+            return v;
+        }
+        let v = monotonic_ns().max(1);
+        self.0.set(v);
+        v
+    }
+
+    /// The clock of the bounds on other processes' progress
+    /// ([`bound_now_ns`](crate::region::registry::bound_now_ns)): the same reading, or under the model checker
+    /// the model's clock, read each time.
+    #[inline]
+    fn bound_ns(&self) -> u64 {
+        #[cfg(shuttle)]
+        return bound_now_ns();
+        #[cfg(not(shuttle))]
+        self.ns()
+    }
+
+    /// Reads the clock afresh at the next use.
+    fn forget(&self) {
+        self.0.set(0);
+    }
 }
 
 /// [`FAIR_AFTER`] in ns; under the model checker an execution may ask for

@@ -1164,6 +1164,26 @@ impl SharedSlots {
         u64::from(self.ceiling()).saturating_sub(taken)
     }
 
+    /// True if fewer than `n` cells are free now (0 or `FREE_COUNTED`),
+    /// counted on the cells themselves (SeqCst loads, early exit): a take
+    /// of `n` made now would fail. The running count is not used (a dead
+    /// holder may leave it high while a cell is free).
+    pub fn fewer_free_cells_than(&self, n: u32) -> bool {
+        if n == 0 {
+            return false;
+        }
+        let mut left = n;
+        for c in self.cells() {
+            if c.load(Ordering::SeqCst) & !COUNTED == 0 {
+                left -= 1;
+                if left == 0 {
+                    return false;
+                }
+            }
+        }
+        left > 0
+    }
+
     /// The effective ceiling: at most this many slots are held at once
     /// (≤ max; the max unless [`set_ceiling`](Self::set_ceiling) lowered it).
     pub fn ceiling(&self) -> u32 {
@@ -1652,5 +1672,34 @@ impl SharedSlots {
             cap_lock: self.header().cap_lock.load(Ordering::SeqCst) as u32,
             ceiling_lock: self.header().ceiling_lock.load(Ordering::SeqCst) as u32,
         }
+    }
+}
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use super::*;
+
+    /// `fewer_free_cells_than` answers on the cells: true exactly when a
+    /// take of that many would fail, with counting on or off.
+    #[test]
+    fn fewer_free_cells_than_matches_what_a_take_gets() {
+        let region = Region::anonymous().unwrap();
+        let s = SharedSlots::bind(&region, Some(3)).unwrap();
+        assert!(!s.fewer_free_cells_than(0));
+        assert!(!s.fewer_free_cells_than(3));
+        assert!(s.fewer_free_cells_than(4));
+        let a = s.take(2).unwrap();
+        assert!(!s.fewer_free_cells_than(1));
+        assert!(s.fewer_free_cells_than(2));
+        assert!(s.take(2).is_none());
+        let _ = s.running(); // counting on: cells carry COUNTED
+        let b = s.take(1).unwrap();
+        assert!(s.fewer_free_cells_than(1));
+        assert!(s.take(1).is_none());
+        s.give(&b);
+        assert!(!s.fewer_free_cells_than(1));
+        s.give(&a);
+        assert!(!s.fewer_free_cells_than(3));
+        assert_eq!(s.take(3).map(|t| t.len()), Some(3));
     }
 }
