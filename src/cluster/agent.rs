@@ -4,7 +4,7 @@
 //! # How it works
 //!
 //! Each period the thread first makes sure it is the region's agent
-//! ([`Registry::try_become_agent`]: an owner id set by CAS, taken over
+//! ([`Registry::try_become_agent`](crate::region::registry::Registry::try_become_agent): an owner id set by CAS, taken over
 //! only when its process is dead by kernel liveness).
 //!
 //! - **Standing by**, it polls the lock a few times per renew period (a

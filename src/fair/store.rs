@@ -888,7 +888,7 @@ impl<'a> View<'a> {
 
     /// Wraps parts whose lengths agree with `p` by construction (the shared
     /// home builds them from the parameters it validated at attach, so the
-    /// check of [`new`](Self::new) is done once, not on every call; and a
+    /// lengths are checked once, not on every call; and a
     /// view returned in a `Result` was copied into it and out again). Parts
     /// that do not agree cannot make it misbehave either: every access is
     /// bounds-checked, and the hash bits come from the buckets' own length.

@@ -23,7 +23,7 @@
 //!
 //! That wait is bounded: a front that another process has found able to go
 //! (`ready_ms[t]`) and that is still not charged
-//! [`PASS_AFTER_NS`](crate::region::registry::PASS_AFTER_NS) later has a
+//! [`PASS_AFTER_NS`] later has a
 //! process that does not run (stopped, frozen, starved). It is passed over
 //! (see the registry's *Progress*): the region's order skips that process
 //! until it runs again, so the tiers below, and the next front of its own
