@@ -230,17 +230,22 @@ impl Mode for Shm3Mode {
         self.side.release_then_acquire();
     }
     fn counters(&self) -> [u64; 3] {
-        let mut c = [0; 3];
-        for s in self.side.s {
-            let st = s.stats();
-            c[0] += st.total.deferred;
-            if let Some(sh) = st.shared {
-                c[1] += sh.wakes;
-                c[2] += sh.fair_handoffs;
-            }
-        }
-        c
+        sched_counters(&self.side.s)
     }
+}
+
+/// (slow acquires, wakes, fair hand-offs) summed over `scheds`.
+fn sched_counters(scheds: &[&Scheduler]) -> [u64; 3] {
+    let mut c = [0; 3];
+    for s in scheds {
+        let st = s.stats();
+        c[0] += st.total.deferred;
+        if let Some(sh) = st.shared {
+            c[1] += sh.wakes;
+            c[2] += sh.fair_handoffs;
+        }
+    }
+    c
 }
 
 /// What a mode's parent side does per round trip, and the counters it can
@@ -263,16 +268,7 @@ impl Mode for ShmMode {
         self.side.release_then_acquire();
     }
     fn counters(&self) -> [u64; 3] {
-        let mut c = [0; 3];
-        for s in self.side.s {
-            let st = s.stats();
-            c[0] += st.total.deferred;
-            if let Some(sh) = st.shared {
-                c[1] += sh.wakes;
-                c[2] += sh.fair_handoffs;
-            }
-        }
-        c
+        sched_counters(&self.side.s)
     }
 }
 

@@ -698,9 +698,13 @@ impl SharedRoot {
     /// now for want of free cells (see
     /// [`fewer_free_cells_than`](SharedSlots::fewer_free_cells_than)),
     /// while no cluster lease is armed (a take then applies a due lapse)
-    /// and no lowering of the ceiling is in progress.
+    /// and no lowering of the ceiling is in progress. Asked only of tables
+    /// of at most [`CANNOT_TAKE_MAX_CELLS`] cells: the answer reads every
+    /// cell of a full table, where a take asks the running count
+    /// (O(processes)); a larger table goes the take's way.
     fn cannot_take(&self, need: u32) -> bool {
-        self.reg().gate() & (GATE_LEASED | GATE_SHRINKING) == 0
+        self.slots.max() <= CANNOT_TAKE_MAX_CELLS
+            && self.reg().gate() & (GATE_LEASED | GATE_SHRINKING) == 0
             && self.slots.fewer_free_cells_than(need)
     }
 
@@ -1208,6 +1212,11 @@ fn fair_due(reg: &Registry) -> bool {
 fn fair_due_at(reg: &Registry, now_ns: u64) -> bool {
     now_ns.saturating_sub(reg.designated_ns()) >= fair_after_ns()
 }
+
+/// The largest table whose free cells a serve counts before it tries a
+/// take for its own designee ([`SharedRoot::cannot_take`]): 64 cells are
+/// two lines of the table, fewer loads than a failing take's own work.
+const CANNOT_TAKE_MAX_CELLS: u32 = 64;
 
 /// One reading of the clock shared by the steps of one serve (a serve runs
 /// under the process's queue lock, for microseconds): read at its first
