@@ -9,7 +9,11 @@
 //! - `shm3`: the bench's ping-pong through three schedulers (each side
 //!   always holds a slot the other needs next);
 //! - `sem`: two process-shared POSIX semaphores;
-//! - `pipe`: two pipes, one byte each way.
+//! - `pipe`: two pipes, one byte each way;
+//! - `futex`, `futext`: two futex words, a flag each way (the semaphores'
+//!   skeleton); `futext` sleeps with a 20 ms absolute timeout read from
+//!   the clock before each sleep, as a shared root's keeper sleeps with its
+//!   backstop (the difference is the cost of that timer).
 //!
 //! Prints, per one-way hand-off: wall time, both processes' voluntary and
 //! involuntary context switches (`/proc/<pid>/status`), CPU time, the
@@ -303,6 +307,75 @@ impl Mode for PipeMode {
     }
 }
 
+/// Waits for the flag `w` (then clears it), sleeping on it; `timed`: with
+/// a 20 ms absolute deadline read before each sleep (a keeper's backstop).
+fn flag_wait(w: &std::sync::atomic::AtomicU32, timed: bool) {
+    loop {
+        if w.swap(0, Ordering::SeqCst) != 0 {
+            return;
+        }
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let tp: *const libc::timespec = if timed {
+            // SAFETY: a valid timespec to fill.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            ts.tv_nsec += 20_000_000;
+            if ts.tv_nsec >= 1_000_000_000 {
+                ts.tv_sec += 1;
+                ts.tv_nsec -= 1_000_000_000;
+            }
+            &ts
+        } else {
+            std::ptr::null()
+        };
+        // SAFETY: a live aligned u32 in a shared mapping; `tp` is null or
+        // points to `ts`, which outlives the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAIT_BITSET,
+                0u32,
+                tp,
+                std::ptr::null::<u32>(),
+                1u32,
+            )
+        };
+    }
+}
+
+/// Sets the flag `w` and wakes its sleeper.
+fn flag_post(w: &std::sync::atomic::AtomicU32) {
+    w.store(1, Ordering::SeqCst);
+    // SAFETY: a live aligned u32 in a shared mapping; no timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAKE_BITSET,
+            1i32,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            1u32,
+        )
+    };
+}
+
+struct FutexMode {
+    /// To the partner, from it (a shared page).
+    words: &'static [std::sync::atomic::AtomicU32; 2],
+    timed: bool,
+}
+
+impl Mode for FutexMode {
+    fn round_trip(&mut self) {
+        flag_post(&self.words[0]);
+        flag_wait(&self.words[1], self.timed);
+    }
+}
+
 struct SemMode {
     sems: *mut libc::sem_t,
 }
@@ -541,7 +614,31 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                 }),
             }
         }
-        other => panic!("unknown mode {other} (shm, shmlow, shm3, sem, pipe)"),
+        "futex" | "futext" => {
+            let timed = name == "futext";
+            let words: &'static [std::sync::atomic::AtomicU32; 2] = {
+                let p = shared_map(4096).cast::<[std::sync::atomic::AtomicU32; 2]>();
+                // SAFETY: a fresh zeroed shared page holds two zero words.
+                unsafe { &*p }
+            };
+            let pid = fork_partner(child_cpu, || {
+                shared.ready.store(1, Ordering::SeqCst);
+                partner_loop(shared, |_| {
+                    flag_wait(&words[0], timed);
+                    flag_post(&words[1]);
+                });
+            });
+            while shared.ready.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Running {
+                name,
+                pid,
+                shared,
+                mode: Box::new(FutexMode { words, timed }),
+            }
+        }
+        other => panic!("unknown mode {other} (shm, shmlow, shm3, sem, pipe, futex, futext)"),
     }
 }
 
