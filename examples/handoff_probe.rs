@@ -8,7 +8,12 @@
 //! - `shmlow`: the same with the partner at `Low`;
 //! - `shm3`: the bench's ping-pong through three schedulers (each side
 //!   always holds a slot the other needs next);
-//! - `sem`: two process-shared POSIX semaphores.
+//! - `sem`: two process-shared POSIX semaphores;
+//! - `pipe`: two pipes, one byte each way;
+//! - `futex`, `futext`: two futex words, a flag each way (the semaphores'
+//!   skeleton); `futext` sleeps with a 20 ms absolute timeout read from
+//!   the clock before each sleep, as a shared root's keeper sleeps with its
+//!   backstop (the difference is the cost of that timer).
 //!
 //! Prints, per one-way hand-off: wall time, both processes' voluntary and
 //! involuntary context switches (`/proc/<pid>/status`), CPU time, the
@@ -24,8 +29,13 @@
 //! # instructions: both processes, N against 2N round trips
 //! SHMSCHED_PROBE_EXIT=1 SHMSCHED_PROBE_REPEAT=1 valgrind --tool=callgrind \
 //!     --toggle-collect='*handoff_probe*measure*' --toggle-collect='*partner_loop*' \
+//!     --toggle-collect='*uncounted*' \
 //!     target/release/examples/handoff_probe shm3 2000 same
 //! ```
+//!
+//! (`--toggle-collect='*uncounted*'` leaves out the partner's own reads of
+//! its counters, every [`SLOW_EVERY`] loops: a toggle inside a toggled
+//! function switches collection off.)
 //!
 //! Several modes in one run (`shm,sem`) are interleaved round by round
 //! (`SHMSCHED_PROBE_REPEAT`, default 3), each mode with its own partner.
@@ -234,6 +244,15 @@ impl Mode for Shm3Mode {
     }
 }
 
+/// Stores the partner's slow acquires summed over `scheds` (named for the
+/// profile's `--toggle-collect='*uncounted*'`: the probe's own bookkeeping,
+/// no part of a hand-off).
+#[inline(never)]
+fn store_slow_uncounted(shared: &Shared, scheds: &[&Scheduler]) {
+    let slow = scheds.iter().map(|s| s.stats().total.deferred).sum();
+    shared.slow.store(slow, Ordering::Relaxed);
+}
+
 /// (slow acquires, wakes, fair hand-offs) summed over `scheds`.
 fn sched_counters(scheds: &[&Scheduler]) -> [u64; 3] {
     let mut c = [0; 3];
@@ -269,6 +288,91 @@ impl Mode for ShmMode {
     }
     fn counters(&self) -> [u64; 3] {
         sched_counters(&self.side.s)
+    }
+}
+
+struct PipeMode {
+    /// The write end to the partner, the read end from it.
+    fds: [i32; 2],
+}
+
+impl Mode for PipeMode {
+    fn round_trip(&mut self) {
+        let mut b = [0u8; 1];
+        // SAFETY: two open pipe ends of this process; one-byte buffers.
+        unsafe {
+            while libc::write(self.fds[0], b.as_ptr().cast(), 1) != 1 {}
+            while libc::read(self.fds[1], b.as_mut_ptr().cast(), 1) != 1 {}
+        }
+    }
+}
+
+/// Waits for the flag `w` (then clears it), sleeping on it; `timed`: with
+/// a 20 ms absolute deadline read before each sleep (a keeper's backstop).
+fn flag_wait(w: &std::sync::atomic::AtomicU32, timed: bool) {
+    loop {
+        if w.swap(0, Ordering::SeqCst) != 0 {
+            return;
+        }
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let tp: *const libc::timespec = if timed {
+            // SAFETY: a valid timespec to fill.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            ts.tv_nsec += 20_000_000;
+            if ts.tv_nsec >= 1_000_000_000 {
+                ts.tv_sec += 1;
+                ts.tv_nsec -= 1_000_000_000;
+            }
+            &ts
+        } else {
+            std::ptr::null()
+        };
+        // SAFETY: a live aligned u32 in a shared mapping; `tp` is null or
+        // points to `ts`, which outlives the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAIT_BITSET,
+                0u32,
+                tp,
+                std::ptr::null::<u32>(),
+                1u32,
+            )
+        };
+    }
+}
+
+/// Sets the flag `w` and wakes its sleeper.
+fn flag_post(w: &std::sync::atomic::AtomicU32) {
+    w.store(1, Ordering::SeqCst);
+    // SAFETY: a live aligned u32 in a shared mapping; no timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAKE_BITSET,
+            1i32,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            1u32,
+        )
+    };
+}
+
+struct FutexMode {
+    /// To the partner, from it (a shared page).
+    words: &'static [std::sync::atomic::AtomicU32; 2],
+    timed: bool,
+}
+
+impl Mode for FutexMode {
+    fn round_trip(&mut self) {
+        flag_post(&self.words[0]);
+        flag_wait(&self.words[1], self.timed);
     }
 }
 
@@ -386,8 +490,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                 partner_loop(shared, |n| {
                     side.acquire_then_release();
                     if n % SLOW_EVERY == 0 {
-                        let slow = s.iter().map(|s| s.stats().total.deferred).sum();
-                        shared.slow.store(slow, Ordering::Relaxed);
+                        store_slow_uncounted(shared, &s);
                     }
                 });
             });
@@ -435,8 +538,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                 partner_loop(shared, |n| {
                     side.acquire_then_release();
                     if n % SLOW_EVERY == 0 {
-                        let slow = s.iter().map(|s| s.stats().total.deferred).sum();
-                        shared.slow.store(slow, Ordering::Relaxed);
+                        store_slow_uncounted(shared, &s);
                     }
                 });
             });
@@ -482,7 +584,61 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                 mode: Box::new(SemMode { sems }),
             }
         }
-        other => panic!("unknown mode {other} (shm, shmlow, shm3, sem)"),
+        "pipe" => {
+            let (mut to, mut from) = ([0i32; 2], [0i32; 2]);
+            // SAFETY: pipe fills the two-element arrays.
+            unsafe {
+                assert_eq!(libc::pipe(to.as_mut_ptr()), 0, "pipe");
+                assert_eq!(libc::pipe(from.as_mut_ptr()), 0, "pipe");
+            }
+            let pid = fork_partner(child_cpu, || {
+                shared.ready.store(1, Ordering::SeqCst);
+                let mut b = [0u8; 1];
+                partner_loop(shared, |_| {
+                    // SAFETY: the inherited pipe ends; one-byte buffers.
+                    unsafe {
+                        while libc::read(to[0], b.as_mut_ptr().cast(), 1) != 1 {}
+                        while libc::write(from[1], b.as_ptr().cast(), 1) != 1 {}
+                    }
+                });
+            });
+            while shared.ready.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Running {
+                name,
+                pid,
+                shared,
+                mode: Box::new(PipeMode {
+                    fds: [to[1], from[0]],
+                }),
+            }
+        }
+        "futex" | "futext" => {
+            let timed = name == "futext";
+            let words: &'static [std::sync::atomic::AtomicU32; 2] = {
+                let p = shared_map(4096).cast::<[std::sync::atomic::AtomicU32; 2]>();
+                // SAFETY: a fresh zeroed shared page holds two zero words.
+                unsafe { &*p }
+            };
+            let pid = fork_partner(child_cpu, || {
+                shared.ready.store(1, Ordering::SeqCst);
+                partner_loop(shared, |_| {
+                    flag_wait(&words[0], timed);
+                    flag_post(&words[1]);
+                });
+            });
+            while shared.ready.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Running {
+                name,
+                pid,
+                shared,
+                mode: Box::new(FutexMode { words, timed }),
+            }
+        }
+        other => panic!("unknown mode {other} (shm, shmlow, shm3, sem, pipe, futex, futext)"),
     }
 }
 

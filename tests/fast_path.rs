@@ -9,7 +9,9 @@
 //!   fail.
 //! * No allocation: a counting global allocator (per thread, so the test
 //!   harness's own threads do not count) sees zero allocations across 100k
-//!   acquire + release pairs.
+//!   acquire + release pairs; and, after the first, none in a blocking
+//!   acquire that waits at a shared root (its queue reuses the waiters of
+//!   earlier acquires).
 //!
 //! One test in this binary, so the forks happen with no other test thread
 //! running (only the idle harness main thread).
@@ -242,8 +244,63 @@ fn no_syscall() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
 }
 
+/// Rounds of [`no_allocation_waiting`].
+const WAITS: usize = 200;
+
+/// A blocking acquire that waits at a shared root allocates nothing once
+/// its queue has a spare waiter: each round, this thread holds the only
+/// slot until a second thread is queued for it (the region's published
+/// count says so), then releases; that thread counts its own allocations
+/// across its acquire.
+fn no_allocation_waiting() {
+    let region = Region::anonymous().expect("anonymous region");
+    let s = Scheduler::shared(&region, 1).expect("shared scheduler");
+    let step = std::sync::Barrier::new(2);
+    let counts = std::thread::scope(|sc| {
+        let waiter = sc.spawn(|| {
+            let mut counts = Vec::with_capacity(WAITS);
+            for _ in 0..WAITS {
+                step.wait(); // the slot is held
+                let before = allocs();
+                let p = s.acquire(Priority::Normal).expect("acquire");
+                counts.push(allocs() - before);
+                drop(p);
+                step.wait(); // released again
+            }
+            counts
+        });
+        for round in 0..WAITS {
+            let hold = s.acquire(Priority::Normal).expect("hold");
+            step.wait();
+            let start = std::time::Instant::now();
+            while s.stats().pending != 1 {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(20),
+                    "round {round}: the second thread never queued"
+                );
+                std::thread::yield_now();
+            }
+            drop(hold);
+            step.wait();
+        }
+        waiter.join().expect("waiter thread")
+    });
+    let st = s.stats();
+    assert_eq!(st.total.deferred, WAITS as u64, "every round waited");
+    assert_eq!((st.running, st.pending), (0, 0));
+    let later: u64 = counts[1..].iter().sum();
+    assert_eq!(
+        later,
+        0,
+        "waiting acquires after the first allocated {later} times in {} rounds: {counts:?}",
+        WAITS - 1
+    );
+}
+
 #[test]
 fn fast_path_makes_no_syscall_and_no_allocation() {
     no_allocation();
     no_syscall();
+    // Threads only after the forks (see the module docs).
+    no_allocation_waiting();
 }

@@ -152,6 +152,70 @@ fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> std::task::Poll<F::Ou
     std::pin::Pin::new(f).poll(&mut cx)
 }
 
+/// A shared root reuses the waiters that left its queue (granted,
+/// dropped, timed out) alike: over several rounds the reused ones queue at
+/// their own priority, in FIFO order within a tier, and a future dropped
+/// (or a blocking acquire timed out) while queued leaves nothing queued,
+/// nothing published in the region, and counts as cancelled.
+#[test]
+fn shared_root_reused_waiters_keep_order_and_cancel_cleanly() {
+    use std::task::Poll;
+    let region = Region::anonymous().unwrap();
+    let s = Scheduler::shared(&region, 2).unwrap();
+    s.set_lottery(None, false);
+    let mut cancelled_high = 0;
+    for round in 0..4u32 {
+        let hold = s.acquire_many(Priority::Normal, 2).unwrap();
+        let mut first = s.acquire_async(Priority::Normal);
+        let mut second = s.acquire_async(Priority::Normal);
+        let mut top = s.acquire_async(Priority::Highest);
+        let mut gone = s.acquire_async(Priority::High);
+        for f in [&mut first, &mut second, &mut top, &mut gone] {
+            assert!(poll_once(f).is_pending(), "round {round}: queued");
+        }
+        assert_eq!(s.stats().pending, 4, "round {round}");
+        drop(gone);
+        cancelled_high += 1;
+        assert!(matches!(
+            s.acquire_timeout(Priority::High, Duration::from_millis(1)),
+            Err(Error::Timeout)
+        ));
+        cancelled_high += 1;
+        let st = s.stats();
+        assert_eq!(st.pending, 3, "round {round}: the dropped ones left");
+        assert_eq!(
+            st.queues[Priority::High.index()].cancelled,
+            cancelled_high,
+            "round {round}"
+        );
+        assert_eq!(st.queues[Priority::High.index()].count, 0);
+
+        drop(hold);
+        // Two cells free: Highest, then the first Normal.
+        let Poll::Ready(Ok(p_top)) = poll_once(&mut top) else {
+            panic!("round {round}: Highest first");
+        };
+        let Poll::Ready(Ok(p_first)) = poll_once(&mut first) else {
+            panic!("round {round}: the first Normal next");
+        };
+        assert!(poll_once(&mut second).is_pending());
+        drop(p_top);
+        let Poll::Ready(Ok(p_second)) = poll_once(&mut second) else {
+            panic!("round {round}: the second Normal");
+        };
+        assert_eq!(s.stats().running, 2);
+        drop((p_first, p_second));
+        let st = s.stats();
+        assert_eq!((st.running, st.pending), (0, 0), "round {round}");
+        assert_eq!(
+            st.shared.map(|sh| sh.waiters),
+            Some([0; shmsched::priority::LEVELS]),
+            "round {round}: nothing published"
+        );
+    }
+    assert!(s.try_acquire_many(Priority::Low, 2).is_some(), "all free");
+}
+
 /// An in-process level reuses the waiters of granted acquires: over
 /// several rounds the reused ones must still queue at their own priority
 /// and weight, in FIFO order within a tier, and a future dropped (or a

@@ -36,7 +36,10 @@ use std::time::Instant;
 use super::lottery::Lottery;
 use super::root::{above, SharedRoot};
 use super::stats::{QueueStats, SchedulerStats};
-use super::waiter::{Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, WAITING};
+use super::waiter::{
+    take_spare, Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, SPARE_WAITERS,
+    WAITING,
+};
 use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
@@ -60,15 +63,6 @@ const DISPOSED: u64 = 1 << 39;
 /// process draws on its backstop wake, every
 /// [`BACKSTOP`](super::root::BACKSTOP) alike).
 const LOTTERY_TICK: std::time::Duration = super::root::BACKSTOP;
-
-/// Granted waiters an in-process level keeps for reuse: a hand-off between
-/// a few tasks re-queues each one soon after its grant, so a handful of
-/// spare waiters covers it without an allocation per wait.
-const SPARE_WAITERS: usize = 8;
-
-/// Spare waiters an enqueue looks at for one nobody holds any more (the
-/// most recently granted last).
-const SPARE_SCAN: usize = 4;
 
 /// Queued bits of tiers at or above `tier`, in the state word.
 #[inline(always)]
@@ -507,15 +501,9 @@ impl Node {
         let tier = p.index();
         let cap = self.caps[tier];
         let w = match &self.level {
-            Level::Shared(root) => root.enqueue(
-                &self.disposed,
-                p,
-                n,
-                cap,
-                via,
-                self.counters.clone(),
-                is_async,
-            )?,
+            Level::Shared(root) => {
+                root.enqueue(&self.disposed, p, n, cap, via, &self.counters, is_async)?
+            }
             Level::Local(st) => {
                 let mut out = Wakeups::default();
                 let w = {
@@ -927,18 +915,6 @@ impl Node {
             shared,
         }
     }
-}
-
-/// A spare waiter that nobody holds any more (its queue let go of it at
-/// its grant, its future or thread since), taken out of `spare`; the most
-/// recently granted are looked at last, the few oldest first.
-#[inline]
-fn take_spare(spare: &mut Vec<Arc<Waiter>>) -> Option<Arc<Waiter>> {
-    let i = spare
-        .iter()
-        .take(SPARE_SCAN)
-        .position(|w| Arc::strong_count(w) == 1 && Arc::weak_count(w) == 0)?;
-    Some(spare.swap_remove(i))
 }
 
 /// The lottery ticker of an in-process level with async waiters: draws

@@ -115,7 +115,9 @@ use std::time::{Duration, Instant};
 
 use super::lottery::pick_tier;
 use super::shared::SharedSlots;
-use super::waiter::{Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, WAITING};
+use super::waiter::{
+    take_spare, Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, SPARE_WAITERS, WAITING,
+};
 use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
@@ -193,6 +195,11 @@ struct RootQueues {
     /// many waiters have it (a handful: one per cap and weight in use), so
     /// that a tier whose waiters all have one net publishes in O(1).
     nets: [Vec<(u32, u32)>; LEVELS],
+    /// Waiters that left the queue, kept for reuse (at most
+    /// [`SPARE_WAITERS`]): once their thread or future has let go of them,
+    /// the next enqueue takes one back instead of allocating (see
+    /// [`take_spare`]).
+    spare: Vec<Arc<Waiter>>,
 }
 
 /// A waiter's cap net of its need: the most that may run beside it for it
@@ -427,7 +434,7 @@ impl SharedRoot {
         need: u32,
         cap: u32,
         via: Few<u64>,
-        counters: Arc<Counters>,
+        counters: &Arc<Counters>,
         is_async: bool,
     ) -> Result<Arc<Waiter>> {
         let tier = priority.index();
@@ -438,9 +445,35 @@ impl SharedRoot {
                 return Err(Error::Disposed);
             }
             let ticket = self.reg().take_ticket(tier);
-            let w = Arc::new(Waiter::new(
-                priority, need, cap, ticket, via, counters, is_async,
-            ));
+            // A spare waiter nobody holds (`get_mut`: under this lock
+            // nobody can take a new reference to it either), else a new one.
+            let mut via = Some(via);
+            let reused = take_spare(&mut q.spare).and_then(|mut w| {
+                let m = Arc::get_mut(&mut w)?;
+                m.reuse(
+                    priority,
+                    need,
+                    cap,
+                    ticket,
+                    via.take()?,
+                    counters,
+                    is_async,
+                    None,
+                );
+                Some(w)
+            });
+            let w = match reused {
+                Some(w) => w,
+                None => Arc::new(Waiter::new(
+                    priority,
+                    need,
+                    cap,
+                    ticket,
+                    via.take().unwrap_or_default(),
+                    counters.clone(),
+                    is_async,
+                )),
+            };
             w.counters.deferred(tier);
             if is_async {
                 self.async_waiting.fetch_add(1, Ordering::SeqCst);
@@ -606,6 +639,11 @@ impl SharedRoot {
         let fronts = std::array::from_fn(|t| q.tiers[t].front());
         if let Some(f) = self.fronts.left(&w, tier, fronts) {
             out.add_parked(f);
+        }
+        // Kept for a later enqueue: its thread or future still holds it and
+        // lets go once it has seen its grant or failure.
+        if q.spare.len() < SPARE_WAITERS {
+            q.spare.push(w.clone());
         }
         Some(w)
     }

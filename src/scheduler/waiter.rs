@@ -12,7 +12,7 @@
 //! leave it half-updated.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use crate::few::Few;
@@ -151,6 +151,36 @@ impl Drop for Slots {
             drop(unsafe { Box::from_raw((self.0 & PAYLOAD) as usize as *mut Vec<u32>) });
         }
     }
+}
+
+/// Granted (or removed) waiters a queue keeps for reuse, at an in-process
+/// level and at a shared root alike: a hand-off between a few threads or
+/// tasks re-queues each one soon after its grant, so a handful of spare
+/// waiters covers it without an allocation per wait.
+pub(crate) const SPARE_WAITERS: usize = 8;
+
+/// Spare waiters an enqueue looks at for one nobody holds any more (the
+/// most recently granted last).
+const SPARE_SCAN: usize = 4;
+
+/// A spare waiter that nobody holds any more (its queue let go of it when
+/// it left, its future or thread since, and no wake-up list holds it),
+/// taken out of `spare` (under the queue's lock, which every clone of a
+/// spare's `Arc` is made under); the most recently granted are looked at
+/// last, the few oldest first.
+///
+/// Reuse is sound where a new allocation would be: nothing refers to a
+/// waiter except through its `Arc` (the keeper role and the parking words
+/// name it by address, as they would name a fresh waiter that the
+/// allocator put at the same address), and a waiter whose `Arc` has no
+/// other holder can be reached by nobody but the caller.
+#[inline]
+pub(crate) fn take_spare(spare: &mut Vec<Arc<Waiter>>) -> Option<Arc<Waiter>> {
+    let i = spare
+        .iter()
+        .take(SPARE_SCAN)
+        .position(|w| Arc::strong_count(w) == 1 && Arc::weak_count(w) == 0)?;
+    Some(spare.swap_remove(i))
 }
 
 /// Per-priority queue counters of one scheduler handle (atomics: a shared
