@@ -315,6 +315,15 @@ fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<C
         Mode::Normal => n.min(cap),
         Mode::Exact | Mode::Force => n,
     };
+    // The highest start `max(tat, v)` a normal or exact charge may have:
+    // `base + need ≤ limit`, tested as `base ≤ top` with `top` computed
+    // once, outside the CAS loop and without a saturating add in it (a
+    // normal charge's `need ≤ cap`, so its `top ≥ v`; an exact charge
+    // larger than `limit` has none and is refused whatever the word).
+    let top = match mode {
+        Mode::Normal => Some(v + (cap - need)),
+        Mode::Exact | Mode::Force => limit.checked_sub(need),
+    };
     let mut t = word.load(Ordering::Acquire);
     loop {
         let base = t.max(v);
@@ -323,7 +332,7 @@ fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<C
         let go = if mode == Mode::Force {
             t <= limit
         } else {
-            base.saturating_add(need) <= limit
+            top.is_some_and(|top| base <= top)
         };
         if !go {
             // A scribbled word can only be refused (it is above `limit`):
