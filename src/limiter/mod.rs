@@ -91,7 +91,7 @@ pub use stats::{LimiterQueueStats, LimiterStats, SharedLimiterStats};
 use crate::error::{Error, Result};
 use crate::priority::Priority;
 use crate::region::Region;
-use node::{Home, Node, Now, Owner};
+use node::{Home, Node, Now};
 use root::LimRoot;
 
 /// The largest rate, capacity and single consume: 2,147,483,647 (the
@@ -313,23 +313,20 @@ impl Limiter {
     /// shared bucket was overwritten.
     #[inline]
     pub fn consume(&self, n: u64, priority: Priority) -> Result<Grant> {
-        // The fast path: 1..=MAX_CONSUME tokens (one test for both
-        // bounds) at a root, by the thread that owns the handle's counter:
-        // one compare says both, and it is the fork test (see `tally.rs`).
-        // Another thread at a root makes the fork test and counts on the
-        // shared words; 0, out of range, a chain and anything that queues
-        // go out of line.
+        // The fast path at a root: 1..=MAX_CONSUME tokens (one test for
+        // both bounds); the thread that owns the handle's counter skips
+        // the fork test (its ownership is the fork test, see `tally.rs`),
+        // another makes it and counts on the shared words. 0, out of
+        // range, a chain and anything that queues go out of line.
         if n.wrapping_sub(1) < MAX_CONSUME {
-            if self.node.owner_here() == Owner::Root {
-                if let Some(debt) = self.node.fast(n, priority, &mut Now::default(), true)? {
-                    return Ok(Grant {
-                        immediate: true,
-                        forced: debt,
-                    });
-                }
-            } else if self.node.parent().is_none() {
-                self.node.check_usable()?;
-                if let Some(debt) = self.node.fast(n, priority, &mut Now::default(), false)? {
+            if self.node.parent().is_none() {
+                let charged = if self.node.owned_here() {
+                    self.node.fast(n, priority, &mut Now::default(), true)?
+                } else {
+                    self.node.check_usable()?;
+                    self.node.fast(n, priority, &mut Now::default(), false)?
+                };
+                if let Some(debt) = charged {
                     return Ok(Grant {
                         immediate: true,
                         forced: debt,
@@ -471,7 +468,7 @@ impl Limiter {
     pub fn try_consume_at(&self, n: u64, priority: Priority) -> Result<bool> {
         // As in `consume`: a root's owner thread without the fork test,
         // everything else out of line.
-        if n <= MAX_CONSUME && self.node.owner_here() == Owner::Root {
+        if n <= MAX_CONSUME && self.node.parent().is_none() && self.node.owned_here() {
             return self
                 .node
                 .try_level(n, priority.index(), &mut Now::default(), true);

@@ -37,7 +37,6 @@ use super::bucket::{Gcra, Hot, Mode, Refused};
 use super::params::{ParamBlock, Params};
 use super::root::LimRoot;
 use super::stats::{LimiterQueueStats, LimiterStats};
-pub(crate) use super::tally::Owner;
 use super::tally::Tally;
 use super::waiter::{
     step, Step, Waiter, Wakeups, CANCELLED, CORRUPT, GRANTED, GRANTED_FORCED, WAITING,
@@ -114,7 +113,7 @@ pub(crate) enum Home {
 }
 
 /// Per-priority counters of one limiter handle.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Counters {
     deferred: [AtomicU64; LEVELS],
     completed: [AtomicU64; LEVELS],
@@ -124,19 +123,6 @@ struct Counters {
     consumed: Tally,
     /// Tokens refunded at this level, per tier.
     refunded: [AtomicU64; LEVELS],
-}
-
-impl Counters {
-    /// All zero, for a child level (`child`) or a root.
-    fn new(child: bool) -> Counters {
-        Counters {
-            deferred: Default::default(),
-            completed: Default::default(),
-            cancelled: Default::default(),
-            consumed: Tally::new(child),
-            refunded: Default::default(),
-        }
-    }
 }
 
 /// One level of a limiter chain.
@@ -185,7 +171,6 @@ impl Node {
     }
 
     fn with_home(home: Home, parent: Option<Arc<Node>>) -> Arc<Node> {
-        let child = parent.is_some();
         Arc::new_cyclic(|this| Node {
             this: this.clone(),
             home,
@@ -196,7 +181,7 @@ impl Node {
                 fork_generation()
             },
             forced: AtomicU64::new(0),
-            counters: Counters::new(child),
+            counters: Counters::default(),
             stall: StallClock::new(),
             waiting: AtomicU64::new(0),
         })
@@ -239,18 +224,17 @@ impl Node {
     }
 
     /// Whether the calling thread owns this level's `consumed` counter
-    /// (`tally.rs`), and whether this level is a root or a child: if it
-    /// owns it, the handle is usable (no fork since the claim), and
-    /// [`fast`](Self::fast) and [`try_level`](Self::try_level) may be told
-    /// so, skipping [`check_usable`](Self::check_usable).
+    /// (`tally.rs`): then the handle is usable (no fork since the claim),
+    /// and [`fast`](Self::fast) and [`try_level`](Self::try_level) may be
+    /// told so, skipping [`check_usable`](Self::check_usable).
     #[inline(always)]
-    pub fn owner_here(&self) -> Owner {
-        self.counters.consumed.owner_here()
+    pub fn owned_here(&self) -> bool {
+        self.counters.consumed.owned_here()
     }
 
     /// Fails in a forked child (the handle is its parent's). Inline, the
     /// error built out of line: this runs on every consume that
-    /// [`owner_here`](Self::owner_here) does not vouch for.
+    /// [`owned_here`](Self::owned_here) does not vouch for.
     #[inline(always)]
     pub fn check_usable(&self) -> Result<()> {
         if self.fork_gen != fork_generation() {
@@ -328,7 +312,7 @@ impl Node {
     /// Charges `n` at this level if nothing waits ahead of it here: `Ok(Some(
     /// debt))` if charged, `Ok(None)` to queue. `now` is the walk's one
     /// reading of the clock (see [`Now`]); `owned` is what
-    /// [`owner_here`](Self::owner_here) said (the count is then one add to
+    /// [`owned_here`](Self::owned_here) said (the count is then one add to
     /// the owner's word), false if not asked. The caller has checked the
     /// handle is usable, or seen `owned`.
     ///

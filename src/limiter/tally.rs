@@ -20,7 +20,7 @@
 //! its id at the fork and gets a new one, past every id the parent had
 //! given; a counter is claimed only while its handle's fork generation is
 //! the process's. So a thread that finds its own id as the owner
-//! ([`Tally::owner_here`]) knows the handle was usable when it claimed it
+//! ([`Tally::owned_here`]) knows the handle was usable when it claimed it
 //! and that no fork happened since: the consume fast path skips the fork
 //! generation's load and compare for the owner (4 instructions), and
 //! every other thread makes it.
@@ -30,80 +30,51 @@
 
 use crate::priority::LEVELS;
 
-/// Who owns a counter, as the calling thread sees it
-/// ([`Tally::owner_here`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owner {
-    /// This thread, and the counter is a root level's.
-    Root,
-    /// This thread, and the counter is a child level's.
-    Child,
-    /// Another thread, or nobody yet.
-    Other,
-}
-
 #[cfg(not(shuttle))]
 mod imp {
-    use super::{Owner, LEVELS};
+    use super::LEVELS;
     use crate::sys::fork::{assign_thread_id, fork_generation, thread_id};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// `owner` of a counter no thread has claimed (never a thread's id).
     const UNCLAIMED: u64 = u64::MAX;
 
-    /// Set in the owner word of a child level's counter (thread ids stay
-    /// far below it).
-    const CHILD: u64 = 1 << 63;
-
     /// Tokens per tier, see the module docs.
     #[derive(Debug)]
     pub(crate) struct Tally {
-        /// The id of the thread that writes `own` (with [`CHILD`] for a
-        /// child level's), or [`UNCLAIMED`].
+        /// The id of the thread that writes `own`, or [`UNCLAIMED`].
         owner: AtomicU64,
-        /// [`CHILD`] for a child level's counter, else 0.
-        mark: u64,
         /// Written only by the owner, with a load and a store.
         own: [AtomicU64; LEVELS],
         /// Every other thread's counts, `fetch_add`.
         other: [AtomicU64; LEVELS],
     }
 
-    impl Tally {
-        /// A counter at zero, unclaimed, of a child level (`child`) or a
-        /// root.
-        pub fn new(child: bool) -> Tally {
+    impl Default for Tally {
+        fn default() -> Tally {
             Tally {
                 owner: AtomicU64::new(UNCLAIMED),
-                mark: if child { CHILD } else { 0 },
                 own: Default::default(),
                 other: Default::default(),
             }
         }
+    }
 
-        /// Whether the calling thread owns this counter, and whether it is
-        /// a root's or a child's (whose owner word carries [`CHILD`]): one
-        /// compare answers both for the root fast path. Owned only if this
-        /// thread claimed it, in this process after its last fork (see the
-        /// module docs): the caller's handle was then usable when the claim
-        /// was made, and no fork has happened since.
+    impl Tally {
+        /// Whether the calling thread owns this counter: only if it
+        /// claimed it, in this process after its last fork (see the module
+        /// docs), so the caller's handle was usable when the claim was
+        /// made and no fork has happened since.
         #[inline(always)]
-        pub fn owner_here(&self) -> Owner {
+        pub fn owned_here(&self) -> bool {
             // `thread_id` is 0 for a thread without an id and `owner` never
-            // is (nor `CHILD`); only this thread ever stores its own id
-            // there, so a relaxed load sees it if it did.
-            let (o, me) = (self.owner.load(Ordering::Relaxed), thread_id());
-            if o == me {
-                Owner::Root
-            } else if o == me | CHILD {
-                Owner::Child
-            } else {
-                Owner::Other
-            }
+            // is; only this thread ever stores its own id there, so a
+            // relaxed load sees it if it did.
+            self.owner.load(Ordering::Relaxed) == thread_id()
         }
 
         /// Counts `n` at `tier` (`tier < LEVELS`) for the counter's owner:
-        /// the caller has seen [`owner_here`](Self::owner_here) say so.
+        /// the caller has seen [`owned_here`](Self::owned_here) true.
         #[inline(always)]
         pub fn add_owned(&self, tier: usize, n: u64) {
             let w = &self.own[tier];
@@ -112,13 +83,12 @@ mod imp {
 
         /// Counts `n` at `tier` (`tier < LEVELS`) for a handle made in fork
         /// generation `gen` (the counter is claimed only while that is the
-        /// process's: see [`owner_here`](Self::owner_here)).
+        /// process's: see [`owned_here`](Self::owned_here)).
         #[inline(always)]
         pub fn add(&self, tier: usize, n: u64, gen: u64) {
-            let me = thread_id() | self.mark;
+            let me = thread_id();
             let owner = self.owner.load(Ordering::Relaxed);
-            // `me` is `mark` for a thread without an id and `owner` never
-            // is.
+            // `me` is 0 for a thread without an id and `owner` never is.
             if owner == me {
                 self.add_owned(tier, n);
             } else if owner != UNCLAIMED {
@@ -139,11 +109,7 @@ mod imp {
                 self.other[tier].fetch_add(n, Ordering::Relaxed);
                 return;
             }
-            let me = if me == self.mark {
-                assign_thread_id() | self.mark
-            } else {
-                me
-            };
+            let me = if me == 0 { assign_thread_id() } else { me };
             if self
                 .owner
                 .compare_exchange(UNCLAIMED, me, Ordering::Relaxed, Ordering::Relaxed)
@@ -168,7 +134,7 @@ mod imp {
 
 #[cfg(shuttle)]
 mod imp {
-    use super::{Owner, LEVELS};
+    use super::LEVELS;
     use crate::sync::atomic::{AtomicU64, Ordering};
 
     /// Tokens per tier: one `fetch_add` word each under the model checker.
@@ -178,15 +144,10 @@ mod imp {
     }
 
     impl Tally {
-        /// A counter at zero.
-        pub fn new(_child: bool) -> Tally {
-            Tally::default()
-        }
-
-        /// Nobody: the model checks the fork test on every consume.
+        /// Never: the model checks the fork test on every consume.
         #[inline(always)]
-        pub fn owner_here(&self) -> Owner {
-            Owner::Other
+        pub fn owned_here(&self) -> bool {
+            false
         }
 
         /// Counts `n` at `tier` (`tier < LEVELS`); not reached (nothing is
@@ -223,7 +184,7 @@ mod tests {
     fn many_threads_exact() {
         const THREADS: u64 = 4;
         const PER: u64 = 200_000;
-        let t = Arc::new(Tally::new(false));
+        let t = Arc::new(Tally::default());
         let go = Arc::new(Barrier::new(THREADS as usize));
         let hs: Vec<_> = (0..THREADS)
             .map(|i| {
@@ -250,5 +211,28 @@ mod tests {
         assert_eq!(t.get(3), PER);
         t.add(3, 5, fork_generation());
         assert_eq!(t.get(3), PER + 5);
+    }
+
+    /// The claiming thread owns the counter, another thread does not, a
+    /// handle of another fork generation is never claimed, and the counts
+    /// are exact either way.
+    #[test]
+    fn ownership() {
+        let t = Tally::default();
+        assert!(!t.owned_here(), "unclaimed");
+        t.add(2, 5, fork_generation());
+        assert!(t.owned_here());
+        t.add_owned(2, 1);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(!t.owned_here());
+                t.add(2, 10, fork_generation());
+            });
+        });
+        assert_eq!(t.get(2), 16);
+        let old = Tally::default();
+        old.add(0, 3, fork_generation().wrapping_add(1));
+        assert!(!old.owned_here());
+        assert_eq!(old.get(0), 3);
     }
 }
