@@ -3,11 +3,14 @@
 //! the fast path of `Limiter::consume` in-process, shared through a region,
 //! through a child of a shared root, `try_consume` shared, and `governor`'s
 //! direct limiter `check`, all at the highest rate (nothing ever waits).
-//! The count per call includes the call and the loop.
+//! The count per call includes the call and the loop. Mode `other` (not in
+//! `wall`) is the in-process consume by a thread that does not own the
+//! handle's counters (`src/limiter/tally.rs`): the main thread claims them
+//! first.
 //!
 //! ```sh
 //! cargo build --profile bench --example consume_cost
-//! for m in local shared child try governor; do
+//! for m in local shared child try governor other; do
 //!   valgrind --tool=callgrind --toggle-collect='*consume_cost*calls*' \
 //!     --callgrind-out-file=/tmp/cg.$m target/release/examples/consume_cost $m 200000
 //! done
@@ -72,6 +75,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return wall(&region, rounds);
     }
     let n: u64 = args.next().map_or(Ok(200_000), |a| a.parse())?;
+    if mode == "other" {
+        let l = Limiter::new(RATE)?;
+        calls_consume(&l, 1); // the main thread owns the counters now
+        let t = Instant::now();
+        std::thread::scope(|s| s.spawn(|| calls_consume(&l, n)).join())
+            .map_err(|_| "the consuming thread panicked")?;
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("{mode}: {n} calls, {ns:.1} ns/call (wall, with a thread start)");
+        return Ok(());
+    }
     let run = row(&region, &mode)?;
     let t = Instant::now();
     run(n);
@@ -108,9 +121,10 @@ fn row(region: &Region, mode: &str) -> Result<Run, Box<dyn std::error::Error>> {
             Box::new(move |k| calls_governor(&g, k))
         }
         m => {
-            return Err(
-                format!("mode {m:?}: one of local, shared, child, try, governor, wall").into(),
+            return Err(format!(
+                "mode {m:?}: one of local, shared, child, try, governor, other, wall"
             )
+            .into())
         }
     })
 }

@@ -315,6 +315,15 @@ fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<C
         Mode::Normal => n.min(cap),
         Mode::Exact | Mode::Force => n,
     };
+    // The highest start `max(tat, v)` a normal or exact charge may have:
+    // `base + need ≤ limit`, tested as `base ≤ top` with `top` computed
+    // once, outside the CAS loop and without a saturating add in it (a
+    // normal charge's `need ≤ cap`, so its `top ≥ v`; an exact charge
+    // larger than `limit` has none and is refused whatever the word).
+    let top = match mode {
+        Mode::Normal => Some(v + (cap - need)),
+        Mode::Exact | Mode::Force => limit.checked_sub(need),
+    };
     let mut t = word.load(Ordering::Acquire);
     loop {
         let base = t.max(v);
@@ -323,7 +332,7 @@ fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<C
         let go = if mode == Mode::Force {
             t <= limit
         } else {
-            base.saturating_add(need) <= limit
+            top.is_some_and(|top| base <= top)
         };
         if !go {
             // A scribbled word can only be refused (it is above `limit`):
@@ -416,9 +425,27 @@ impl Hot {
     /// saturating step after it: with `e ≤ e_max`, `(e · k) >> s ≤ V_MAX −
     /// base_v` (so its low word is all of it, and the sum is at most
     /// `V_MAX`).
+    ///
+    /// The elapsed ticks are bounded by branches, not clamped: a reading
+    /// before `base_tick` (its difference wraps to 2⁶³ or more) or past
+    /// `e_max` takes the cold side ([`hot_v_clamped`]). Clamping put two
+    /// conditional moves between the TSC read and the CAS, on the fast
+    /// path's one dependency chain; predicted branches are off it.
     #[inline(always)]
     pub fn v(&self, tick: u64) -> u64 {
-        let e = tick.saturating_sub(self.base_tick).min(self.e_max);
+        let e = tick.wrapping_sub(self.base_tick);
+        // One compare for both ends: a wrapped difference is at least
+        // 2⁶³, and the bound's own clamp depends on no reading.
+        if e > self.e_max.min(i64::MAX as u64) {
+            return hot_v_clamped(
+                tick,
+                self.base_tick,
+                self.e_max,
+                self.k,
+                self.s,
+                self.base_v,
+            );
+        }
         let d = (u128::from(e) * u128::from(self.k)) >> (self.s & 63);
         d as u64 + self.base_v
     }
@@ -435,6 +462,17 @@ impl Hot {
     ) -> Result<Charged, Refused> {
         charge_at(self.cap, word, n, self.v(tick), mode)
     }
+}
+
+/// [`Hot::v`] with the elapsed ticks clamped to `0..=e_max`, out of line
+/// and on values (a `&Hot` would make the fast path keep the struct in
+/// memory).
+#[cold]
+#[inline(never)]
+fn hot_v_clamped(tick: u64, base_tick: u64, e_max: u64, k: u64, s: u32, base_v: u64) -> u64 {
+    let e = tick.saturating_sub(base_tick).min(e_max);
+    let d = (u128::from(e) * u128::from(k)) >> (s & 63);
+    d as u64 + base_v
 }
 
 /// Tokens per tick of `clock` at `rate` tokens per second, as `(k, s)`:

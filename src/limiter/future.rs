@@ -156,7 +156,7 @@ impl Future for Consume {
             if let Err(e) = node.check_usable() {
                 return this.fail(e);
             }
-            match node.fast(this.n, this.priority, &mut now) {
+            match node.fast(this.n, this.priority, &mut now, false) {
                 Ok(Some(debt)) => {
                     if let Some(g) = this.advance(&node, debt) {
                         return Poll::Ready(Ok(g));

@@ -313,16 +313,29 @@ impl Limiter {
     /// shared bucket was overwritten.
     #[inline]
     pub fn consume(&self, n: u64, priority: Priority) -> Result<Grant> {
-        check_consume(n)?;
-        if self.node.parent().is_none() {
-            self.node.check_usable()?;
-            if let Some(debt) = self.node.fast(n, priority, &mut Now::default())? {
-                return Ok(Grant {
-                    immediate: true,
-                    forced: debt,
-                });
+        // The fast path at a root: 1..=MAX_CONSUME tokens (one test for
+        // both bounds); the thread that owns the handle's counter skips
+        // the fork test (its ownership is the fork test, see `tally.rs`),
+        // another makes it and counts on the shared words. 0, out of
+        // range, a chain and anything that queues go out of line.
+        if n.wrapping_sub(1) < MAX_CONSUME {
+            if self.node.parent().is_none() {
+                let charged = if self.node.owned_here() {
+                    self.node.fast(n, priority, &mut Now::default(), true)?
+                } else {
+                    self.node.check_usable()?;
+                    self.node.fast(n, priority, &mut Now::default(), false)?
+                };
+                if let Some(debt) = charged {
+                    return Ok(Grant {
+                        immediate: true,
+                        forced: debt,
+                    });
+                }
             }
+            return self.consume_chain(n, priority, None);
         }
+        check_consume(n)?;
         self.consume_chain(n, priority, None)
     }
 
@@ -339,7 +352,7 @@ impl Limiter {
     /// the clock for the levels charged at once (read afresh after a
     /// wait), the fork checked once (every level of a chain was made in
     /// the generation of the leaf: a child is made only from a usable
-    /// handle).
+    /// handle). `n` is in range (the caller checked).
     #[inline(never)]
     fn consume_chain(
         &self,
@@ -355,7 +368,7 @@ impl Limiter {
         let mut now = Now::default();
         let mut node = &*self.node;
         loop {
-            let r = match node.fast(n, priority, &mut now) {
+            let r = match node.fast(n, priority, &mut now, false) {
                 Ok(Some(debt)) => Ok(debt),
                 Ok(None) => {
                     grant.immediate = false;
@@ -453,12 +466,26 @@ impl Limiter {
     /// Errors: as [`try_consume`](Self::try_consume).
     #[inline]
     pub fn try_consume_at(&self, n: u64, priority: Priority) -> Result<bool> {
+        // As in `consume`: a root's owner thread without the fork test,
+        // everything else out of line.
+        if n <= MAX_CONSUME && self.node.parent().is_none() && self.node.owned_here() {
+            return self
+                .node
+                .try_level(n, priority.index(), &mut Now::default(), true);
+        }
+        self.try_slow(n, priority)
+    }
+
+    /// [`try_consume_at`](Self::try_consume_at) but for its fast path: the
+    /// range and fork tests, then one level or the chain.
+    #[inline(never)]
+    fn try_slow(&self, n: u64, priority: Priority) -> Result<bool> {
         check_consume(n)?;
         self.node.check_usable()?;
         if self.node.parent().is_none() {
             return self
                 .node
-                .try_level(n, priority.index(), &mut Now::default());
+                .try_level(n, priority.index(), &mut Now::default(), false);
         }
         self.try_chain(n, priority)
     }
@@ -471,7 +498,7 @@ impl Limiter {
         let mut now = Now::default();
         let mut node = &*self.node;
         loop {
-            match node.try_level(n, priority.index(), &mut now) {
+            match node.try_level(n, priority.index(), &mut now, false) {
                 Ok(true) => {}
                 r => {
                     self.refund_below(node, n, priority);

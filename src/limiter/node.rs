@@ -223,8 +223,18 @@ impl Node {
         }
     }
 
+    /// Whether the calling thread owns this level's `consumed` counter
+    /// (`tally.rs`): then the handle is usable (no fork since the claim),
+    /// and [`fast`](Self::fast) and [`try_level`](Self::try_level) may be
+    /// told so, skipping [`check_usable`](Self::check_usable).
+    #[inline(always)]
+    pub fn owned_here(&self) -> bool {
+        self.counters.consumed.owned_here()
+    }
+
     /// Fails in a forked child (the handle is its parent's). Inline, the
-    /// error built out of line: this runs on every consume.
+    /// error built out of line: this runs on every consume that
+    /// [`owned_here`](Self::owned_here) does not vouch for.
     #[inline(always)]
     pub fn check_usable(&self) -> Result<()> {
         if self.fork_gen != fork_generation() {
@@ -301,14 +311,17 @@ impl Node {
 
     /// Charges `n` at this level if nothing waits ahead of it here: `Ok(Some(
     /// debt))` if charged, `Ok(None)` to queue. `now` is the walk's one
-    /// reading of the clock (see [`Now`]).
+    /// reading of the clock (see [`Now`]); `owned` is what
+    /// [`owned_here`](Self::owned_here) said (the count is then one add to
+    /// the owner's word), false if not asked. The caller has checked the
+    /// handle is usable, or seen `owned`.
     ///
     /// One dispatch on the home, and each arm is the whole path: its
     /// queue test, its parameters, its charge and its counters (matching
     /// on the home again for each of them cost about 10 instructions a
     /// consume, and the parameters travelled through memory).
     #[inline(always)]
-    pub fn fast(&self, n: u64, p: Priority, now: &mut Now) -> Result<Option<bool>> {
+    pub fn fast(&self, n: u64, p: Priority, now: &mut Now, owned: bool) -> Result<Option<bool>> {
         if n == 0 {
             return Ok(self.fast_zero());
         }
@@ -318,14 +331,16 @@ impl Node {
                 if b.queued.load(Ordering::SeqCst) >> tier != 0 {
                     return Ok(None);
                 }
-                let hot = b.params.hot_trusted()?;
+                // SAFETY: a `LocalBucket` is in process memory (inline in
+                // its `Node`).
+                let hot = unsafe { b.params.hot_trusted() }?;
                 let t = now.tick(&hot);
                 match hot.charge(&b.tat, n, t, Mode::Normal) {
                     Ok(c) => {
                         if c.debt {
                             self.forced.fetch_add(1, Ordering::Relaxed);
                         }
-                        self.counters.consumed.add(tier, n);
+                        self.count_consumed(tier, n, owned);
                         Ok(Some(c.debt))
                     }
                     Err(Refused::Until(_)) => Ok(None),
@@ -349,7 +364,7 @@ impl Node {
                         if c.debt {
                             self.count_forced();
                         }
-                        self.counters.consumed.add(tier, n);
+                        self.count_consumed(tier, n, owned);
                         bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
                         Ok(Some(c.debt))
                     }
@@ -360,13 +375,24 @@ impl Node {
         }
     }
 
+    /// Counts `n` tokens charged at `tier` in this handle's `consumed`
+    /// (`owned`: as [`fast`](Self::fast) takes it).
+    #[inline(always)]
+    fn count_consumed(&self, tier: usize, n: u64, owned: bool) {
+        if owned {
+            self.counters.consumed.add_owned(tier, n);
+        } else {
+            self.counters.consumed.add(tier, n, self.fork_gen);
+        }
+    }
+
     /// Counts `n` tokens charged at `tier` at this level (and at the
     /// region's root, for a shared one).
     pub fn charged(&self, tier: usize, n: u64) {
         if n == 0 || tier >= LEVELS {
             return;
         }
-        self.counters.consumed.add(tier, n);
+        self.counters.consumed.add(tier, n, self.fork_gen);
         if let Home::Shared(r) = &self.home {
             r.bucket().totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
         }
@@ -399,9 +425,9 @@ impl Node {
     /// `try_consume_at` at this level: charges exactly `n` (never into
     /// debt) only if nothing waits here (in any process, for a shared root,
     /// after reaping dead waiters), and counts it at `tier`. One dispatch
-    /// on the home, as in [`fast`](Self::fast).
+    /// on the home, as in [`fast`](Self::fast) (and `owned` as there).
     #[inline(always)]
-    pub fn try_level(&self, n: u64, tier: usize, now: &mut Now) -> Result<bool> {
+    pub fn try_level(&self, n: u64, tier: usize, now: &mut Now, owned: bool) -> Result<bool> {
         match &self.home {
             Home::Local(b) => {
                 if b.queued.load(Ordering::SeqCst) != 0 {
@@ -410,11 +436,13 @@ impl Node {
                 if n == 0 {
                     return Ok(true);
                 }
-                let hot = b.params.hot_trusted()?;
+                // SAFETY: a `LocalBucket` is in process memory (inline in
+                // its `Node`).
+                let hot = unsafe { b.params.hot_trusted() }?;
                 let t = now.tick(&hot);
                 match hot.charge(&b.tat, n, t, Mode::Exact) {
                     Ok(_) => {
-                        self.counters.consumed.add(tier, n);
+                        self.count_consumed(tier, n, owned);
                         Ok(true)
                     }
                     Err(Refused::Until(_)) => Ok(false),
@@ -437,7 +465,7 @@ impl Node {
                 let t = now.tick(&hot);
                 match hot.charge(&bucket.state().tat, n, t, Mode::Exact) {
                     Ok(_) => {
-                        self.counters.consumed.add(tier, n);
+                        self.count_consumed(tier, n, owned);
                         bucket.totals().consumed[tier].fetch_add(n, Ordering::Relaxed);
                         Ok(true)
                     }

@@ -9,12 +9,21 @@
 //! lost); every other thread adds to the second words with `fetch_add`.
 //! A reader sums both, each word read whole.
 //!
-//! Threads are named by a per-thread id from a process-wide counter,
-//! assigned when a thread first tries to claim a counter, never reused (a TLS address
-//! would be: a thread started later may get it), so an owner's words have
-//! one writer ever. An owner that exits leaves its words as they are; later
-//! threads count on the shared words. A forked child copies the counter
-//! of ids with the rest, so its new threads get ids no thread had.
+//! Threads are named by a per-thread id from a process-wide counter
+//! ([`thread_id`](crate::sys::fork::thread_id)), assigned when a thread
+//! first tries to claim a counter, never reused (a TLS address would be: a
+//! thread started later may get it), so an owner's words have one writer
+//! ever. An owner that exits leaves its words as they are; later threads
+//! count on the shared words.
+//!
+//! **The owner test is the fork test.** A forked child's one thread loses
+//! its id at the fork and gets a new one, past every id the parent had
+//! given; a counter is claimed only while its handle's fork generation is
+//! the process's. So a thread that finds its own id as the owner
+//! ([`Tally::owned_here`]) knows the handle was usable when it claimed it
+//! and that no fork happened since: the consume fast path skips the fork
+//! generation's load and compare for the owner (4 instructions), and
+//! every other thread makes it.
 //!
 //! Under `--cfg shuttle` the counter is one `fetch_add` word per tier: the
 //! model checks the protocols, not this.
@@ -24,35 +33,11 @@ use crate::priority::LEVELS;
 #[cfg(not(shuttle))]
 mod imp {
     use super::LEVELS;
-    use std::cell::Cell;
+    use crate::sys::fork::{assign_thread_id, fork_generation, thread_id};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// `owner` of a counter no thread has claimed (never a thread's id).
     const UNCLAIMED: u64 = u64::MAX;
-
-    /// The next thread id (0 is "not assigned yet").
-    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-    thread_local! {
-        /// This thread's id, 0 until its first count. Const-initialised and
-        /// without a destructor: reading it is one load, at any point of
-        /// the thread's life (also in other thread-locals' destructors).
-        static ID: Cell<u64> = const { Cell::new(0) };
-    }
-
-    /// This thread's id, or 0 if it has none yet.
-    #[inline(always)]
-    fn thread_id() -> u64 {
-        ID.with(Cell::get)
-    }
-
-    /// Gives this thread its id.
-    #[cold]
-    fn assign_id() -> u64 {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        ID.with(|c| c.set(id));
-        id
-    }
 
     /// Tokens per tier, see the module docs.
     #[derive(Debug)]
@@ -76,29 +61,55 @@ mod imp {
     }
 
     impl Tally {
-        /// Counts `n` at `tier` (`tier < LEVELS`).
+        /// Whether the calling thread owns this counter: only if it
+        /// claimed it, in this process after its last fork (see the module
+        /// docs), so the caller's handle was usable when the claim was
+        /// made and no fork has happened since.
         #[inline(always)]
-        pub fn add(&self, tier: usize, n: u64) {
+        pub fn owned_here(&self) -> bool {
+            // `thread_id` is 0 for a thread without an id and `owner` never
+            // is; only this thread ever stores its own id there, so a
+            // relaxed load sees it if it did.
+            self.owner.load(Ordering::Relaxed) == thread_id()
+        }
+
+        /// Counts `n` at `tier` (`tier < LEVELS`) for the counter's owner:
+        /// the caller has seen [`owned_here`](Self::owned_here) true.
+        #[inline(always)]
+        pub fn add_owned(&self, tier: usize, n: u64) {
+            let w = &self.own[tier];
+            w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+
+        /// Counts `n` at `tier` (`tier < LEVELS`) for a handle made in fork
+        /// generation `gen` (the counter is claimed only while that is the
+        /// process's: see [`owned_here`](Self::owned_here)).
+        #[inline(always)]
+        pub fn add(&self, tier: usize, n: u64, gen: u64) {
             let me = thread_id();
             let owner = self.owner.load(Ordering::Relaxed);
             // `me` is 0 for a thread without an id and `owner` never is.
             if owner == me {
-                let w = &self.own[tier];
-                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+                self.add_owned(tier, n);
             } else if owner != UNCLAIMED {
                 self.other[tier].fetch_add(n, Ordering::Relaxed);
             } else {
-                self.claim(me, tier, n);
+                self.claim(me, tier, n, gen);
             }
         }
 
         /// [`add`](Self::add) while no thread owns the counter: claims it
         /// (giving this thread its id first), or, if another thread was
-        /// quicker, counts on the shared words.
+        /// quicker or the handle is a forked parent's, counts on the shared
+        /// words.
         #[cold]
         #[inline(never)]
-        fn claim(&self, me: u64, tier: usize, n: u64) {
-            let me = if me == 0 { assign_id() } else { me };
+        fn claim(&self, me: u64, tier: usize, n: u64, gen: u64) {
+            if gen != fork_generation() {
+                self.other[tier].fetch_add(n, Ordering::Relaxed);
+                return;
+            }
+            let me = if me == 0 { assign_thread_id() } else { me };
             if self
                 .owner
                 .compare_exchange(UNCLAIMED, me, Ordering::Relaxed, Ordering::Relaxed)
@@ -133,9 +144,22 @@ mod imp {
     }
 
     impl Tally {
+        /// Never: the model checks the fork test on every consume.
+        #[inline(always)]
+        pub fn owned_here(&self) -> bool {
+            false
+        }
+
+        /// Counts `n` at `tier` (`tier < LEVELS`); not reached (nothing is
+        /// owned here).
+        #[inline(always)]
+        pub fn add_owned(&self, tier: usize, n: u64) {
+            self.add(tier, n, 0);
+        }
+
         /// Counts `n` at `tier` (`tier < LEVELS`).
         #[inline(always)]
-        pub fn add(&self, tier: usize, n: u64) {
+        pub fn add(&self, tier: usize, n: u64, _gen: u64) {
             self.words[tier].fetch_add(n, Ordering::Relaxed);
         }
 
@@ -151,6 +175,7 @@ pub(crate) use imp::Tally;
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
+    use crate::sys::fork::fork_generation;
     use std::sync::{Arc, Barrier};
 
     /// Threads counting through one tally, the owner among them, then one
@@ -167,7 +192,7 @@ mod tests {
                 std::thread::spawn(move || {
                     go.wait();
                     for k in 0..PER {
-                        t.add((k % 2) as usize, i + 1);
+                        t.add((k % 2) as usize, i + 1, fork_generation());
                     }
                 })
             })
@@ -180,11 +205,34 @@ mod tests {
         assert_eq!(t.get(0), want / 2);
         // The owner has exited; a new thread counts on.
         let t2 = t.clone();
-        std::thread::spawn(move || (0..PER).for_each(|_| t2.add(3, 1)))
+        std::thread::spawn(move || (0..PER).for_each(|_| t2.add(3, 1, fork_generation())))
             .join()
             .unwrap();
         assert_eq!(t.get(3), PER);
-        t.add(3, 5);
+        t.add(3, 5, fork_generation());
         assert_eq!(t.get(3), PER + 5);
+    }
+
+    /// The claiming thread owns the counter, another thread does not, a
+    /// handle of another fork generation is never claimed, and the counts
+    /// are exact either way.
+    #[test]
+    fn ownership() {
+        let t = Tally::default();
+        assert!(!t.owned_here(), "unclaimed");
+        t.add(2, 5, fork_generation());
+        assert!(t.owned_here());
+        t.add_owned(2, 1);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(!t.owned_here());
+                t.add(2, 10, fork_generation());
+            });
+        });
+        assert_eq!(t.get(2), 16);
+        let old = Tally::default();
+        old.add(0, 3, fork_generation().wrapping_add(1));
+        assert!(!old.owned_here());
+        assert_eq!(old.get(0), 3);
     }
 }

@@ -32,6 +32,16 @@
 //! from it and, unlike a pid, is never the same for a process and any of its
 //! descendants.
 //!
+//! **Thread ids.** [`thread_id`] names the calling thread with a number
+//! from a process-wide counter, never reused; the child handler clears the
+//! forking thread's (the one thread of the child), so no thread of a
+//! forked child ever has an id that a thread had when its parent forked
+//! (the child's counter is the parent's copy, past every id given so far).
+//! A record that says "claimed by thread `id`" (the limiter's per-handle
+//! counters, `limiter/tally.rs`) is thus never the caller's own in a child
+//! that inherited it: seeing its own id there tells a thread, at no extra
+//! cost, that the record was claimed in this process, after the last fork.
+//!
 //! Children created with `posix_spawn`/`exec` are covered by `O_CLOEXEC`.
 //! A raw `clone`/`vfork` that skips the atfork handlers is not covered.
 
@@ -96,6 +106,11 @@ extern "C" fn child_after_fork() {
     // This handler runs, so it is registered in the child too.
     INSTALL_STATE.store(DONE, Ordering::SeqCst);
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
+    // A fresh id at its next claim (see "Thread ids"): a store to a
+    // const-initialised thread-local without a destructor, which is
+    // async-signal-safe.
+    #[cfg(not(shuttle))]
+    THREAD_ID.with(|c| c.set(0));
     // Only the forking thread exists here, and it was not inside a window.
     GATE.store(0, Ordering::SeqCst);
     for slot in LOCK_FDS.iter() {
@@ -218,6 +233,39 @@ pub fn install_atfork_handler() -> std::io::Result<()> {
 #[inline]
 pub fn fork_generation() -> u64 {
     FORK_GENERATION.load(Ordering::SeqCst)
+}
+
+/// The next thread id (0 is "not assigned yet").
+#[cfg(not(shuttle))]
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+#[cfg(not(shuttle))]
+thread_local! {
+    /// This thread's id, 0 until [`assign_thread_id`] (and again in a
+    /// forked child, see "Thread ids"). Const-initialised and without a
+    /// destructor: reading it is one load, at any point of the thread's
+    /// life (also in other thread-locals' destructors and in the child
+    /// handler).
+    static THREAD_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's id (see "Thread ids" in the module docs), or 0 if
+/// it has none yet ([`assign_thread_id`] gives it one). Not under the
+/// model checker, whose threads share one OS thread.
+#[cfg(not(shuttle))]
+#[inline(always)]
+pub fn thread_id() -> u64 {
+    THREAD_ID.with(std::cell::Cell::get)
+}
+
+/// Gives the calling thread a new id, never any thread's before in this
+/// process or its ancestors until their fork, and returns it.
+#[cfg(not(shuttle))]
+#[cold]
+pub fn assign_thread_id() -> u64 {
+    let id = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
+    THREAD_ID.with(|c| c.set(id));
+    id
 }
 
 /// A non-zero token for "this process", for in-memory records that a forked
