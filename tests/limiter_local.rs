@@ -194,16 +194,23 @@ fn priorities_drain_highest_first_and_fifo_within_one() {
     for (i, (name, p)) in plan.into_iter().enumerate() {
         let (l2, order) = (l.clone(), order.clone());
         hs.push(thread::spawn(move || {
-            l2.consume(100, p).unwrap();
+            l2.consume(200, p).unwrap();
             order.lock().unwrap().push(name);
         }));
-        until("queued", 5, || l.stats().pending == i as u64 + 1);
+        // Queued so far, by the deferred counters (not the pending gauge,
+        // which drops if "low" is served before the next one queues: a wait
+        // for it would then never end). 200 tokens a waiter, 200 ms at
+        // 1,000/s, leave the spawns a wide margin (and the last is served
+        // at 800 ms, before the 1 s stall bound would force anyone).
+        until("queued", 5, || {
+            l.stats().queues.iter().map(|q| q.deferred).sum::<u64>() == i as u64 + 1
+        });
     }
     for h in hs {
         h.join().unwrap();
     }
     let got = order.lock().unwrap().clone();
-    // "low" queued first, at t≈0, and may catch the first 100 tokens before
+    // "low" queued first, at t≈0, and may catch the first 200 tokens before
     // the others queue; after that strict priority, FIFO within Normal.
     let rest: Vec<_> = got.iter().filter(|n| **n != "low").copied().collect();
     assert_eq!(rest, ["high", "normal-a", "normal-b"], "{got:?}");
