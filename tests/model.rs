@@ -228,6 +228,10 @@ fn assert_quiescent(p: &Proc, max: u32) {
     assert_eq!(shared.running, 0, "{shared:?}");
     assert_eq!(shared.waiters, [0; 7], "waiters left: {shared:?} {st:?}");
     assert_eq!(st.designee, None, "a designee is left: {st:?}");
+    // Nobody is queued, so nobody keeps the backstop (a waiter that
+    // claimed the role as it was granted must not keep it: the process
+    // would have no backstop until that waiter is queued again).
+    assert_eq!(p.sched.model_keeper(), 0, "a keeper is left: {st:?}");
     assert_eq!(st.gate & GATE_TIERS, 0, "tier bits left: {st:?}");
     for &(idx, _, held, owned, counted) in &st.members {
         assert_eq!(owned, 0, "process {idx} owns cells: {st:?}");

@@ -72,7 +72,7 @@ use super::waiter::{
 };
 use crate::error::{Error, Result};
 use crate::priority::LEVELS;
-use crate::region::park::{wake_parked, Fronts};
+use crate::region::park::{wake_parked, Fronts, Keeps};
 use crate::region::registry::{
     bound_now_ns, tier_bit, Registry, GATE_LEASED, GATE_TIERS, HELPER_BIT, PASS_AFTER_NS,
     REAP_INTERVAL_MS,
@@ -271,6 +271,21 @@ impl LimRoot {
         Some(w)
     }
 
+    /// `w` claimed the keeper role after it had left its queue (see
+    /// [`Fronts::keeps`]): hands the role on, under the lock.
+    #[cold]
+    fn lapse_keeper(&self, w: &Arc<Waiter>) {
+        let mut out = Wakeups::default();
+        {
+            let q = self.lock();
+            let fronts = std::array::from_fn(|t| q.tiers[t].front());
+            if let Some(f) = self.fronts.lapse(w, fronts) {
+                out.parked.push(f.clone());
+            }
+        }
+        self.wake(out);
+    }
+
     fn pop_front(&self, q: &mut Queues, tier: usize, out: &mut Wakeups) -> Option<Arc<Waiter>> {
         self.take_out(q, tier, 0, out)
     }
@@ -319,7 +334,14 @@ impl LimRoot {
                     );
                 }
             }
-            let keeper = self.fronts.keeps(w);
+            let keeper = match self.fronts.keeps(w) {
+                Keeps::Yes => true,
+                Keeps::No => false,
+                Keeps::Lapsed => {
+                    self.lapse_keeper(w);
+                    continue;
+                }
+            };
             let backstop = keeper && nap.is_none_or(|n| n > BACKSTOP);
             if backstop {
                 nap = Some(BACKSTOP);

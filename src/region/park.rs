@@ -222,6 +222,18 @@ pub struct Fronts {
     async_fronts: AtomicU32,
 }
 
+/// What [`Fronts::keeps`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keeps {
+    /// The waiter keeps the backstop timer.
+    Yes,
+    /// Another waiter keeps it, or this one is not a front.
+    No,
+    /// The waiter claimed the role but had left its queue meanwhile: the
+    /// caller hands it on with [`Fronts::lapse`] under the queue's lock.
+    Lapsed,
+}
+
 /// What a change of the queue asks to be woken (after the lock).
 #[derive(Debug)]
 pub struct ToWake<'a, W> {
@@ -288,18 +300,54 @@ impl Fronts {
 
     /// Whether waiter `w`, about to sleep, keeps the backstop timer: a
     /// blocking front claims the role if nobody has it.
-    pub fn keeps<W: Parked>(&self, w: &W) -> bool {
+    ///
+    /// It runs without the queue's lock, so `w` may leave the queue (a
+    /// grant) between its front test and its claim: [`left`](Self::left)
+    /// then found no keeper to hand on, and the role would stay with a
+    /// waiter that has gone, leaving the process without a backstop for as
+    /// long as that waiter is not queued again. So a claim is checked
+    /// against the front mark once more: `w`'s [`left`](Self::left) clears
+    /// the mark before it looks at the role, so either this second look
+    /// sees the mark cleared ([`Keeps::Lapsed`]: the caller hands the role
+    /// on with [`lapse`](Self::lapse), under the lock), or that `left`
+    /// sees the claim and hands the role on itself.
+    pub fn keeps<W: Parked>(&self, w: &W) -> Keeps {
         if !w.park().is_front() {
-            return false;
+            return Keeps::No;
         }
         let id = w.id();
         match self
             .keeper
             .compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
         {
-            Ok(_) => true,
-            Err(cur) => cur == id,
+            Ok(_) if w.park().is_front() => Keeps::Yes,
+            Ok(_) => Keeps::Lapsed,
+            Err(cur) if cur == id => Keeps::Yes,
+            Err(_) => Keeps::No,
         }
+    }
+
+    /// Gives up the role that `w` claimed after it had left its queue
+    /// ([`Keeps::Lapsed`]), under the queue's lock (`fronts` are the
+    /// process's fronts per tier now): if the role is still `w`'s, names
+    /// the highest blocking front to wake to take it on (one may have gone
+    /// to sleep without it while `w` held it).
+    pub fn lapse<'a, W: Parked>(&self, w: &W, fronts: [Option<&'a W>; LEVELS]) -> Option<&'a W> {
+        if self
+            .keeper
+            .compare_exchange(w.id(), 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return None;
+        }
+        fronts.into_iter().rev().flatten().find(|f| !f.is_async())
+    }
+
+    /// The id of the waiter that keeps the backstop timer (0: none), for
+    /// the model checker's end-of-run checks.
+    #[cfg(shuttle)]
+    pub fn keeper_id(&self) -> u64 {
+        self.keeper.load(Ordering::SeqCst)
     }
 
     /// The bits the helper sleeps under: its own and the tiers whose front

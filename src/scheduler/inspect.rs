@@ -103,4 +103,15 @@ impl Scheduler {
     pub fn model_state(&self) -> Option<super::shared::ModelState> {
         self.shared_root().map(SharedSlots::model_state)
     }
+
+    /// The id of the waiter that keeps this process's backstop timer (0:
+    /// none; always 0 for an in-process scheduler), for the model
+    /// checker's tests.
+    #[doc(hidden)]
+    pub fn model_keeper(&self) -> u64 {
+        match self.root().level() {
+            Level::Shared(r) => r.model_keeper(),
+            Level::Local(_) => 0,
+        }
+    }
 }

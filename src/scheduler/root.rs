@@ -121,7 +121,7 @@ use super::waiter::{
 use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
-use crate::region::park::{wake_parked, Fronts};
+use crate::region::park::{wake_parked, Fronts, Keeps};
 #[cfg(shuttle)]
 use crate::region::registry::bound_now_ns;
 use crate::region::registry::{
@@ -537,13 +537,42 @@ impl SharedRoot {
                     continue;
                 }
             }
-            let keeper = self.fronts.keeps(w);
+            let keeper = match self.fronts.keeps(w) {
+                Keeps::Yes => true,
+                Keeps::No => false,
+                Keeps::Lapsed => {
+                    self.lapse_keeper(w);
+                    continue;
+                }
+            };
             let backstop = keeper && left.is_none_or(|l| l > BACKSTOP);
             let nap = if backstop { Some(BACKSTOP) } else { left };
             if w.park.sleep(reg, seqs, w.tier(), nap) == WaitResult::TimedOut && backstop {
                 self.on_backstop();
             }
         }
+    }
+
+    /// `w` claimed the keeper role after it had left its queue (see
+    /// [`Fronts::keeps`]): hands the role on, under the lock.
+    #[cold]
+    fn lapse_keeper(&self, w: &Arc<Waiter>) {
+        let mut out = Wakeups::default();
+        {
+            let q = self.lock();
+            let fronts = std::array::from_fn(|t| q.tiers[t].front());
+            if let Some(f) = self.fronts.lapse(w, fronts) {
+                out.add_parked(f);
+            }
+        }
+        self.wake(out);
+    }
+
+    /// The id of the waiter that keeps this process's backstop timer (0:
+    /// none), for the model checker.
+    #[cfg(shuttle)]
+    pub fn model_keeper(&self) -> u64 {
+        self.fronts.keeper_id()
     }
 
     /// A backstop wake: the keeper (or the helper) slept a whole backstop
