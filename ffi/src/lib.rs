@@ -40,6 +40,7 @@ pub mod face;
 pub mod fair;
 pub mod limiter;
 pub mod permits;
+pub mod pin;
 pub mod process;
 pub mod region;
 pub mod scheduler;
