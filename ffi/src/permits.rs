@@ -35,7 +35,8 @@
 //!   batches with a process-wide pool under a small lock.
 //!
 //! The fast path costs one CAS more than the library's own release (the
-//! claim), and no allocation.
+//! claim), and no allocation. (One-slot permits of a shared root handle do
+//! without it: they are cell tokens, see [`crate::pin`].)
 //!
 //! # Closing a scheduler while permits are out
 //!

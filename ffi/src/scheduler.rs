@@ -555,6 +555,14 @@ fn why_not(s: &Scheduler) -> Fail {
 /// (`SHMSCHED_STATUS_ALREADY_RELEASED`, also for a permit never issued).
 /// The scheduler handle it came from may have been closed meanwhile.
 ///
+/// The check costs no atomic read-modify-write of its own for a one-slot
+/// permit of a shared (not child) handle: that permit's token names its
+/// region slot and a tag stored in it, and the slot's own give-back
+/// compare-and-swap is the check (a stale token could only be taken for a
+/// later permit of this process on the same slot with the same 32-bit tag).
+/// Other permits (weighted, or through a child) are checked through a table
+/// entry.
+///
 /// Errors: `FOREIGN_PERMIT`, `ALREADY_RELEASED`. Threads: any thread of the
 /// owning process (not only the acquiring one); two racing releases of one
 /// permit free it once. Fork: see above.
@@ -939,12 +947,18 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
             // it is parked until they are released.
             unsafe { permits::retire(sched) };
             usable?;
-            return Err(Fail::invalid(format!(
-                "cannot detach: this process holds {held} permit(s) acquired through this \
-                 handle and {raw} one-slot permit(s) in its region (through any handle), or a \
-                 release through it is under way; the handle is closed and the process stays \
-                 in the region's table"
-            )));
+            let held = held + raw as usize;
+            return Err(Fail::invalid(if held > 0 {
+                format!(
+                    "cannot detach: this process holds {held} permit(s) acquired through this \
+                     handle (one-slot permits: through any handle of its region); the handle \
+                     is closed and the process stays in the region's table"
+                )
+            } else {
+                "cannot detach: a release through this handle is under way; the handle is \
+                 closed and the process stays in the region's table"
+                    .to_string()
+            }));
         }
         // SAFETY: `sched` came from Box::into_raw in `make`, no permit
         // refers to it and no cell token can reach it any more (checked

@@ -943,9 +943,27 @@ impl SharedSlots {
         }
     }
 
+    /// Frees `cell` if it holds `owner | tag` (`tag` its [`COUNTED`] bit;
+    /// no raw-permit tag): a cell that is not ours (the region was
+    /// scribbled on) is left alone.
     #[inline]
     fn free_cell(&self, cell: u32, owner: u32, tag: u32) {
-        let _ = self.free_tagged(cell, owner | tag, 0);
+        if let Some(c) = self.cells().get(cell as usize) {
+            #[cfg(shuttle)]
+            self.model_held(c, -1);
+            let _freed = c
+                .compare_exchange(
+                    u64::from(owner | tag),
+                    u64::from(Self::free_value(tag)),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+            #[cfg(shuttle)]
+            if !_freed {
+                self.model_held(c, 1);
+            }
+        }
     }
 
     /// Frees `cell` if it holds exactly `raw << 32 | v` (`v` the holder's
@@ -981,7 +999,10 @@ impl SharedSlots {
         let owner = self.owner();
         match slots.view() {
             SlotsView::One(c) => {
-                let _ = self.give_one(c, 0, owner);
+                // Not `give_raw`'s checked path: a permit's own cell is
+                // freed unconditionally (no branch on the CAS).
+                self.free_cell(c & !COUNTED, owner, c & COUNTED);
+                self.freed_one(c);
             }
             SlotsView::Many(cs) => {
                 let mut counted = 0;
@@ -997,24 +1018,17 @@ impl SharedSlots {
         }
     }
 
-    /// Gives back one cell `c` (its number, with [`COUNTED`] if counted)
-    /// held as `raw << 32 | owner` (`raw` 0 for a permit that is not raw):
-    /// the give-back CAS, then the hint and, if counted, `held −1`. Nothing
-    /// but the CAS if the cell does not hold that (whether it freed it).
+    /// What follows the give-back CAS of one cell `c` (its number, with
+    /// [`COUNTED`] if counted): the hint and, if counted, `held −1`.
     #[inline(always)]
-    fn give_one(&self, c: u32, raw: u32, owner: u32) -> bool {
-        let cell = c & !COUNTED;
-        if !self.free_tagged(cell, owner | (c & COUNTED), raw) {
-            return false;
-        }
+    fn freed_one(&self, c: u32) {
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("give: cell freed, count not yet");
-        self.hint.store(cell, Ordering::Relaxed);
+        self.hint.store(c & !COUNTED, Ordering::Relaxed);
         if c & COUNTED != 0 {
             self.held().fetch_sub(1, Ordering::SeqCst);
         }
-        true
     }
 
     /// Turns the one cell `c` (its number, with [`COUNTED`] if counted)
@@ -1035,7 +1049,11 @@ impl SharedSlots {
     /// done) if the cell does not hold it.
     #[inline(always)]
     pub fn give_raw(&self, c: u32, tag: u32) -> bool {
-        self.give_one(c, tag, self.owner())
+        if !self.free_tagged(c & !COUNTED, self.owner() | (c & COUNTED), tag) {
+            return false;
+        }
+        self.freed_one(c);
+        true
     }
 
     /// The cold half of a raw permit's release while the region is above
