@@ -212,11 +212,12 @@ fn register() -> &'static Hazard {
         cur = r.next as *mut Hazard;
     };
     // Registering the exit hook fails only while the thread is being torn
-    // down: then the record is not cached and not given back (one record
-    // stays in use, with a null hazard: it never holds up a sweep).
-    if GIVE_BACK.try_with(|_| ()).is_ok() {
-        let _ = MINE.try_with(|m| m.set(rec));
-    }
+    // down (its hook may have run already): the record is cached anyway,
+    // so the thread's later releases reuse it, but it is not given back
+    // (one record per such thread stays in use, with a null hazard: it
+    // never holds up a sweep).
+    let _ = GIVE_BACK.try_with(|_| ());
+    let _ = MINE.try_with(|m| m.set(rec));
     rec
 }
 

@@ -1043,10 +1043,10 @@ impl SharedSlots {
         }
     }
 
-    /// Gives back the raw permit `tag` on cell `c` (as [`tag_cell`]
-    /// (Self::tag_cell) made it): its give-back CAS is the check, so only
-    /// one release of a raw permit ever frees the cell; false (nothing
-    /// done) if the cell does not hold it.
+    /// Gives back the raw permit `tag` on cell `c` (as
+    /// [`tag_cell`](Self::tag_cell) made it): its give-back CAS is the
+    /// check, so only one release of a raw permit ever frees the cell;
+    /// false (nothing done) if the cell does not hold it.
     #[inline(always)]
     pub fn give_raw(&self, c: u32, tag: u32) -> bool {
         if !self.free_tagged(c & !COUNTED, self.owner() | (c & COUNTED), tag) {
