@@ -1000,8 +1000,14 @@ impl SharedSlots {
         match slots.view() {
             SlotsView::One(c) => {
                 // Not `give_raw`'s checked path: a permit's own cell is
-                // freed unconditionally (no branch on the CAS).
-                self.free_cell(c & !COUNTED, owner, c & COUNTED);
+                // freed unconditionally (no branch on the CAS). The two
+                // eras apart, each with its constants (one path computing
+                // the free value from the counted bit costs more).
+                if c & COUNTED != 0 {
+                    self.free_cell(c & !COUNTED, owner, COUNTED);
+                } else {
+                    self.free_cell(c, owner, 0);
+                }
                 self.freed_one(c);
             }
             SlotsView::Many(cs) => {
