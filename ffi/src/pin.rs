@@ -70,7 +70,12 @@
 //! clearing its hazard, so the last raw permit of a closed handle frees it.
 //! A legitimately held raw permit keeps its handle published (the sweep
 //! counts raw permits in the region first; the handle is closed, so no new
-//! one can appear through it).
+//! one can appear through it). The count is per region and process (a
+//! cell records its owner and tag, not the handle): one-slot permits of
+//! another open handle of this process on the same region keep a closed
+//! handle parked too, until a sweep after they are all released (a delay,
+//! and while it lasts the handle's memory and pin slot; past
+//! [`MAX_SLOTS`] new handles use the table).
 //!
 //! Where membarrier is unavailable (an old kernel, a seccomp filter;
 //! decided once per process) releasers use a SeqCst fence instead of the
@@ -594,6 +599,33 @@ mod tests {
         assert!(!parked(h), "freed by the last release");
         assert_eq!(count.global_running(), 0);
         assert_eq!(status(release(b)), shmsched_status::AlreadyReleased);
+    }
+
+    /// Raw permits are counted per region and process, not per handle: a
+    /// closed handle stays parked while another handle of this process on
+    /// its region has one-slot permits out, and the next sweep after they
+    /// are released frees it (a delay, never a use after free).
+    #[test]
+    fn a_closed_handle_waits_for_the_one_slot_permits_of_its_region() {
+        let region = Region::anonymous().unwrap();
+        let count = Scheduler::shared(&region, 4).unwrap();
+        let open = |r: &Region| {
+            let h = Box::into_raw(Box::new(shmsched_scheduler::new(
+                Scheduler::attach(r).unwrap(),
+            )));
+            publish(h);
+            h
+        };
+        let (h1, h2) = (open(&region), open(&region));
+        let other = get(h2).unwrap();
+        // SAFETY: closed once; nothing held through it.
+        unsafe { permits::retire(h1) };
+        assert!(parked(h1), "a one-slot permit of its region is out");
+        release(other).unwrap();
+        assert_eq!(count.global_running(), 0);
+        // SAFETY: closed once; nothing held. Its sweep frees both.
+        unsafe { permits::retire(h2) };
+        assert!(!parked(h1) && !parked(h2));
     }
 
     #[test]
