@@ -69,6 +69,13 @@ pub enum Error {
     /// A handle was used in a process other than the one it belongs to
     /// (after `fork`) in a way that cannot be carried over.
     Forked(String),
+    /// A raw permit ([`RawPermit`](crate::scheduler::RawPermit)) whose cell
+    /// does not hold it: released already, or never issued with that tag
+    /// on that cell. Nothing was changed.
+    AlreadyReleased {
+        /// The cell it named.
+        cell: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -109,6 +116,11 @@ impl fmt::Display for Error {
             Error::ZeroConcurrency => f.write_str("Scheduler concurrency is 0"),
             Error::Timeout => f.write_str("timed out waiting for capacity"),
             Error::Forked(m) => write!(f, "handle used after fork: {m}"),
+            Error::AlreadyReleased { cell } => write!(
+                f,
+                "raw permit on cell {cell} is not held: it was already released, or never \
+                 issued with that tag on that cell"
+            ),
         }
     }
 }

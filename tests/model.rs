@@ -436,6 +436,63 @@ fn release_races_designee_take() {
     });
 }
 
+/// Raw permits: two threads release one raw permit at once while a third
+/// thread of the same process (same owner id) acquires the cell, and a
+/// thread of another process waits for it too. Exactly one of the two
+/// releases lands, and the third's cell is never freed under it (the
+/// losing release's CAS expects the raw permit's tag, which the third's
+/// cell does not carry): while the third holds its cell, it is held.
+#[test]
+fn raw_double_release_races_a_take() {
+    explore("raw_double_release_races_a_take", 15000, || {
+        model::set_timeouts(false);
+        pick_fairness();
+        let ps = Arc::new(sched_procs(2, Concurrency::max(1)));
+        let tag = std::num::NonZeroU32::new(7).unwrap();
+        let raw = ps[0]
+            .sched
+            .acquire(Priority::Normal)
+            .unwrap()
+            .into_raw(tag)
+            .unwrap();
+        let wins = Arc::new(AtomicU32::new(0));
+        let releasers: Vec<_> = (0..2)
+            .map(|i| {
+                let (ps, wins) = (ps.clone(), wins.clone());
+                spawn(Some(ps[0].map.clone()), &format!("p0r{i}"), move || {
+                    if ps[0].sched.release_raw(raw).is_ok() {
+                        wins.fetch_add(1, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let taker = {
+            let ps = ps.clone();
+            spawn(Some(ps[0].map.clone()), "p0t", move || {
+                let p = ps[0].sched.acquire(Priority::Normal).unwrap();
+                shuttle::thread::yield_now();
+                assert_eq!(ps[0].state().occupied, 1, "{:?}", ps[0].state());
+                drop(p);
+            })
+        };
+        let other = {
+            let ps = ps.clone();
+            spawn(Some(ps[1].map.clone()), "p1t", move || {
+                drop(ps[1].sched.acquire(Priority::Normal).unwrap());
+            })
+        };
+        for r in releasers {
+            r.join().unwrap();
+        }
+        taker.join().unwrap();
+        other.join().unwrap();
+        assert_eq!(wins.load(SeqCst), 1, "one release of the raw permit lands");
+        for p in ps.iter() {
+            assert_quiescent(p, 1);
+        }
+    });
+}
+
 #[test]
 fn take_give_dispatch_max1_three_procs() {
     explore("take_give_dispatch_max1_three_procs", 15000, || {

@@ -11,9 +11,11 @@
 //! against the release `libshmsched.a` (static, as a C program or Go would
 //! link it) and `libshmsched.so`; the Python rows go through ctypes. Two
 //! more C rows time the pair's atomic skeleton without the library
-//! (`benches/c/atomics.c`): the library's two CASes alone, and with the
-//! checked-permit table's claim CAS and stores; their ratio is the floor of
-//! a release check that claims an entry of its own.
+//! (`benches/c/atomics.c`): the library's two CASes alone, with the
+//! checked-permit table's claim CAS and stores (the floor of a release
+//! check that claims an entry of its own), and with what a cell token adds
+//! (the tag store and the pin: the floor of the check carried by the
+//! cell's own give-back CAS, the path one-slot permits take).
 //!
 //! Run: `cargo bench -p shmsched-ffi --bench ffi_pair`. Not a criterion
 //! bench: the C and Python rows run in other processes, and all rows must
@@ -182,6 +184,7 @@ fn main() {
         "Python, `with sched.acquire():`",
         "C skeleton: the library's two CASes alone",
         "C skeleton: + the table's claim CAS and stores",
+        "C skeleton: + the cell token's tag store and pin",
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); labels.len()];
     for _ in 0..ROUNDS {
@@ -190,6 +193,7 @@ fn main() {
         samples[2].push(c_round(&c_dynamic, None, iters));
         samples[5].push(c_round(&atomics, Some("cas2"), iters));
         samples[6].push(c_round(&atomics, Some("table"), iters));
+        samples[7].push(c_round(&atomics, Some("token"), iters));
         for (name, v) in python_round(&lib, iters) {
             match name.as_str() {
                 "ctypes_raw" => samples[3].push(v),

@@ -1854,6 +1854,14 @@ shmsched_status shmsched_scheduler_try_acquire_many(const struct shmsched_schedu
  * (`SHMSCHED_STATUS_ALREADY_RELEASED`, also for a permit never issued).
  * The scheduler handle it came from may have been closed meanwhile.
  *
+ * The check costs no atomic read-modify-write of its own for a one-slot
+ * permit of a shared (not child) handle: that permit's token names its
+ * region slot and a tag stored in it, and the slot's own give-back
+ * compare-and-swap is the check (a stale token could only be taken for a
+ * later permit of this process on the same slot with the same 32-bit tag).
+ * Other permits (weighted, or through a child) are checked through a table
+ * entry.
+ *
  * Errors: `FOREIGN_PERMIT`, `ALREADY_RELEASED`. Threads: any thread of the
  * owning process (not only the acquiring one); two racing releases of one
  * permit free it once. Fork: see above.

@@ -25,7 +25,12 @@
 //! only on success, the string and struct outputs) is written once, in
 //! [`face`]; every exported function is a few lines over it.
 //! - **Permits as checked tokens** ([`permits`]): releasing twice, or
-//!   releasing a permit of another process, is an error.
+//!   releasing a permit of another process, is an error. A one-slot permit
+//!   of a shared root handle is a *cell token* ([`pin`]): its check is the
+//!   region cell's own give-back CAS, and the handle is found through a pin
+//!   slot with an asymmetric-fence hazard pointer, so its release adds no
+//!   read-modify-write to the library's pair; other permits (weighted,
+//!   through a child) take an entry of the table.
 //! - **Fork awareness** ([`process`]): a handle used in a forked child that
 //!   cannot carry over says so (`SHMSCHED_STATUS_FORKED`).
 //!
@@ -40,6 +45,7 @@ pub mod face;
 pub mod fair;
 pub mod limiter;
 pub mod permits;
+pub mod pin;
 pub mod process;
 pub mod region;
 pub mod scheduler;

@@ -8,7 +8,9 @@
 //! A permit token ([`shmsched_permit`]) is `{process, serial}`: `process`
 //! is this process's tag (pid and a random nonce, renewed in a forked
 //! child, see [`crate::process`]); `serial` is an entry index (low 32 bits)
-//! and the entry's generation (high 32 bits).
+//! and the entry's generation (bits 62..32, 31 bits; bit 63 is clear: a
+//! serial with bit 63 set is a cell token, see [`crate::pin`], which one-cell
+//! permits of a shared root take instead of an entry).
 //!
 //! Each entry has one atomic state word, `generation << 2 | phase`, with the
 //! phases `FREE`, `HELD` and `RELEASING`, plus the library's `Permit` and the
@@ -33,7 +35,8 @@
 //!   batches with a process-wide pool under a small lock.
 //!
 //! The fast path costs one CAS more than the library's own release (the
-//! claim), and no allocation.
+//! claim), and no allocation. (One-slot permits of a shared root handle do
+//! without it: they are cell tokens, see [`crate::pin`].)
 //!
 //! # Closing a scheduler while permits are out
 //!
@@ -64,6 +67,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use shmsched::scheduler::{Permit, Scheduler};
 
+use crate::pin;
 use crate::process;
 use crate::scheduler::shmsched_scheduler;
 use crate::status::{shmsched_status, Fail};
@@ -95,6 +99,9 @@ const FREE: u64 = 0;
 const HELD: u64 = 1;
 const RELEASING: u64 = 2;
 const PHASE: u64 = 3;
+/// The bits of an entry's generation a token carries (bit 63 of the serial
+/// is the cell tokens').
+const GENERATION: u32 = u32::MAX >> 1;
 
 /// Free indices a thread's cache takes from or gives to the pool at once.
 const BATCH: usize = 32;
@@ -137,7 +144,7 @@ static DIRECTORY: [AtomicPtr<Entry>; MAX_CHUNKS] =
     [const { AtomicPtr::new(ptr::null_mut()) }; MAX_CHUNKS];
 
 /// What the pool lock guards.
-struct Pool {
+pub(crate) struct Pool {
     /// Free indices not in any thread's cache.
     free: Vec<u32>,
     /// Indices below this have been handed out at least once (and their
@@ -145,6 +152,10 @@ struct Pool {
     next: u32,
     /// Closed scheduler handles that permits may still refer to.
     closed: Vec<*mut shmsched_scheduler>,
+    /// Pin slots given back ([`crate::pin`]).
+    pub(crate) slots_free: Vec<u32>,
+    /// Pin slots below this have been handed out at least once.
+    pub(crate) slots_next: u32,
 }
 
 struct PoolCell {
@@ -165,6 +176,8 @@ static POOL: PoolCell = PoolCell {
         free: Vec::new(),
         next: 0,
         closed: Vec::new(),
+        slots_free: Vec::new(),
+        slots_next: 0,
     }),
 };
 
@@ -178,7 +191,7 @@ impl Drop for PoolGuard {
 
 /// Runs `f` under the pool lock. The lock is held for short bookkeeping (a
 /// batch of indices, a chunk allocation, a sweep), so waiters spin and yield.
-fn with_pool<R>(f: impl FnOnce(&mut Pool) -> R) -> R {
+pub(crate) fn with_pool<R>(f: impl FnOnce(&mut Pool) -> R) -> R {
     let mut spins = 0u32;
     while POOL
         .locked
@@ -213,6 +226,8 @@ pub(crate) fn after_fork_in_child() {
                     free: Vec::new(),
                     next: (*POOL.pool.get()).next,
                     closed: Vec::new(),
+                    slots_free: Vec::new(),
+                    slots_next: (*POOL.pool.get()).slots_next,
                 },
             );
         }
@@ -416,7 +431,7 @@ where
     e.state.store(generation << 2 | HELD, Ordering::Release);
     Ok(shmsched_permit {
         process: process::tag(),
-        serial: (generation as u32 as u64) << 32 | u64::from(index),
+        serial: u64::from(generation as u32 & GENERATION) << 32 | u64::from(index),
     })
 }
 
@@ -439,12 +454,12 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
         return Err(not_ours(token, me));
     }
     let index = token.serial as u32;
-    let generation = (token.serial >> 32) as u32;
+    let generation = (token.serial >> 32) as u32 & GENERATION;
     let Some(e) = entry(index) else {
         return Err(not_held(token));
     };
     let cur = e.state.load(Ordering::Acquire);
-    if cur & PHASE != HELD || (cur >> 2) as u32 != generation {
+    if cur & PHASE != HELD || (cur >> 2) as u32 & GENERATION != generation {
         return Err(not_held(token));
     }
     if e.state
@@ -481,7 +496,7 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
 }
 
 #[cold]
-fn not_ours(token: shmsched_permit, me: u64) -> Fail {
+pub(crate) fn not_ours(token: shmsched_permit, me: u64) -> Fail {
     if token.process == 0 {
         return not_held(token);
     }
@@ -501,7 +516,7 @@ fn not_ours(token: shmsched_permit, me: u64) -> Fail {
 }
 
 #[cold]
-fn not_held(token: shmsched_permit) -> Fail {
+pub(crate) fn not_held(token: shmsched_permit) -> Fail {
     Fail::new(
         shmsched_status::AlreadyReleased,
         format!(
@@ -528,6 +543,38 @@ pub(crate) unsafe fn retire(handle: *mut shmsched_scheduler) {
     });
 }
 
+/// Makes an open handle unreachable from cell tokens before it is freed
+/// without a sweep (detach): unpublished from its pin slot and no hazard
+/// pointer on it ([`crate::pin`]). False if a raw permit appeared in its
+/// region meanwhile or a release through it stays under way: then it must
+/// be retired instead.
+pub(crate) fn unpin(handle: *mut shmsched_scheduler) -> bool {
+    // SAFETY: the caller's handle is alive.
+    if unsafe { (*handle).pin_slot() } == pin::NO_SLOT {
+        return true;
+    }
+    with_pool(|p| {
+        if !pin::unpublish(handle) || !pin::heavy_fence() {
+            return false;
+        }
+        (0..100).any(|_| {
+            let done = pin::unpinned(p, handle);
+            if !done {
+                std::thread::yield_now();
+            }
+            done
+        })
+    })
+}
+
+#[cfg(test)]
+impl Pool {
+    /// Whether `h` is parked (closed, not freed yet).
+    pub(crate) fn closed_contains(&self, h: *mut shmsched_scheduler) -> bool {
+        self.closed.contains(&h)
+    }
+}
+
 /// Permits this process holds through `handle` now.
 pub(crate) fn outstanding(handle: *const shmsched_scheduler) -> usize {
     with_pool(|p| {
@@ -551,8 +598,10 @@ fn for_each_live(p: &Pool, mut f: impl FnMut(*mut shmsched_scheduler)) {
     }
 }
 
-/// Frees the closed handles that no live entry refers to.
-fn sweep(p: &mut Pool) {
+/// Frees the closed handles that no live entry refers to and that no
+/// cell token can reach any more (unpublished from their pin slot, no
+/// hazard pointer on them: see [`crate::pin`]).
+pub(crate) fn sweep(p: &mut Pool) {
     if p.closed.is_empty() {
         return;
     }
@@ -562,18 +611,36 @@ fn sweep(p: &mut Pool) {
             busy.push(h);
         }
     });
-    p.closed.retain(|&h| {
-        if busy.contains(&h) {
-            return true;
-        }
+    let candidates: Vec<_> = p
+        .closed
+        .iter()
+        .copied()
+        .filter(|h| !busy.contains(h) && pin::unpublish(*h))
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    // SAFETY (the reads): parked handles are alive until freed below.
+    let pinned = candidates
+        .iter()
+        .any(|&h| unsafe { (*h).pin_slot() } != pin::NO_SLOT);
+    if pinned && !pin::heavy_fence() {
+        return; // nothing proven: they stay parked
+    }
+    let freed: Vec<_> = candidates
+        .into_iter()
+        .filter(|&h| pin::unpinned(p, h))
+        .collect();
+    p.closed.retain(|h| !freed.contains(h));
+    for h in freed {
         // SAFETY: `h` came from Box::into_raw (the contract of `retire`),
-        // is closed (no new permits), and no entry refers to it: a FREE
-        // entry's releaser stored FREE after its last use of the handle
-        // (Release; our loads are Acquire). It is removed from the list
-        // here, so it is freed once.
+        // is closed (no new permits), no entry refers to it (a FREE entry's
+        // releaser stored FREE after its last use of the handle: Release;
+        // our loads are Acquire), and no cell token can reach it (it is
+        // unpublished and no hazard pointer holds it after the heavy
+        // fence). It was removed from the list above, so it is freed once.
         drop(unsafe { Box::from_raw(h) });
-        false
-    });
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ extern "C" fn child_after_fork() {
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
     PROCESS_TAG.store(0, Ordering::SeqCst);
     crate::permits::after_fork_in_child();
+    crate::pin::after_fork_in_child();
 }
 
 fn getpid() -> i32 {

@@ -1,7 +1,7 @@
 //! `shmsched_scheduler`: a concurrency budget, shared through a region.
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use shmsched::priority::LEVELS;
@@ -12,6 +12,7 @@ use crate::face::{
     self, close, ffi, new_handle, try_mut, try_opt_out, try_out, try_priority, try_ref, Handle, Out,
 };
 use crate::permits::{self, shmsched_permit};
+use crate::pin;
 use crate::process;
 use crate::region::shmsched_region;
 use crate::status::{shmsched_status, Fail};
@@ -41,6 +42,11 @@ pub struct shmsched_scheduler {
     closed: AtomicBool,
     /// The fork generation the handle was made in.
     fork_generation: u64,
+    /// Its pin slot ([`crate::pin`]), or `pin::NO_SLOT`: set once before
+    /// the handle is shared.
+    pin_slot: AtomicU32,
+    /// Set (under the pool lock) once its pin slot no longer names it.
+    unpublished: AtomicBool,
 }
 
 impl shmsched_scheduler {
@@ -49,7 +55,27 @@ impl shmsched_scheduler {
             sched,
             closed: AtomicBool::new(false),
             fork_generation: process::fork_generation(),
+            pin_slot: AtomicU32::new(pin::NO_SLOT),
+            unpublished: AtomicBool::new(false),
         }
+    }
+
+    /// Its pin slot, or `pin::NO_SLOT`.
+    #[inline(always)]
+    pub(crate) fn pin_slot(&self) -> u32 {
+        self.pin_slot.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_pin_slot(&self, slot: u32) {
+        self.pin_slot.store(slot, Ordering::Relaxed);
+    }
+
+    pub(crate) fn unpublished(&self) -> bool {
+        self.unpublished.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_unpublished(&self) {
+        self.unpublished.store(true, Ordering::Relaxed);
     }
 
     #[inline(always)]
@@ -155,6 +181,16 @@ fn make(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail>
     new_handle(out, shmsched_scheduler::new(sched))
 }
 
+/// [`make`] for a shared root handle: it gets a pin slot (if one is free),
+/// so its one-cell permits are cell tokens ([`crate::pin`]).
+fn make_root(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail> {
+    process::install_fork_handler()?;
+    let h = Box::into_raw(Box::new(shmsched_scheduler::new(sched)));
+    pin::publish(h);
+    out.set(h);
+    Ok(())
+}
+
 /// Binds a scheduler shared through `region` with at most `max` tasks at
 /// once across every process (0..=65536). A new region is initialised with
 /// `max`; an existing one must have the same max (else
@@ -199,7 +235,7 @@ pub unsafe extern "C" fn shmsched_scheduler_shared_with(
 ) -> shmsched_status {
     ffi! {
         let (r, c, out) = (try_ref!(region), try_ref!(c), try_out!(out));
-        make(r.bind(|region| Scheduler::shared(region, c.to_library()))?, out)
+        make_root(r.bind(|region| Scheduler::shared(region, c.to_library()))?, out)
     }
 }
 
@@ -219,7 +255,7 @@ pub unsafe extern "C" fn shmsched_scheduler_attach(
 ) -> shmsched_status {
     ffi! {
         let (r, out) = (try_ref!(region), try_out!(out));
-        make(r.bind(Scheduler::attach)?, out)
+        make_root(r.bind(Scheduler::attach)?, out)
     }
 }
 
@@ -369,7 +405,7 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
         // callback ran, which may be called from any thread with `ctx`.
         unsafe {
             waiter::start(h, timeout_ns, callback, ctx, move |h, timeout| {
-                permits::acquire_with(h, |s| match timeout {
+                pin::acquire_with(h, |s| match timeout {
                     None => s.acquire(p),
                     Some(t) => s.acquire_timeout(p, t),
                 })
@@ -465,7 +501,7 @@ where
 {
     let p = try_priority!(priority);
     h.usable()?;
-    out.set(permits::acquire_with(h, |s| take(s, p))?);
+    out.set(pin::acquire_with(h, |s| take(s, p))?);
     Ok(())
 }
 
@@ -519,12 +555,20 @@ fn why_not(s: &Scheduler) -> Fail {
 /// (`SHMSCHED_STATUS_ALREADY_RELEASED`, also for a permit never issued).
 /// The scheduler handle it came from may have been closed meanwhile.
 ///
+/// The check costs no atomic read-modify-write of its own for a one-slot
+/// permit of a shared (not child) handle: that permit's token names its
+/// region slot and a tag stored in it, and the slot's own give-back
+/// compare-and-swap is the check (a stale token could only be taken for a
+/// later permit of this process on the same slot with the same 32-bit tag).
+/// Other permits (weighted, or through a child) are checked through a table
+/// entry.
+///
 /// Errors: `FOREIGN_PERMIT`, `ALREADY_RELEASED`. Threads: any thread of the
 /// owning process (not only the acquiring one); two racing releases of one
 /// permit free it once. Fork: see above.
 #[no_mangle]
 pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_status {
-    ffi!(permits::release(permit))
+    ffi!(pin::release(permit))
 }
 
 /// Disposes the scheduler and its children: queued waiters get
@@ -893,21 +937,32 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
     sched: *mut shmsched_scheduler,
 ) -> shmsched_status {
     ffi! {
-        let usable = try_ref!(sched).usable().map(|_| ());
+        let h = try_ref!(sched);
+        let usable = h.usable().map(|_| ());
         let held = permits::outstanding(sched);
-        if usable.is_err() || held > 0 {
+        let raw = if usable.is_ok() { pin::raw_outstanding(h) } else { 0 };
+        if usable.is_err() || held > 0 || raw > 0 || !permits::unpin(sched) {
             // SAFETY: `sched` came from Box::into_raw in `make` and the
             // caller does not use it again; permits still refer to it, so
             // it is parked until they are released.
             unsafe { permits::retire(sched) };
             usable?;
-            return Err(Fail::invalid(format!(
-                "cannot detach: this process holds {held} permit(s) acquired through this \
-                 handle; the handle is closed and the process stays in the region's table"
-            )));
+            let held = held + raw as usize;
+            return Err(Fail::invalid(if held > 0 {
+                format!(
+                    "cannot detach: this process holds {held} permit(s) acquired through this \
+                     handle (one-slot permits: through any handle of its region); the handle \
+                     is closed and the process stays in the region's table"
+                )
+            } else {
+                "cannot detach: a release through this handle is under way; the handle is \
+                 closed and the process stays in the region's table"
+                    .to_string()
+            }));
         }
         // SAFETY: `sched` came from Box::into_raw in `make`, no permit
-        // refers to it (checked above), and the caller does not use it again.
+        // refers to it and no cell token can reach it any more (checked
+        // and unpinned above), and the caller does not use it again.
         let owned = unsafe { Box::from_raw(sched) };
         owned.sched.detach()?
     }

@@ -233,6 +233,7 @@ pub(crate) fn status_of(e: &Error) -> shmsched_status {
         Error::ZeroConcurrency => S::ZeroConcurrency,
         Error::Timeout => S::Timeout,
         Error::Forked(_) => S::Forked,
+        Error::AlreadyReleased { .. } => S::AlreadyReleased,
         _ => S::Internal,
     }
 }

@@ -203,14 +203,14 @@ impl RegionView {
         Ok(self.object_ptr().wrapping_add(off))
     }
 
-    /// Loads the `u32` at byte `off` of the object area (SeqCst).
-    pub(crate) fn load_u32(&self, off: usize) -> Result<u32> {
-        let p = self.object_word(off, 4)?;
-        // SAFETY: `p` is 4-aligned (the object area is 128-aligned in a
-        // page-aligned mapping, `off` is a multiple of 4) and the 4 bytes lie
-        // inside the live mapping (checked above). An atomic load only reads,
-        // which a PROT_READ mapping allows; every bit pattern is a valid u32.
-        Ok(unsafe { &*(p as *const std::sync::atomic::AtomicU32) }
+    /// Loads the `u64` at byte `off` of the object area (SeqCst).
+    pub(crate) fn load_u64(&self, off: usize) -> Result<u64> {
+        let p = self.object_word(off, 8)?;
+        // SAFETY: `p` is 8-aligned (checked by `object_word`) and the 8
+        // bytes lie inside the live mapping (checked above). An atomic load
+        // only reads, which a PROT_READ mapping allows; every bit pattern is
+        // a valid u64.
+        Ok(unsafe { &*(p as *const std::sync::atomic::AtomicU64) }
             .load(std::sync::atomic::Ordering::SeqCst))
     }
 

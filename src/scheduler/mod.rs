@@ -39,6 +39,7 @@ mod stats;
 mod view;
 mod waiter;
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,102 @@ impl Permit<'_> {
             // slots out of it leaves nothing to be dropped twice.
             slots: unsafe { std::ptr::read(&this.slots) },
         }
+    }
+}
+
+impl<'a> Permit<'a> {
+    /// Turns a one-cell permit of a shared root scheduler (made by
+    /// [`Scheduler::shared`] or [`Scheduler::attach`], not a child, not
+    /// weighted) into a [`RawPermit`]: plain data that
+    /// [`Scheduler::release_raw`] gives back, once. The slot stays held.
+    ///
+    /// The permit's region cell records `tag` beside its owner (one plain
+    /// store, no read-modify-write), so the release's give-back CAS is the
+    /// check: a second release of the same raw permit, or one with another
+    /// tag, changes nothing and fails with [`Error::AlreadyReleased`]. A
+    /// stale raw permit can only be mistaken for a later one of this
+    /// process on the same cell with the very same tag, so pick tags that
+    /// do not repeat soon (a per-thread counter, say).
+    ///
+    /// Anything else (an in-process scheduler, a child, a weighted permit,
+    /// a permit inherited across `fork`) comes back unchanged as `Err`.
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::{Error, Priority};
+    /// use std::num::NonZeroU32;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 2)?;
+    /// let tag = NonZeroU32::new(7).unwrap();
+    /// let raw = sched.acquire(Priority::Normal)?.into_raw(tag).expect("one cell");
+    /// assert_eq!(sched.global_running(), 1);
+    /// sched.release_raw(raw)?;
+    /// assert!(matches!(sched.release_raw(raw), Err(Error::AlreadyReleased { .. })));
+    /// assert_eq!(sched.global_running(), 0);
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn into_raw(self, tag: NonZeroU32) -> std::result::Result<RawPermit, Permit<'a>> {
+        let node = &self.sched.node;
+        let (Level::Shared(root), None, waiter::SlotsView::One(c)) =
+            (node.level(), node.parent(), self.slots.view())
+        else {
+            return Err(self);
+        };
+        if node.forked() {
+            return Err(self);
+        }
+        root.slots().tag_cell(c, tag.get());
+        // The slots are now the raw permit's: nothing to drop (a one-cell
+        // Slots owns no memory).
+        std::mem::forget(self);
+        Ok(RawPermit { cell: c, tag })
+    }
+}
+
+/// A one-cell permit of a shared root scheduler as plain data (see
+/// [`Permit::into_raw`]): its region cell and the tag the cell records.
+/// Copy it freely; [`Scheduler::release_raw`] releases it once, and only
+/// in the process that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawPermit {
+    /// The cell number, with the counted bit of the library's bookkeeping.
+    cell: u32,
+    tag: NonZeroU32,
+}
+
+impl RawPermit {
+    /// The largest cell number ([`MAX_SHARED_SLOTS`] − 1).
+    pub const MAX_CELL: u32 = MAX_SHARED_SLOTS - 1;
+
+    /// The region cell it holds (0..=[`MAX_CELL`](Self::MAX_CELL)).
+    pub fn cell(&self) -> u32 {
+        self.cell & !shared::COUNTED
+    }
+
+    /// Whether its cell is counted in the process's running count (part of
+    /// what a release needs back).
+    pub fn counted(&self) -> bool {
+        self.cell & shared::COUNTED != 0
+    }
+
+    /// The tag its cell records.
+    pub fn tag(&self) -> NonZeroU32 {
+        self.tag
+    }
+
+    /// A raw permit from its parts (as [`cell`](Self::cell),
+    /// [`counted`](Self::counted) and [`tag`](Self::tag) gave them, say
+    /// after a trip through a C token). Any parts are safe to release: parts
+    /// that do not name a held raw permit fail with
+    /// [`Error::AlreadyReleased`] and change nothing. `None` if `cell` is
+    /// above [`MAX_CELL`](Self::MAX_CELL).
+    pub fn from_parts(cell: u32, counted: bool, tag: NonZeroU32) -> Option<RawPermit> {
+        (cell <= Self::MAX_CELL).then_some(RawPermit {
+            cell: cell | if counted { shared::COUNTED } else { 0 },
+            tag,
+        })
     }
 }
 
@@ -216,6 +313,48 @@ fn release_levels_from(mut node: &Node, root_slots: &Slots) {
 }
 
 impl Scheduler {
+    /// Releases a raw permit of this scheduler (see [`Permit::into_raw`]),
+    /// exactly as dropping the permit would have (the queue moves on, a
+    /// lowered ceiling gets its cell). Its cell's give-back CAS is the
+    /// check: if the cell does not hold this raw permit (released already,
+    /// another tag, another cell, a raw permit of another scheduler),
+    /// nothing changes and the answer is [`Error::AlreadyReleased`].
+    ///
+    /// Errors: [`Error::AlreadyReleased`]; [`Error::InvalidArgument`] on a
+    /// scheduler that is not a shared root; [`Error::Forked`] in a forked
+    /// child (the raw permit is the parent's).
+    #[inline(always)]
+    pub fn release_raw(&self, raw: RawPermit) -> Result<()> {
+        let node = &self.node;
+        let (Level::Shared(root), None) = (node.level(), node.parent()) else {
+            return Err(Error::InvalidArgument(
+                "a raw permit belongs to a shared root scheduler (Scheduler::shared or                  Scheduler::attach), not to a child or an in-process one"
+                    .into(),
+            ));
+        };
+        if node.forked() {
+            return Err(Error::Forked(
+                "a raw permit belongs to the process that made it; a forked child cannot                  release it"
+                    .into(),
+            ));
+        }
+        if root.release_raw(raw.cell, raw.tag.get()) {
+            Ok(())
+        } else {
+            Err(Error::AlreadyReleased { cell: raw.cell() })
+        }
+    }
+
+    /// How many raw permits ([`Permit::into_raw`]) this process holds in
+    /// this scheduler's region now, through any handle (0 for a scheduler
+    /// that is not a shared root). O(max): it reads every cell.
+    pub fn raw_permits_held(&self) -> u32 {
+        match (self.node.level(), self.node.parent()) {
+            (Level::Shared(root), None) => root.slots().raw_held(),
+            _ => 0,
+        }
+    }
+
     /// An in-process scheduler.
     pub fn new(concurrency: impl Into<Concurrency>) -> Result<Scheduler> {
         Scheduler::with_seed(concurrency, default_seed())

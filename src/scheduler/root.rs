@@ -382,6 +382,37 @@ impl SharedRoot {
         } else {
             self.slots.give(slots);
         }
+        self.after_release();
+    }
+
+    /// Gives back the raw permit `tag` on cell `c` (see *Raw permits* in
+    /// [`shared`](super::shared)) and, if that freed it, moves the queue on
+    /// as [`release`](Self::release) does. The check is the give-back CAS
+    /// itself (above a lowered ceiling, the CAS that takes the tag off
+    /// before the cell goes to the ceiling): false, with nothing else done
+    /// (no count, no wake), if the cell does not hold that raw permit.
+    #[inline]
+    pub fn release_raw(&self, c: u32, tag: u32) -> bool {
+        #[cfg(shuttle)]
+        if crate::sys::futex::model::my_process_dead() {
+            return true;
+        }
+        if self.reg().gate() & GATE_SHRINKING != 0 {
+            if !self.slots.untag_raw(c, tag) {
+                return false;
+            }
+            self.slots.give_to_ceiling(&Slots::one(c));
+        } else if !self.slots.give_raw(c, tag) {
+            return false;
+        }
+        self.after_release();
+        true
+    }
+
+    /// What every release does once its cells are free: serve the queue
+    /// (and the ceiling) if the gate says anyone may need it.
+    #[inline(always)]
+    fn after_release(&self) {
         #[cfg(shuttle)]
         self.slots
             .mapping()

@@ -2,12 +2,31 @@
 //! owner, written by the same CAS that takes the capacity, and an exact,
 //! cheap running count beside it.
 //!
-//! **Layout** (object area of a `Scheduler` region, revision 5, all fixed
+//! **Layout** (object area of a `Scheduler` region, revision 8, all fixed
 //! offsets): `[wait registry: 1,408 bytes][SchedHeader: 128][cells: max ×
-//! u32]` (see [`registry`](crate::region::registry) for the first part).
-//! A cell is `0` (free), [`FREE_COUNTED`] (free, see *Counting*), an owner
-//! id (taken), an owner id with [`COUNTED`] (taken and counted), or
-//! [`BLOCKED`] (out of service under the ceiling).
+//! u64]` (see [`registry`](crate::region::registry) for the first part).
+//! A cell's low 32 bits are its *value*: `0` (free), [`FREE_COUNTED`]
+//! (free, see *Counting*), an owner id (taken), an owner id with
+//! [`COUNTED`] (taken and counted), or [`BLOCKED`] (out of service under
+//! the ceiling). Its high 32 bits are the holder's *tag* (see *Raw
+//! permits*): 0 for every permit but a raw one, and always 0 in a free
+//! cell, so a free cell is the canonical `0` or `FREE_COUNTED` in all 64
+//! bits. Everything that asks whose a cell is compares the low 32 bits,
+//! and every CAS starts from the whole 64-bit value it read.
+//!
+//! **Raw permits.** A held cell is written only by its holder: the take
+//! that claimed it (and its own late [`COUNTED`] mark, `count_now`), its
+//! give-back, or its move to the ceiling. The reaper touches only a dead
+//! owner's cells, the ceiling only free and out-of-service ones, and the
+//! counting scans only free ones. So the holder of a one-cell permit can
+//! turn it into a *raw* permit by a plain store of `tag << 32 | value` into
+//! its cell ([`SharedSlots::tag_cell`], no read-modify-write), and the
+//! raw permit's give-back is the CAS `tag << 32 | value → free`
+//! ([`SharedSlots::give_raw`]): it succeeds once, and a second release of
+//! the same raw permit (or one with a wrong tag or cell) finds another
+//! value and changes nothing. The C face uses that as its check against a
+//! double or foreign release; a stale raw permit can only match a later raw
+//! permit of this process on the same cell with the very same tag.
 //!
 //! **Taking a slot** is one instruction: `CAS(cell, free → my owner id)`.
 //! The hard cap is the number of cells (no counter can be raced past it)
@@ -161,8 +180,9 @@ pub const MAX_SHARED_SLOTS: u32 = 65_536;
 /// carries the region's stall time in one word with its `GATE_CLOSING` bit,
 /// and the registry's dispatch line the region's count of waiters served;
 /// 7: the ceiling lock is a 64-bit word with a generation, the blocked
-/// count and the ceiling are fenced words, cells have two pending states).
-pub(crate) const OBJECT_REV: u64 = 7;
+/// count and the ceiling are fenced words, cells have two pending states;
+/// 8: cells are 64-bit, the high half the holder's raw-permit tag).
+pub(crate) const OBJECT_REV: u64 = 8;
 
 /// A cap lock held this long by a holder whose acquisition did not change
 /// (no progress) is taken over, even from a live holder (see
@@ -205,10 +225,25 @@ pub(crate) const PENDING_BLOCK: u32 = 0x7fff_fffe;
 /// until its mover's count moves. Entry index 0xfffc.
 pub(crate) const PENDING_FREE: u32 = 0x7fff_fffd;
 
-/// True for a cell out of service: [`BLOCKED`], or on its way in or out.
+/// True for a cell value out of service: [`BLOCKED`], or on its way in or
+/// out.
 #[inline(always)]
 pub(crate) fn out_of_service(v: u32) -> bool {
     (PENDING_FREE..=BLOCKED).contains(&v)
+}
+
+/// The value half of a cell (its low 32 bits: free, an owner id with or
+/// without [`COUNTED`], or out of service); the high half is a raw
+/// permit's tag.
+#[inline(always)]
+pub(crate) fn value(cell: u64) -> u32 {
+    cell as u32
+}
+
+/// The cell word of a raw permit: `tag` above the holder's value.
+#[inline(always)]
+fn tagged(v: u32, tag: u32) -> u64 {
+    u64::from(tag) << 32 | u64::from(v)
 }
 
 /// The scheduler's own header, after the registry.
@@ -294,7 +329,7 @@ pub(crate) const HEADER_OFF: usize = REGISTRY_SIZE;
 pub(crate) const CELLS_OFF: usize = HEADER_OFF + std::mem::size_of::<SchedHeader>();
 
 fn object_size(max: u32) -> usize {
-    let cells = max as usize * std::mem::size_of::<AtomicU32>();
+    let cells = max as usize * std::mem::size_of::<AtomicU64>();
     CELLS_OFF + cells.div_ceil(128).max(1) * 128
 }
 
@@ -313,18 +348,19 @@ fn holds_cells(map: &Mapping, me: crate::region::ProcId) -> bool {
     if map.object_len() < object_size(max) {
         return false;
     }
-    // SAFETY: `max` u32s at CELLS_OFF lie inside the object area (its length
-    // was just checked against the layout), 4-aligned; atomics are valid for
-    // any bits; the reference does not outlive `map`.
+    // SAFETY: `max` u64s at CELLS_OFF lie inside the object area (its length
+    // was just checked against the layout), 8-aligned (CELLS_OFF is a
+    // multiple of 128 from the 128-aligned area); atomics are valid for any
+    // bits; the reference does not outlive `map`.
     let cells = unsafe {
         std::slice::from_raw_parts(
-            map.object_ptr().add(CELLS_OFF) as *const AtomicU32,
+            map.object_ptr().add(CELLS_OFF) as *const AtomicU64,
             max as usize,
         )
     };
     cells
         .iter()
-        .any(|c| c.load(Ordering::SeqCst) & !COUNTED == me.owner)
+        .any(|c| value(c.load(Ordering::SeqCst)) & !COUNTED == me.owner)
 }
 
 /// The ceiling lock, held: acquisition `word` (`generation << 32 |
@@ -522,12 +558,13 @@ impl SharedSlots {
     }
 
     #[inline]
-    fn cells(&self) -> &[AtomicU32] {
-        // SAFETY: `max` u32s at CELLS_OFF lie inside the checked object area,
-        // 4-aligned; atomics are valid for any bits.
+    fn cells(&self) -> &[AtomicU64] {
+        // SAFETY: `max` u64s at CELLS_OFF lie inside the checked object area,
+        // 8-aligned (a multiple of 128 from the 128-aligned area); atomics
+        // are valid for any bits.
         unsafe {
             std::slice::from_raw_parts(
-                self.base.add(CELLS_OFF) as *const AtomicU32,
+                self.base.add(CELLS_OFF) as *const AtomicU64,
                 self.max as usize,
             )
         }
@@ -679,8 +716,8 @@ impl SharedSlots {
         let mark = |c: u32| {
             if let Some(cell) = self.cells().get(c as usize) {
                 let _ = cell.compare_exchange(
-                    owner,
-                    owner | COUNTED,
+                    u64::from(owner),
+                    u64::from(owner | COUNTED),
                     Ordering::SeqCst,
                     Ordering::Relaxed,
                 );
@@ -833,13 +870,14 @@ impl SharedSlots {
     /// Claims `cell` for `owner` if it is free for it: a counted owner
     /// takes `0` or [`FREE_COUNTED`], an uncounted one only `0`.
     #[inline(always)]
-    fn claim(&self, cell: &AtomicU32, owner: u32) -> bool {
+    fn claim(&self, cell: &AtomicU64, owner: u32) -> bool {
         let v = cell.load(Ordering::Relaxed);
-        // 0, or FREE_COUNTED for a counted owner: `v` within the owner's tag.
-        let tag = owner & COUNTED;
+        // 0, or FREE_COUNTED for a counted owner: `v` within the owner's
+        // counted bit (all 64 bits: a free cell carries no tag).
+        let tag = u64::from(owner & COUNTED);
         let ok = v | tag == tag
             && cell
-                .compare_exchange(v, owner, Ordering::SeqCst, Ordering::Relaxed)
+                .compare_exchange(v, u64::from(owner), Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok();
         #[cfg(shuttle)]
         if ok {
@@ -905,16 +943,18 @@ impl SharedSlots {
         }
     }
 
+    /// Frees `cell` if it holds `owner | tag` (`tag` its [`COUNTED`] bit;
+    /// no raw-permit tag): a cell that is not ours (the region was
+    /// scribbled on) is left alone.
     #[inline]
     fn free_cell(&self, cell: u32, owner: u32, tag: u32) {
-        // A cell that is not ours (the region was scribbled on) is left alone.
         if let Some(c) = self.cells().get(cell as usize) {
             #[cfg(shuttle)]
             self.model_held(c, -1);
             let _freed = c
                 .compare_exchange(
-                    owner | tag,
-                    Self::free_value(tag),
+                    u64::from(owner | tag),
+                    u64::from(Self::free_value(tag)),
                     Ordering::SeqCst,
                     Ordering::Relaxed,
                 )
@@ -926,6 +966,32 @@ impl SharedSlots {
         }
     }
 
+    /// Frees `cell` if it holds exactly `raw << 32 | v` (`v` the holder's
+    /// value, `raw` its raw-permit tag or 0): the one CAS of a give-back.
+    /// Whether it was freed; a cell that holds anything else (the region
+    /// was scribbled on, or a raw permit released twice) is left alone.
+    #[inline(always)]
+    fn free_tagged(&self, cell: u32, v: u32, raw: u32) -> bool {
+        let Some(c) = self.cells().get(cell as usize) else {
+            return false;
+        };
+        #[cfg(shuttle)]
+        self.model_held(c, -1);
+        let freed = c
+            .compare_exchange(
+                tagged(v, raw),
+                u64::from(Self::free_value(v & COUNTED)),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        #[cfg(shuttle)]
+        if !freed {
+            self.model_held(c, 1);
+        }
+        freed
+    }
+
     /// Gives back slots this process holds. The cell CAS is a SeqCst RMW:
     /// it orders the release before the caller's read of the gate.
     #[inline]
@@ -933,15 +999,16 @@ impl SharedSlots {
         let owner = self.owner();
         match slots.view() {
             SlotsView::One(c) => {
-                let cell = c & !COUNTED;
-                self.free_cell(cell, owner, c & COUNTED);
-                #[cfg(shuttle)]
-                self.mapping()
-                    .model_death_point("give: cell freed, count not yet");
-                self.hint.store(cell, Ordering::Relaxed);
+                // Not `give_raw`'s checked path: a permit's own cell is
+                // freed unconditionally (no branch on the CAS). The two
+                // eras apart, each with its constants (one path computing
+                // the free value from the counted bit costs more).
                 if c & COUNTED != 0 {
-                    self.held().fetch_sub(1, Ordering::SeqCst);
+                    self.free_cell(c & !COUNTED, owner, COUNTED);
+                } else {
+                    self.free_cell(c, owner, 0);
                 }
+                self.freed_one(c);
             }
             SlotsView::Many(cs) => {
                 let mut counted = 0;
@@ -955,6 +1022,63 @@ impl SharedSlots {
             }
             SlotsView::Counted(_) => {}
         }
+    }
+
+    /// What follows the give-back CAS of one cell `c` (its number, with
+    /// [`COUNTED`] if counted): the hint and, if counted, `held −1`.
+    #[inline(always)]
+    fn freed_one(&self, c: u32) {
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("give: cell freed, count not yet");
+        self.hint.store(c & !COUNTED, Ordering::Relaxed);
+        if c & COUNTED != 0 {
+            self.held().fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Turns the one cell `c` (its number, with [`COUNTED`] if counted)
+    /// that this process holds into a raw permit tagged `tag`: a plain
+    /// store of `tag << 32 | value` (see *Raw permits* in the module docs:
+    /// nobody but the holder writes a held cell). The caller holds the cell
+    /// and gives up its slots without giving them back.
+    #[inline(always)]
+    pub fn tag_cell(&self, c: u32, tag: u32) {
+        if let Some(x) = self.cells().get((c & !COUNTED) as usize) {
+            x.store(tagged(self.owner() | (c & COUNTED), tag), Ordering::Release);
+        }
+    }
+
+    /// Gives back the raw permit `tag` on cell `c` (as
+    /// [`tag_cell`](Self::tag_cell) made it): its give-back CAS is the
+    /// check, so only one release of a raw permit ever frees the cell;
+    /// false (nothing done) if the cell does not hold it.
+    #[inline(always)]
+    pub fn give_raw(&self, c: u32, tag: u32) -> bool {
+        if !self.free_tagged(c & !COUNTED, self.owner() | (c & COUNTED), tag) {
+            return false;
+        }
+        self.freed_one(c);
+        true
+    }
+
+    /// The cold half of a raw permit's release while the region is above
+    /// a lowered ceiling: the check is a CAS that takes the tag off (`tag
+    /// << 32 | value → value`), after which the cell is an ordinary held
+    /// cell for [`give_to_ceiling`](Self::give_to_ceiling). False (nothing
+    /// done) if the cell does not hold the raw permit.
+    #[cold]
+    pub fn untag_raw(&self, c: u32, tag: u32) -> bool {
+        let v = self.owner() | (c & COUNTED);
+        self.cells().get((c & !COUNTED) as usize).is_some_and(|x| {
+            x.compare_exchange(
+                tagged(v, tag),
+                u64::from(v),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        })
     }
 
     /// Gives back slots while the region is above a lowered ceiling
@@ -1030,7 +1154,7 @@ impl SharedSlots {
     /// out of service first: then it is blocked, counted).
     fn block_cell(
         &self,
-        cell: &AtomicU32,
+        cell: &AtomicU64,
         from: u32,
         undo: u32,
         lock: &CeilingLock<'_>,
@@ -1041,7 +1165,7 @@ impl SharedSlots {
     /// Puts a blocked cell back into service under the ceiling lock:
     /// `BLOCKED → PENDING_FREE`, the blocked count −1, `PENDING_FREE →
     /// FREE_COUNTED`; as [`block_cell`](Self::block_cell) the other way.
-    fn unblock_cell(&self, cell: &AtomicU32, lock: &CeilingLock<'_>) -> Result<Move, MoveLost> {
+    fn unblock_cell(&self, cell: &AtomicU64, lock: &CeilingLock<'_>) -> Result<Move, MoveLost> {
         self.move_cell(
             cell,
             [BLOCKED, PENDING_FREE, FREE_COUNTED, BLOCKED],
@@ -1059,7 +1183,7 @@ impl SharedSlots {
     /// move unblocks, or not blocked when it blocks, the count is taken back.
     fn move_cell(
         &self,
-        cell: &AtomicU32,
+        cell: &AtomicU64,
         [from, pending, to, undo]: [u32; 4],
         blocking: bool,
         lock: &CeilingLock<'_>,
@@ -1067,6 +1191,9 @@ impl SharedSlots {
         if !lock.held() {
             return Err(MoveLost { moved: false });
         }
+        // Every value here is untagged (a raw permit's tag comes off before
+        // its cell goes to the ceiling), so the 64-bit cell is the value.
+        let [from, pending, to, undo] = [from, pending, to, undo].map(u64::from);
         if cell
             .compare_exchange(from, pending, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
@@ -1091,7 +1218,7 @@ impl SharedSlots {
             Ok(n) => {
                 if cell
                     .compare_exchange(pending, to, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err_and(|v| (v == BLOCKED) != blocking)
+                    .is_err_and(|v| (v == u64::from(BLOCKED)) != blocking)
                 {
                     return match fenced(blocked, lock.gen(), |c| step(c, !blocking)) {
                         Ok(_) => Ok(Move::Gone),
@@ -1125,11 +1252,17 @@ impl SharedSlots {
         for c in self.cells() {
             let mut v = c.load(Ordering::SeqCst);
             if v == 0 {
-                match c.compare_exchange(0, FREE_COUNTED, Ordering::SeqCst, Ordering::SeqCst) {
+                match c.compare_exchange(
+                    0,
+                    u64::from(FREE_COUNTED),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
                     Ok(_) => continue,
                     Err(now) => v = now,
                 }
             }
+            let v = value(v);
             if v & COUNTED == 0 && !out_of_service(v) {
                 uncounted += 1;
             }
@@ -1174,7 +1307,7 @@ impl SharedSlots {
         }
         let mut left = n;
         for c in self.cells() {
-            if c.load(Ordering::SeqCst) & !COUNTED == 0 {
+            if value(c.load(Ordering::SeqCst)) & !COUNTED == 0 {
                 left -= 1;
                 if left == 0 {
                     return false;
@@ -1294,15 +1427,18 @@ impl SharedSlots {
         let cells = self.cells();
         let lost = |_: MoveLost| Lost;
         // A free cell out of service, if it still is free.
-        let block = |c: &AtomicU32| -> Result<Move, Lost> {
+        let block = |c: &AtomicU64| -> Result<Move, Lost> {
+            // Only a free cell (canonical in all 64 bits: no tag).
             let v = c.load(Ordering::Relaxed);
-            if v & !COUNTED != 0 {
+            if v & !u64::from(COUNTED) != 0 {
                 return Ok(Move::Untouched);
             }
-            self.block_cell(c, v, v, lock).map_err(lost)
+            self.block_cell(c, v as u32, v as u32, lock).map_err(lost)
         };
-        let pending =
-            |c: &AtomicU32| matches!(c.load(Ordering::Relaxed), PENDING_BLOCK | PENDING_FREE);
+        let pending = |c: &AtomicU64| {
+            let v = c.load(Ordering::Relaxed);
+            v == u64::from(PENDING_BLOCK) || v == u64::from(PENDING_FREE)
+        };
         for _ in 0..4 {
             let want = self.max - self.ceiling();
             let mut have = h.blocked();
@@ -1439,14 +1575,20 @@ impl SharedSlots {
         fenced(&h.ceiling, lock.gen(), |c| c)?;
         let mut blocked = 0u32;
         for c in self.cells() {
+            // Out-of-service values are untagged: the 64-bit cell is the value.
+            let (pb, pf, b) = (
+                u64::from(PENDING_BLOCK),
+                u64::from(PENDING_FREE),
+                u64::from(BLOCKED),
+            );
             let mut v = c.load(Ordering::SeqCst);
-            while v == PENDING_BLOCK || v == PENDING_FREE {
-                match c.compare_exchange(v, BLOCKED, Ordering::SeqCst, Ordering::SeqCst) {
-                    Ok(_) => v = BLOCKED,
+            while v == pb || v == pf {
+                match c.compare_exchange(v, b, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => v = b,
                     Err(now) => v = now,
                 }
             }
-            blocked += u32::from(v == BLOCKED);
+            blocked += u32::from(v == b);
         }
         fenced(&h.blocked, lock.gen(), |_| blocked)?;
         Ok(())
@@ -1458,7 +1600,7 @@ impl SharedSlots {
         self.cells()
             .iter()
             .filter(|c| {
-                let v = c.load(Ordering::Relaxed);
+                let v = value(c.load(Ordering::Relaxed));
                 v & !COUNTED != 0 && !out_of_service(v)
             })
             .count() as u32
@@ -1468,7 +1610,20 @@ impl SharedSlots {
     pub fn held_by(&self, owner: u32) -> u32 {
         self.cells()
             .iter()
-            .filter(|c| c.load(Ordering::Relaxed) & !COUNTED == owner)
+            .filter(|c| value(c.load(Ordering::Relaxed)) & !COUNTED == owner)
+            .count() as u32
+    }
+
+    /// Raw permits this process holds now: its cells that carry a tag
+    /// (O(max): for closing a handle, tests and tools).
+    pub fn raw_held(&self) -> u32 {
+        let me = self.owner();
+        self.cells()
+            .iter()
+            .filter(|c| {
+                let v = c.load(Ordering::SeqCst);
+                v >> 32 != 0 && value(v) & !COUNTED == me
+            })
             .count() as u32
     }
 
@@ -1510,17 +1665,19 @@ impl SharedSlots {
         let counting = self.counting();
         let mut n = 0;
         for cell in self.cells() {
+            // Whose it is by the value half; the CAS from the whole word (a
+            // dead holder's raw permit carries a tag).
             let v = cell.load(Ordering::SeqCst);
-            if v & !COUNTED != owner {
+            if value(v) & !COUNTED != owner {
                 continue;
             }
             // Free as the era wants it (an uncounted cell freed to 0 while
             // counting starts was seen held by every scan that passed it).
-            let free = if counting {
+            let free = u64::from(if counting {
                 FREE_COUNTED
             } else {
-                Self::free_value(v & COUNTED)
-            };
+                Self::free_value(value(v) & COUNTED)
+            });
             #[cfg(shuttle)]
             self.model_held(cell, -1);
             if cell
@@ -1602,8 +1759,8 @@ impl SharedSlots {
     /// Model checker: `cell` taken (+1, just after the CAS) or about to be
     /// freed (−1, just before), so the model knows, cell by cell, a lower
     /// bound of what is held at every step.
-    fn model_held(&self, cell: &AtomicU32, delta: i64) {
-        crate::sys::futex::model::ghost_add(cell as *const AtomicU32 as usize, delta);
+    fn model_held(&self, cell: &AtomicU64, delta: i64) {
+        crate::sys::futex::model::ghost_add(cell as *const AtomicU64 as usize, delta);
     }
 
     /// Model checker: starts watching the cells held now, for as long as
@@ -1636,7 +1793,7 @@ impl SharedSlots {
         let cells: Vec<u32> = self
             .cells()
             .iter()
-            .map(|c| c.load(Ordering::SeqCst))
+            .map(|c| value(c.load(Ordering::SeqCst)))
             .collect();
         let mut owned_by_members = 0;
         let members = reg

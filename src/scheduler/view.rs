@@ -9,7 +9,8 @@
 use crate::sync::atomic::Ordering;
 
 use super::shared::{
-    out_of_service, SchedHeader, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS, OBJECT_REV,
+    out_of_service, value, SchedHeader, CELLS_OFF, COUNTED, HEADER_OFF, MAX_SHARED_SLOTS,
+    OBJECT_REV,
 };
 use super::stats::SharedStats;
 use crate::error::{Error, Result};
@@ -54,11 +55,15 @@ impl RegionView {
         self.object_atomics::<SchedHeader>(HEADER_OFF)
     }
 
-    /// The owner id in every slot cell (0 = free), without the counted bit.
+    /// The owner id in every slot cell (0 = free), without the counted bit
+    /// (the value half of each 64-bit cell, without a raw permit's tag).
     fn scheduler_cells(&self) -> Result<Vec<u32>> {
         let max = self.scheduler_max()? as usize;
         (0..max)
-            .map(|c| self.load_u32(CELLS_OFF + 4 * c).map(|v| v & !COUNTED))
+            .map(|c| {
+                self.load_u64(CELLS_OFF + 8 * c)
+                    .map(|v| value(v) & !COUNTED)
+            })
             .collect()
     }
 

@@ -22,6 +22,8 @@
 //!   corrupt lock word).
 //! - [`proc`]: whether a thread id names a live thread, and whether its
 //!   process maps a file (`/proc`).
+//! - [`membarrier`]: `membarrier(2)` private expedited, the heavy side of
+//!   an asymmetric fence (the C ABI's permit pin).
 //! - [`event`]: one readiness descriptor for event loops (epoll over an
 //!   eventfd doorbell and a timerfd deadline), for the C ABI's waitset.
 
@@ -32,6 +34,7 @@ pub mod file;
 pub mod fork;
 pub mod futex;
 pub mod lock;
+pub mod membarrier;
 pub mod pipe;
 pub mod proc;
 pub mod robust_mutex;

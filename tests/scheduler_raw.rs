@@ -1,0 +1,324 @@
+//! Raw permits (`Permit::into_raw`, `Scheduler::release_raw`): the cell's
+//! own give-back CAS is the check against a double, stale or forged
+//! release. Every test asserts exact counts on the region's cells
+//! afterwards (`global_running`, `stats().shared.running`, what a take can
+//! still get), so a release that freed a cell it should not have shows up.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+
+use shmsched::region::Region;
+use shmsched::scheduler::{Concurrency, RawPermit, Scheduler};
+use shmsched::{Error, Priority};
+
+fn tag(t: u32) -> NonZeroU32 {
+    NonZeroU32::new(t).unwrap()
+}
+
+fn shared(max: u32) -> Scheduler {
+    Scheduler::shared(&Region::anonymous().unwrap(), max).unwrap()
+}
+
+fn already(r: shmsched::Result<()>) -> bool {
+    matches!(r, Err(Error::AlreadyReleased { .. }))
+}
+
+#[test]
+fn release_once_then_already_released() {
+    let s = shared(2);
+    let raw = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(1))
+        .unwrap();
+    assert_eq!(raw.tag(), tag(1));
+    assert_eq!(s.global_running(), 1);
+    s.release_raw(raw).unwrap();
+    assert_eq!(s.global_running(), 0);
+    assert!(already(s.release_raw(raw)));
+    assert_eq!(s.global_running(), 0);
+    // Both cells are free for ordinary permits.
+    let a = s.try_acquire(Priority::Normal).unwrap();
+    let b = s.try_acquire(Priority::Normal).unwrap();
+    assert!(s.try_acquire(Priority::Normal).is_none());
+    drop((a, b));
+}
+
+#[test]
+fn a_stale_raw_permit_never_frees_the_next_holders_cell() {
+    let s = shared(1);
+    let old = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(1))
+        .unwrap();
+    s.release_raw(old).unwrap();
+    // The one cell again, as a raw permit of another tag, then as a plain one.
+    let new = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(2))
+        .unwrap();
+    assert_eq!(new.cell(), old.cell());
+    assert!(already(s.release_raw(old)));
+    assert_eq!(s.global_running(), 1);
+    assert!(s.try_acquire(Priority::Normal).is_none(), "still held");
+    s.release_raw(new).unwrap();
+    let plain = s.acquire(Priority::Normal).unwrap();
+    assert!(already(s.release_raw(old)));
+    assert!(already(s.release_raw(new)));
+    assert_eq!(s.global_running(), 1);
+    drop(plain);
+    assert_eq!(s.global_running(), 0);
+}
+
+#[test]
+fn forged_parts_change_nothing() {
+    let s = shared(4);
+    let raw = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(9))
+        .unwrap();
+    let wrong_tag = RawPermit::from_parts(raw.cell(), raw.counted(), tag(10)).unwrap();
+    let wrong_counted = RawPermit::from_parts(raw.cell(), !raw.counted(), tag(9)).unwrap();
+    let wrong_cell = RawPermit::from_parts((raw.cell() + 1) % 4, raw.counted(), tag(9)).unwrap();
+    let past_max = RawPermit::from_parts(100, raw.counted(), tag(9)).unwrap();
+    for f in [wrong_tag, wrong_counted, wrong_cell, past_max] {
+        assert!(already(s.release_raw(f)), "{f:?}");
+        assert_eq!(s.global_running(), 1);
+    }
+    assert!(RawPermit::from_parts(RawPermit::MAX_CELL + 1, false, tag(1)).is_none());
+    // Random parts: never a free of the held cell, never a panic.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..10_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let Some(t) = NonZeroU32::new(x as u32) else {
+            continue;
+        };
+        if t == tag(9) {
+            continue;
+        }
+        let f = RawPermit::from_parts((x >> 32) as u32 & 0xffff, x >> 48 & 1 == 1, t).unwrap();
+        assert!(already(s.release_raw(f)));
+    }
+    assert_eq!(s.global_running(), 1);
+    s.release_raw(raw).unwrap();
+    assert_eq!(s.global_running(), 0);
+}
+
+#[test]
+fn two_threads_racing_on_one_raw_permit_free_it_once() {
+    let s = shared(1);
+    let barrier = Barrier::new(3);
+    for round in 0..300u32 {
+        let raw = s
+            .acquire(Priority::Normal)
+            .unwrap()
+            .into_raw(tag(round + 1))
+            .unwrap();
+        let wins = AtomicUsize::new(0);
+        // A third thread takes the cell as soon as it is free, as a raw
+        // permit of its own: the losing release must not free it.
+        let taken = std::thread::scope(|sc| {
+            for _ in 0..2 {
+                sc.spawn(|| {
+                    barrier.wait();
+                    if s.release_raw(raw).is_ok() {
+                        wins.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+            let t = sc.spawn(|| {
+                barrier.wait();
+                s.acquire(Priority::Normal)
+                    .unwrap()
+                    .into_raw(tag(round + 1_000_000))
+                    .unwrap()
+            });
+            t.join().unwrap()
+        });
+        assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}");
+        assert_eq!(s.global_running(), 1, "the third thread's cell is held");
+        assert!(s.try_acquire(Priority::Normal).is_none());
+        s.release_raw(taken).unwrap();
+        assert_eq!(s.global_running(), 0);
+    }
+}
+
+#[test]
+fn counted_raw_permits_keep_the_running_count_exact() {
+    // A cap below the max turns counting on: cells carry COUNTED and the
+    // process's `held`.
+    let s = Scheduler::shared(&Region::anonymous().unwrap(), Concurrency::max(3).low(2)).unwrap();
+    let low = s.acquire(Priority::Low).unwrap().into_raw(tag(1)).unwrap();
+    let low2 = s.acquire(Priority::Low).unwrap().into_raw(tag(2)).unwrap();
+    assert!(low.counted() && low2.counted());
+    assert!(s.try_acquire(Priority::Low).is_none(), "cap 2 reached");
+    s.release_raw(low).unwrap();
+    assert!(already(s.release_raw(low)));
+    // The cap admits exactly one more: the count went down by one, once.
+    let again = s.try_acquire(Priority::Low).expect("room under the cap");
+    assert!(s.try_acquire(Priority::Low).is_none());
+    drop(again);
+    s.release_raw(low2).unwrap();
+    assert_eq!(s.global_running(), 0);
+    assert_eq!(s.stats().shared.map(|x| x.running), Some(0));
+}
+
+#[test]
+fn a_raw_release_wakes_a_waiter() {
+    let s = shared(1);
+    let raw = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(5))
+        .unwrap();
+    std::thread::scope(|sc| {
+        let w = sc.spawn(|| {
+            let p = s.acquire(Priority::High).unwrap();
+            drop(p);
+        });
+        // The waiter is queued once the region counts it.
+        while s.stats().pending == 0 {
+            std::thread::yield_now();
+        }
+        s.release_raw(raw).unwrap();
+        w.join().unwrap();
+    });
+    assert_eq!(s.global_running(), 0);
+}
+
+#[test]
+fn under_a_lowered_ceiling_a_raw_release_gives_its_cell_to_it() {
+    let s = shared(3);
+    let raws: Vec<_> = (1..=3)
+        .map(|t| {
+            s.acquire(Priority::Normal)
+                .unwrap()
+                .into_raw(tag(t))
+                .unwrap()
+        })
+        .collect();
+    assert!(!s.set_ceiling(1).unwrap(), "all held: not reached yet");
+    s.release_raw(raws[0]).unwrap();
+    assert!(already(s.release_raw(raws[0])));
+    s.release_raw(raws[1]).unwrap();
+    assert_eq!(s.ceiling(), 1);
+    assert_eq!(s.global_running(), 1);
+    assert!(
+        s.try_acquire(Priority::Normal).is_none(),
+        "ceiling 1 in use"
+    );
+    s.release_raw(raws[2]).unwrap();
+    assert!(already(s.release_raw(raws[2])));
+    let one = s.try_acquire(Priority::Normal).expect("ceiling 1 free");
+    assert!(s.try_acquire(Priority::Normal).is_none());
+    drop(one);
+    s.set_ceiling(3).unwrap();
+    let all: Vec<_> = (0..3)
+        .map(|_| {
+            s.try_acquire(Priority::Normal)
+                .expect("all back in service")
+        })
+        .collect();
+    drop(all);
+}
+
+#[test]
+fn only_one_cell_permits_of_a_shared_root_become_raw() {
+    let local = Scheduler::new(2).unwrap();
+    let p = local.acquire(Priority::Normal).unwrap();
+    let p = p.into_raw(tag(1)).expect_err("in-process");
+    assert_eq!(local.stats().running, 1);
+    drop(p);
+    assert_eq!(local.stats().running, 0);
+
+    let s = shared(4);
+    let many = s.acquire_many(Priority::Normal, 2).unwrap();
+    let many = many.into_raw(tag(1)).expect_err("weighted");
+    assert_eq!(s.global_running(), 2);
+    drop(many);
+    let child = s.child(2).unwrap();
+    let c = child.acquire(Priority::Normal).unwrap();
+    let c = c.into_raw(tag(1)).expect_err("child");
+    assert_eq!(s.global_running(), 1);
+    drop(c);
+    assert_eq!(s.global_running(), 0);
+    // A raw permit released through a handle that is not a shared root.
+    let raw = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(3))
+        .unwrap();
+    assert!(matches!(
+        child.release_raw(raw),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        local.release_raw(raw),
+        Err(Error::InvalidArgument(_))
+    ));
+    s.release_raw(raw).unwrap();
+    assert_eq!(s.global_running(), 0);
+}
+
+#[test]
+fn max_one_and_max_65536_round_trip_every_cell() {
+    let s = shared(1);
+    let raw = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(1))
+        .unwrap();
+    assert_eq!(raw.cell(), 0);
+    s.release_raw(raw).unwrap();
+
+    let max = shmsched::scheduler::MAX_SHARED_SLOTS;
+    let s = shared(max);
+    let raws: Vec<_> = (0..max)
+        .map(|i| {
+            s.try_acquire(Priority::Normal)
+                .expect("free")
+                .into_raw(tag(i + 1))
+                .unwrap()
+        })
+        .collect();
+    assert!(s.try_acquire(Priority::Normal).is_none());
+    let mut cells: Vec<u32> = raws.iter().map(|r| r.cell()).collect();
+    cells.sort_unstable();
+    assert_eq!(cells, (0..max).collect::<Vec<_>>());
+    let last = raws.iter().find(|r| r.cell() == max - 1).unwrap();
+    let again = RawPermit::from_parts(last.cell(), last.counted(), last.tag()).unwrap();
+    s.release_raw(again).unwrap();
+    assert!(already(s.release_raw(*last)));
+    for r in &raws {
+        if r.cell() != max - 1 {
+            s.release_raw(*r).unwrap();
+        }
+    }
+    assert_eq!(s.global_running(), 0);
+}
+
+/// A raw permit of one region released on another region's scheduler
+/// (where this process may well have the same owner id) frees nothing
+/// there: that region's cells do not hold its tag.
+#[test]
+fn a_raw_permit_of_another_region_frees_nothing() {
+    let a = shared(2);
+    let b = shared(2);
+    let raw = a
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(4))
+        .unwrap();
+    let held_b = b.acquire(Priority::Normal).unwrap();
+    assert!(already(b.release_raw(raw)));
+    assert_eq!(b.global_running(), 1);
+    drop(held_b);
+    a.release_raw(raw).unwrap();
+    assert_eq!(a.global_running(), 0);
+}
