@@ -328,13 +328,13 @@ impl Scheduler {
         let node = &self.node;
         let (Level::Shared(root), None) = (node.level(), node.parent()) else {
             return Err(Error::InvalidArgument(
-                "a raw permit belongs to a shared root scheduler (Scheduler::shared or                  Scheduler::attach), not to a child or an in-process one"
+                "a raw permit belongs to a shared root scheduler (Scheduler::shared or Scheduler::attach), not to a child or an in-process one"
                     .into(),
             ));
         };
         if node.forked() {
             return Err(Error::Forked(
-                "a raw permit belongs to the process that made it; a forked child cannot                  release it"
+                "a raw permit belongs to the process that made it; a forked child cannot release it"
                     .into(),
             ));
         }
