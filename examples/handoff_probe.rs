@@ -437,6 +437,13 @@ impl Drop for Running {
     }
 }
 
+/// Waits until the forked partner has set itself up (its `ready` store).
+fn wait_ready(shared: &Shared) {
+    while shared.ready.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Forks a partner running `child` forever.
 fn fork_partner(cpu: usize, child: impl FnOnce()) -> i32 {
     // SAFETY: the child only runs the partner loop and never returns.
@@ -494,9 +501,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                     }
                 });
             });
-            while shared.ready.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_ready(shared);
             Running {
                 name,
                 pid,
@@ -542,9 +547,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                     }
                 });
             });
-            while shared.ready.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_ready(shared);
             Running {
                 name,
                 pid,
@@ -574,9 +577,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                     }
                 });
             });
-            while shared.ready.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_ready(shared);
             Running {
                 name,
                 pid,
@@ -602,9 +603,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                     }
                 });
             });
-            while shared.ready.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_ready(shared);
             Running {
                 name,
                 pid,
@@ -628,9 +627,7 @@ fn start(name: &'static str, child_cpu: usize) -> Running {
                     flag_post(&words[1]);
                 });
             });
-            while shared.ready.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_ready(shared);
             Running {
                 name,
                 pid,

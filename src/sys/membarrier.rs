@@ -28,8 +28,9 @@ fn membarrier(cmd: libc::c_int) -> bool {
 
 /// Whether [`barrier`] works in this process: registers once (and tries
 /// one barrier) on the first call, then answers from memory. A forked
-/// child inherits the registration (the kernel keeps it in the mm, which
-/// the child's copy carries).
+/// child decides afresh (its atfork handler calls [`forget`]): registering
+/// again is harmless, and relying on the registration being carried into
+/// the child's address space is not needed.
 #[inline]
 pub fn available() -> bool {
     match STATE.load(Ordering::Acquire) {
