@@ -112,7 +112,153 @@ fn child_entry() {
             say("done");
             wait_parent();
         }
+        // Threads that count themselves between grant and release in a
+        // second shared page (see `holders_count_themselves`).
+        "counter" => {
+            let s = attach(&args[0]);
+            let page = CountPage::open(&args[1]);
+            let threads: usize = args[2].parse().unwrap();
+            let until = Instant::now() + Duration::from_millis(args[3].parse().unwrap());
+            let raw = args[4] == "raw";
+            say("start");
+            std::thread::scope(|sc| {
+                for t in 0..threads {
+                    let (s, page) = (&s, &page);
+                    sc.spawn(move || count_holds(s, page, t, until, raw));
+                }
+            });
+            say("done");
+            wait_parent();
+        }
         other => panic!("unknown role {other}"),
+    }
+}
+
+/// A page of counters that the processes of a test share (a file in
+/// /dev/shm, mapped by each): the holders' own count of who holds what.
+struct CountPage {
+    map: memmap2::MmapMut,
+}
+
+/// Words of a [`CountPage`].
+const RUNNING: usize = 0; // units held now, counted by the holders
+const MOST: usize = 1; // the most `RUNNING` was after a grant
+const OVER: usize = 2; // grants that saw `RUNNING` above the max
+const DOUBLE: usize = 3; // raw permits that found their cell's holder set
+const GRANTS: usize = 4;
+const MAX_WORD: usize = 5;
+const HOLDERS: usize = 8; // one word per cell (raw permits)
+
+impl CountPage {
+    fn create(path: &str, max: u32) -> CountPage {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .unwrap();
+        f.set_len(((HOLDERS + max as usize) * 8) as u64).unwrap();
+        let page = CountPage::map(&f);
+        page.word(MAX_WORD).store(u64::from(max), Ordering::SeqCst);
+        page
+    }
+
+    fn open(path: &str) -> CountPage {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        CountPage::map(&f)
+    }
+
+    fn map(f: &std::fs::File) -> CountPage {
+        // SAFETY: a file of this test's, only ever accessed through the
+        // atomics below (by every process that maps it).
+        let map = unsafe { memmap2::MmapMut::map_mut(f) }.unwrap();
+        CountPage { map }
+    }
+
+    fn word(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        let words = self.map.len() / 8;
+        assert!(i < words, "word {i} of {words}");
+        // SAFETY: in bounds (asserted), 8-aligned (the mapping is
+        // page-aligned), and shared memory is only accessed atomically.
+        unsafe { &*(self.map.as_ptr().add(i * 8) as *const std::sync::atomic::AtomicU64) }
+    }
+}
+
+/// One thread of a "counter" child: until `until`, takes units by every
+/// way there is (blocking, with a timeout, try, weighted, async, and as a
+/// raw permit when `raw`), at random priorities; counts the units it holds
+/// in the page between its grant and its release, and checks the count
+/// against the max. A raw permit also claims its cell's holder word, so
+/// two holders of one cell are seen even if the count stays within max.
+fn count_holds(s: &Scheduler, page: &CountPage, t: usize, until: Instant, raw: bool) {
+    let max = page.word(MAX_WORD).load(Ordering::SeqCst);
+    let me = (u64::from(std::process::id()) << 16) | (t as u64 + 1);
+    let mut rng = Rng(Rng::new().0 ^ (me << 1) | 1);
+    while Instant::now() < until {
+        let p = Priority::ALL[rng.below(7) as usize];
+        let (permit, n) = match rng.below(20) {
+            0..=9 => (Some(s.acquire(p).unwrap()), 1),
+            10..=13 => (
+                s.acquire_timeout(p, Duration::from_micros(rng.below(2000)))
+                    .ok(),
+                1,
+            ),
+            14..=15 => (s.try_acquire(p), 1),
+            16 => {
+                let n = 1 + rng.below(max.min(3)) as u32;
+                (
+                    s.acquire_many_timeout(p, n, Duration::from_millis(5)).ok(),
+                    u64::from(n),
+                )
+            }
+            _ => (
+                Some(futures::executor::block_on(s.acquire_async(p)).unwrap()),
+                1,
+            ),
+        };
+        let Some(permit) = permit else { continue };
+        page.word(GRANTS).fetch_add(1, Ordering::Relaxed);
+        let now = page.word(RUNNING).fetch_add(n, Ordering::SeqCst) + n;
+        page.word(MOST).fetch_max(now, Ordering::SeqCst);
+        if now > max {
+            page.word(OVER).fetch_add(1, Ordering::SeqCst);
+        }
+        // Load shaping for a 2-core machine (hold a while, sometimes
+        // yielding the CPU), not synchronisation.
+        let hold = |rng: &mut Rng| {
+            for _ in 0..rng.below(3000) {
+                std::hint::spin_loop();
+            }
+            if rng.below(4) == 0 {
+                std::thread::yield_now();
+            }
+        };
+        let tag = std::num::NonZeroU32::new(rng.next() as u32 | 1).unwrap();
+        match if raw && n == 1 {
+            permit.into_raw(tag)
+        } else {
+            Err(permit)
+        } {
+            Ok(raw) => {
+                let holder = page.word(HOLDERS + raw.cell() as usize);
+                if holder.swap(me, Ordering::SeqCst) != 0 {
+                    page.word(DOUBLE).fetch_add(1, Ordering::SeqCst);
+                }
+                hold(&mut rng);
+                let _ = holder.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+                page.word(RUNNING).fetch_sub(n, Ordering::SeqCst);
+                s.release_raw(raw).unwrap();
+            }
+            Err(permit) => {
+                hold(&mut rng);
+                page.word(RUNNING).fetch_sub(n, Ordering::SeqCst);
+                drop(permit);
+            }
+        }
     }
 }
 
@@ -414,4 +560,98 @@ fn ping_pong_hand_offs_across_processes_are_never_lost() {
         slow * 50 < STEPS,
         "{slow} of {STEPS} round trips took 20 ms or more"
     );
+}
+
+/// The hard cap as the holders see it: threads in four processes count
+/// themselves in shared memory between their grant and their release (the
+/// region's own count of taken cells cannot see two holders of one cell,
+/// or a cell freed under its holder), taking units by every way there is,
+/// while one of the processes is stopped and continued over and over (the
+/// adversary: its waiters are passed over and reclaim their places, its
+/// holders hold while it is stopped). At max 1, 4 and 64, plain permits
+/// and raw ones (a raw permit also claims its cell's holder word): never
+/// more holders than the max, never two holders of one cell, nothing held
+/// at the end.
+#[test]
+fn holders_count_themselves_and_never_exceed_the_max() {
+    for (max, mode) in [(1, "plain"), (4, "plain"), (4, "raw"), (64, "raw")] {
+        let tmp = TempRegion::new(&format!("count{max}{mode}"));
+        let page_path = format!("{}-page", tmp.0);
+        let _page_file = TempRegion(page_path.clone());
+        let region = Region::create(&tmp.0).unwrap();
+        let me = Scheduler::shared(&region, max).unwrap();
+        let page = CountPage::create(&page_path, max);
+        let threads = if max == 64 { 24 } else { 4 };
+        let mut kids: Vec<Kid> = (0..4)
+            .map(|_| {
+                spawn(
+                    ENTRY,
+                    "counter",
+                    &[
+                        tmp.0.clone(),
+                        page_path.clone(),
+                        threads.to_string(),
+                        "1500".into(),
+                        mode.into(),
+                    ],
+                )
+            })
+            .collect();
+        for k in &mut kids {
+            k.expect_line("start");
+        }
+        // The adversary: the last child is stopped and continued (10 ms
+        // each) until the children are done.
+        let victim = kids[3].child.id() as libc::pid_t;
+        let started = Instant::now();
+        let mut stops = 0;
+        while started.elapsed() < Duration::from_millis(1400) {
+            // SAFETY: signals to our own child, which is alive (it waits
+            // for its parent before it exits).
+            unsafe { libc::kill(victim, libc::SIGSTOP) };
+            stops += 1;
+            std::thread::sleep(Duration::from_millis(10));
+            // SAFETY: as above.
+            unsafe { libc::kill(victim, libc::SIGCONT) };
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for k in &mut kids {
+            k.expect_line("done");
+        }
+        for k in kids {
+            assert!(k.finish().success());
+        }
+        let w = |i| page.word(i).load(Ordering::SeqCst);
+        eprintln!(
+            "max {max} {mode}: {} grants, most held at once {}, {stops} stops",
+            w(GRANTS),
+            w(MOST)
+        );
+        assert_eq!(
+            w(OVER),
+            0,
+            "max {max} {mode}: grants above the max (most {})",
+            w(MOST)
+        );
+        assert_eq!(w(DOUBLE), 0, "max {max} {mode}: a cell with two holders");
+        assert!(w(MOST) <= u64::from(max));
+        assert_eq!(w(RUNNING), 0);
+        assert!(
+            w(GRANTS) >= 100,
+            "max {max} {mode}: only {} grants",
+            w(GRANTS)
+        );
+        let st = me.stats().shared.unwrap();
+        assert_eq!(
+            st.running, 0,
+            "max {max} {mode}: nothing held at the end: {st:?}"
+        );
+        assert_eq!(st.waiters, [0; 7]);
+        // The whole budget is there.
+        let all: Vec<_> = (0..max)
+            .map(|_| me.try_acquire(Priority::Normal).expect("slot"))
+            .collect();
+        assert!(me.try_acquire(Priority::Highest).is_none());
+        drop(all);
+    }
 }

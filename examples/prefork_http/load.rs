@@ -348,10 +348,16 @@ pub fn checks(r: &LoadReport, b: &Bounds) -> Vec<Check> {
         .iter()
         .map(|g| {
             format!(
-                "{}: sampled {}, counted {}",
+                "{}: sampled {}, counted {}{}",
                 g.gate.name(),
                 g.server.max_running_sampled,
-                g.server.max_running_counted
+                g.server.max_running_counted,
+                match g.server.exited_in_gate {
+                    0 => String::new(),
+                    n => format!(
+                        " ({n} requests left in the gate at a worker's exit: counted too high)"
+                    ),
+                }
             )
         })
         .collect();
@@ -360,7 +366,7 @@ pub fn checks(r: &LoadReport, b: &Bounds) -> Vec<Check> {
         ok: r
             .runs
             .iter()
-            .all(|g| g.server.max_running() <= g.server.cap)
+            .all(|g| g.server.max_running() <= g.server.cap && g.server.exited_in_gate == 0)
             && s.leaked.unwrap_or(0) == 0,
         detail: format!("{}; leaked {}", caps.join("; "), s.leaked.unwrap_or(0)),
     });

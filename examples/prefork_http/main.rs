@@ -22,12 +22,24 @@
 //!
 //! Per request the worker records the wait from arrival (request fully
 //! read) to slot granted. At the end (`--seconds`, SIGINT or SIGTERM) the
-//! master closes the workers' stop pipe; each worker sends its samples to
-//! the master, which prints one JSON summary on stdout: wait p50/p99/max
-//! per path and per worker, requests served, connections per worker, and
-//! the highest running count observed (sampled every 200 µs with
-//! `global_running()`, and counted by every request after its grant).
-//! Requests still waiting at the end count with their wait so far.
+//! master closes the workers' stop pipe; each worker takes its samples,
+//! then drains: no request enters the gate any more, its queued acquires
+//! fail (`Scheduler::dispose`), and it waits (at most 5 s) until every
+//! request in the gate has released its slot, before it sends its samples
+//! to the master and exits. The master prints one JSON summary on stdout:
+//! wait p50/p99/max per path and per worker, requests served, connections
+//! per worker, and the highest running count observed (sampled every
+//! 200 µs with `global_running()`, and counted by every request after its
+//! grant). Requests still waiting at the stop count with their wait so far.
+//!
+//! Why drain: a worker that exits while its threads hold slots has them
+//! reclaimed by the region (they are a dead process's), but those requests
+//! had counted themselves in the shared running counter and never count
+//! themselves out, so every later grant in a worker still running would
+//! see the counter too high ("counted 6" under a cap of 4, with the
+//! sampled count at 4). A worker that gives up draining says how many
+//! requests it left in the gate (`exited_in_gate`), and the load test
+//! fails on it.
 //!
 //! **The load test** (`--load`) runs the server with each gate in turn and
 //! drives it with three `wrk` processes, one per path (`--conns` keep-alive

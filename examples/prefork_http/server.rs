@@ -26,6 +26,10 @@ const PRIORITIES: [Priority; 3] = [Priority::High, Priority::Normal, Priority::L
 const MAX_HEAD: usize = 16 << 10;
 const MAX_BODY: u64 = 1 << 20;
 
+/// How long a stopping worker waits for its requests to leave the gate
+/// before it exits anyway (a backend call is milliseconds).
+const DRAIN_BOUND: Duration = Duration::from_secs(5);
+
 /// How often the master samples the running count.
 const SAMPLE_EVERY: Duration = Duration::from_micros(200);
 
@@ -257,6 +261,12 @@ pub struct Summary {
     pub max_running_counted: u32,
     /// Slots still held after every worker exited and a reap (shmsched).
     pub leaked: Option<u32>,
+    /// Requests that still held a slot (or waited in the gate) when their
+    /// worker gave up draining and exited (see "Stopping" in `worker_run`):
+    /// 0 unless a backend call outlived the drain bound. Each one would
+    /// leave `max_running_counted` one too high from then on (its
+    /// decrement never runs, while the region reclaims its slot).
+    pub exited_in_gate: u32,
     /// Waits per path, all workers.
     pub paths: Vec<PathRow>,
     /// Waits per worker.
@@ -281,6 +291,8 @@ struct WorkerReport {
     connections: u64,
     other_requests: u64,
     max_held: u32,
+    /// Requests still in the gate when the drain gave up (see `Summary`).
+    exited_in_gate: u32,
     max_waiting: u32,
     /// Per path: waits of granted requests, µs.
     waits_us: [Vec<u64>; 3],
@@ -317,6 +329,11 @@ struct Ctx {
     /// Slots this worker holds now, and the most it held at once.
     held: AtomicU32,
     max_held: AtomicU32,
+    /// Set when the worker stops: no request enters the gate any more.
+    stopping: AtomicBool,
+    /// Requests between their entry into the gate (before the acquire)
+    /// and the end of their slot's hold; the stop drains it to 0.
+    in_gate: AtomicU32,
 }
 
 impl Ctx {
@@ -327,6 +344,20 @@ impl Ctx {
     /// Takes a slot for `path` (arrived at `arrival`), runs the backend
     /// call, releases; returns the wait.
     fn handle(&self, path: usize, arrival: Instant) -> Result<Duration, String> {
+        // Counted in the gate before the stop flag is read: a stop that
+        // sets the flag and then sees `in_gate` at 0 has no request left
+        // between acquire and release (see "Stopping" in `worker_run`).
+        self.in_gate.fetch_add(1, Ordering::SeqCst);
+        let r = if self.stopping.load(Ordering::SeqCst) {
+            Err("the server is stopping".to_string())
+        } else {
+            self.gated(path, arrival)
+        };
+        self.in_gate.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    fn gated(&self, path: usize, arrival: Instant) -> Result<Duration, String> {
         let id = {
             let mut s = self.samples();
             s.next_id += 1;
@@ -382,6 +413,7 @@ impl Ctx {
             connections: self.connections.load(Ordering::Relaxed),
             other_requests: self.other_requests.load(Ordering::Relaxed),
             max_held: self.max_held.load(Ordering::Relaxed),
+            exited_in_gate: 0,
             max_waiting: s.max_waiting,
             waits_us: s.waits_us.clone(),
             waiting_us,
@@ -682,6 +714,8 @@ fn worker_run(
         other_requests: AtomicU64::new(0),
         held: AtomicU32::new(0),
         max_held: AtomicU32::new(0),
+        stopping: AtomicBool::new(false),
+        in_gate: AtomicU32::new(0),
     });
     let l = listener
         .try_clone()
@@ -709,7 +743,28 @@ fn worker_run(
             Err(_) => break,
         }
     }
-    let report = ctx.report();
+    // Stopping. The report is the state at the stop (requests still
+    // waiting count with their wait so far). Then the worker drains before
+    // it exits: a process that exits while its threads hold slots has
+    // them reclaimed by the region (they are a dead process's), but each
+    // of those requests already counted itself in `Shared::running` and its
+    // decrement never runs, so the counter would read too high for every
+    // later grant in the workers still running (seen in a CI run: "sampled
+    // 4, counted 6", two requests of an exited worker). So: no request
+    // enters the gate any more, the queued acquires of this worker's handle
+    // fail (`dispose`), and the worker waits (bounded) until every request
+    // in the gate has released its slot. A semaphore wait cannot be
+    // cancelled: those drain as the holders release.
+    ctx.stopping.store(true, Ordering::SeqCst);
+    let mut report = ctx.report();
+    if let WorkerGate::Sched(sched) = &ctx.gate {
+        sched.dispose();
+    }
+    let drain_by = Instant::now() + DRAIN_BOUND;
+    while ctx.in_gate.load(Ordering::SeqCst) > 0 && Instant::now() < drain_by {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    report.exited_in_gate = ctx.in_gate.load(Ordering::SeqCst);
     let mut line = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
     line.push(b'\n');
     result
@@ -970,6 +1025,7 @@ fn summarize(
         max_running_sampled: max_sampled,
         max_running_counted: shared.max_running.load(Ordering::SeqCst),
         leaked,
+        exited_in_gate: reports.iter().flatten().map(|r| r.exited_in_gate).sum(),
         paths,
         per_worker,
     }
