@@ -251,7 +251,10 @@ const WAITS: usize = 200;
 /// its queue has a spare waiter: each round, this thread holds the only
 /// slot until a second thread is queued for it (the region's published
 /// count says so), then releases; that thread counts its own allocations
-/// across its acquire.
+/// across its acquire. Some rounds hold the slot past the waiter's
+/// backstop, so its keeper's reap runs too (it once allocated the path it
+/// reopens the region by: the test failed when a loaded machine delayed a
+/// release by 20 ms).
 fn no_allocation_waiting() {
     let region = Region::anonymous().expect("anonymous region");
     let s = Scheduler::shared(&region, 1).expect("shared scheduler");
@@ -279,6 +282,15 @@ fn no_allocation_waiting() {
                     "round {round}: the second thread never queued"
                 );
                 std::thread::yield_now();
+            }
+            if round % 40 == 39 {
+                // Now and then the waiter sleeps past its backstop (20 ms),
+                // so its keeper round runs (a reap of the region, which
+                // reopens the region file): that allocates nothing either.
+                // (A sleep to make the wait long, not synchronisation.)
+                std::thread::sleep(
+                    shmsched::scheduler::BACKSTOP + std::time::Duration::from_millis(5),
+                );
             }
             drop(hold);
             step.wait();

@@ -414,8 +414,13 @@ impl Wakeups {
     }
 
     /// Adds a thread blocked at a shared root to wake (granted, or it has a
-    /// new role: its tier's front, the keeper).
+    /// new role: its tier's front, the keeper), once: a waiter that became
+    /// its tier's front and was then granted by the same serve is on the
+    /// list already (and a second entry would allocate the overflow list).
     pub fn add_parked(&mut self, w: &std::sync::Arc<Waiter>) {
+        if self.parked().any(|p| std::sync::Arc::ptr_eq(p, w)) {
+            return;
+        }
         if self.parked.is_none() {
             self.parked = Some(w.clone());
         } else {
@@ -487,4 +492,38 @@ impl Wakeups {
 #[inline]
 fn wake_caught(t: Waker) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.wake()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter() -> std::sync::Arc<Waiter> {
+        std::sync::Arc::new(Waiter::new(
+            Priority::Normal,
+            1,
+            1,
+            0,
+            Few::default(),
+            std::sync::Arc::default(),
+            false,
+        ))
+    }
+
+    #[test]
+    fn a_parked_waiter_is_listed_once() {
+        let (a, b) = (waiter(), waiter());
+        let mut out = Wakeups::default();
+        out.add_parked(&a);
+        out.add_parked(&a);
+        assert_eq!(out.parked().count(), 1);
+        assert!(out.more.is_none(), "no overflow list for one waiter");
+        out.add(&a, true);
+        out.add_parked(&b);
+        out.add_parked(&b);
+        assert_eq!(out.parked().count(), 2);
+        out.skip_parked(&a);
+        assert_eq!(out.parked().count(), 1);
+        assert!(std::sync::Arc::ptr_eq(out.parked().next().unwrap(), &b));
+    }
 }

@@ -128,13 +128,49 @@ pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 /// of the same file (unlike `dup`, which shares the description). Works for
 /// regular files, tmpfs files and memfds. Each process that registers in a
 /// region needs its own description so that it owns its OFD locks alone.
+///
+/// Allocates nothing (the path is written into a stack buffer): a waiter's
+/// backstop reap reopens the region this way, and a waiting acquire
+/// allocates nothing once its queue has a spare waiter.
 pub fn reopen_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(p)
-        .map(OwnedFd::from)
+    let path = proc_fd_path(fd.as_raw_fd());
+    // SAFETY: `path` is NUL-terminated (proc_fd_path) and lives across the
+    // call; `open` returns a new descriptor that nothing else owns, or -1.
+    let raw = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// `/proc/self/fd/N` for `fd`, NUL-terminated, in a stack buffer (the
+/// longest, for a negative i32, is 26 bytes with the NUL).
+fn proc_fd_path(fd: i32) -> [u8; 32] {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    let mut out = [0u8; 32];
+    out[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 11];
+    let mut n = i64::from(fd).unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut at = PREFIX.len();
+    if fd < 0 {
+        out[at] = b'-';
+        at += 1;
+    }
+    for d in digits[..len].iter().rev() {
+        out[at] = *d;
+        at += 1;
+    }
+    out
 }
 
 fn with_file<R>(fd: BorrowedFd<'_>, f: impl FnOnce(&File) -> R) -> R {
@@ -214,4 +250,48 @@ pub fn unlink(path: &Path) -> io::Result<()> {
 /// This process's id (`getpid`).
 pub fn getpid() -> i32 {
     std::process::id() as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn text(p: &[u8; 32]) -> &str {
+        let end = p.iter().position(|&b| b == 0).expect("NUL-terminated");
+        std::str::from_utf8(&p[..end]).unwrap()
+    }
+
+    #[test]
+    fn proc_fd_paths_for_every_width() {
+        for fd in [0, 7, 10, 99, 1_000, 65_535, i32::MAX, -1, i32::MIN] {
+            assert_eq!(text(&proc_fd_path(fd)), format!("/proc/self/fd/{fd}"));
+        }
+    }
+
+    #[test]
+    fn reopen_is_a_new_description_of_the_same_file() {
+        let f = tempfile_in_shm();
+        let again = reopen_fd(f.as_fd()).expect("reopen");
+        assert_eq!(
+            file_identity(f.as_fd()).unwrap(),
+            file_identity(again.as_fd()).unwrap()
+        );
+        // A new description: its offset is its own.
+        use std::io::{Seek, SeekFrom};
+        let mut a = File::from(f);
+        let mut b = File::from(again);
+        a.seek(SeekFrom::Start(5)).unwrap();
+        assert_eq!(b.stream_position().unwrap(), 0);
+        // SAFETY: F_GETFD on a descriptor this test owns.
+        let flags = unsafe { libc::fcntl(b.as_raw_fd(), libc::F_GETFD) };
+        assert_ne!(flags & libc::FD_CLOEXEC, 0, "O_CLOEXEC");
+    }
+
+    fn tempfile_in_shm() -> OwnedFd {
+        let path = format!("/dev/shm/shmsched-file-test-{}", std::process::id());
+        let fd = open_file(Path::new(&path), OpenMode::CreateNew, 0o600).unwrap();
+        let _ = std::fs::remove_file(&path);
+        fd
+    }
 }
