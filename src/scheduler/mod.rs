@@ -148,12 +148,20 @@ impl<'a> Permit<'a> {
         if node.forked() {
             return Err(self);
         }
-        root.slots().tag_cell(c, tag.get());
+        let raw = tag_one(root, c, tag);
         // The slots are now the raw permit's: nothing to drop (a one-cell
         // Slots owns no memory).
         std::mem::forget(self);
-        Ok(RawPermit { cell: c, tag })
+        Ok(raw)
     }
+}
+
+/// Makes the one cell `c` (with its counted bit) that this process holds
+/// in `root` a raw permit tagged `tag`; the caller forgets its slots.
+#[inline(always)]
+fn tag_one(root: &SharedRoot, c: u32, tag: NonZeroU32) -> RawPermit {
+    root.slots().tag_cell(c, tag.get());
+    RawPermit { cell: c, tag }
 }
 
 /// A one-cell permit of a shared root scheduler as plain data (see
@@ -343,6 +351,54 @@ impl Scheduler {
         } else {
             Err(Error::AlreadyReleased { cell: raw.cell() })
         }
+    }
+
+    /// One unit at `priority` if [`acquire`](Self::acquire) admits it at
+    /// once on its fast path, handed out as a raw permit: what
+    /// `acquire(priority)?.into_raw(tag)` gives then, in one step (no
+    /// [`Permit`] is made, so nothing re-checks what the take just checked).
+    ///
+    /// The tag is the scheduler's: the last one it gave on the same cell in
+    /// this process plus one (never 0), from a random start per binding of
+    /// the region. So a stale raw permit tagged here can match a later raw
+    /// permit on its cell only after 2^32 − 1 more takes of that cell here,
+    /// or by chance (one in 2^32 per take) against a tag chosen otherwise
+    /// (by an [`into_raw`](Permit::into_raw) caller, or an earlier binding
+    /// of this process to the region). No thread-local state is used.
+    ///
+    /// `None` takes nothing: the scheduler is not a shared root (a child,
+    /// an in-process one), it was inherited across `fork`, it is disposed,
+    /// or the fast path does not admit at once (no free cell, waiters at or
+    /// above `priority`, a cap, a hand-off in progress, …). Then
+    /// [`acquire`](Self::acquire) gives the answer (it waits, or fails).
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 1)?;
+    /// let raw = sched.acquire_raw_fast(Priority::Normal).expect("a free cell");
+    /// assert!(sched.acquire_raw_fast(Priority::Normal).is_none(), "full");
+    /// sched.release_raw(raw)?;
+    /// assert!(sched.release_raw(raw).is_err(), "released once");
+    /// let again = sched.acquire_raw_fast(Priority::Normal).expect("free again");
+    /// assert_ne!(again.tag(), raw.tag(), "the cell's next tag");
+    /// sched.release_raw(again)?;
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn acquire_raw_fast(&self, priority: Priority) -> Option<RawPermit> {
+        let (root, slots) = self.node.shared_fast_one(priority)?;
+        if let waiter::SlotsView::One(c) = slots.view() {
+            let raw = tag_one(root, c, root.slots().next_tag(c));
+            // A one-cell Slots owns no memory: nothing to drop.
+            std::mem::forget(slots);
+            return Some(raw);
+        }
+        // Never (a one-unit take is one cell); given back as a permit would.
+        drop(self.permit(slots, priority));
+        None
     }
 
     /// How many raw permits ([`Permit::into_raw`]) this process holds in

@@ -290,6 +290,19 @@ impl Node {
         }
     }
 
+    /// The fast path of a one-unit acquire on a shared root, with the root
+    /// it took from: `None` (nothing taken) for any other level, in a
+    /// forked child, or when the acquire must go slow.
+    #[inline(always)]
+    pub fn shared_fast_one(&self, p: Priority) -> Option<(&SharedRoot, Slots)> {
+        match &self.level {
+            Level::Shared(root) if !self.forked() => {
+                Some((root, self.shared_fast_inline(root, p.index(), 1)?))
+            }
+            _ => None,
+        }
+    }
+
     #[inline(always)]
     fn local_take(&self, st: &LocalState, tier: usize, n: u32) -> Option<Slots> {
         let block = DISPOSED | queued_from(tier);
@@ -358,6 +371,13 @@ impl Node {
 
     #[inline(never)]
     fn shared_fast(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
+        self.shared_fast_inline(root, tier, n)
+    }
+
+    /// [`shared_fast`](Self::shared_fast) inlined, for a caller that makes
+    /// it its whole fast path ([`shared_fast_one`](Self::shared_fast_one)).
+    #[inline(always)]
+    fn shared_fast_inline(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
         // Barging within a tier is allowed (bounded: see root.rs); a
         // disposed handle goes the slow way, and so do waiters above or a
         // strict hand-off, unless they belong to processes that are passed

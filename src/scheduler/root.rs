@@ -391,7 +391,7 @@ impl SharedRoot {
     /// itself (above a lowered ceiling, the CAS that takes the tag off
     /// before the cell goes to the ceiling): false, with nothing else done
     /// (no count, no wake), if the cell does not hold that raw permit.
-    #[inline]
+    #[inline(always)]
     pub fn release_raw(&self, c: u32, tag: u32) -> bool {
         #[cfg(shuttle)]
         if crate::sys::futex::model::my_process_dead() {

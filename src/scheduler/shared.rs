@@ -159,6 +159,8 @@
 //! stops where.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::hash::BuildHasher;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::stats::SharedStats;
@@ -433,6 +435,9 @@ pub(crate) struct SharedSlots {
     /// said full (see the module docs, *A stopped process cannot hide a
     /// free cell*).
     last_exhaustive_ns: AtomicU64,
+    /// Per cell, the tag of this process's last raw permit there made by
+    /// [`next_tag`](Self::next_tag) (process memory, not the region's).
+    tags: Box<[AtomicU32]>,
 }
 
 /// How often a process may scan the whole table when the running count
@@ -521,6 +526,13 @@ impl SharedSlots {
             base,
             hint: AtomicU32::new(0),
             last_exhaustive_ns: AtomicU64::new(0),
+            tags: {
+                // A random start per binding: a raw permit of an earlier
+                // binding (of this process, on this region) matches one of
+                // this binding's tags by chance only.
+                let start = std::collections::hash_map::RandomState::new().hash_one(base as usize);
+                (0..max).map(|_| AtomicU32::new(start as u32)).collect()
+            },
         };
         let hmax = s.header().max.load(Ordering::Relaxed);
         if hmax != max {
@@ -604,7 +616,7 @@ impl SharedSlots {
 
     /// Takes `n` cells (all or none) for this process. The slots carry
     /// [`COUNTED`] on each cell number if they are counted in `held`.
-    #[inline]
+    #[inline(always)]
     pub fn take(&self, n: u32) -> Option<Slots> {
         let counting = self.counting();
         match self.take_as(n, counting, true) {
@@ -616,7 +628,7 @@ impl SharedSlots {
     /// One attempt of [`take`](Self::take), counted or not (`counting`, as
     /// read from the gate), the scan cut short by the running count or not
     /// (`early_exit`).
-    #[inline]
+    #[inline(always)]
     fn take_as(&self, n: u32, counting: bool, early_exit: bool) -> Option<Slots> {
         let tag = if counting { COUNTED } else { 0 };
         let owner = self.owner() | tag;
@@ -888,7 +900,7 @@ impl SharedSlots {
 
     /// One cell for `owner`. `provisional`: what this take has counted in
     /// `held` beyond the cells it holds (left out of the early exit).
-    #[inline]
+    #[inline(always)]
     fn take_cell(&self, owner: u32, provisional: u64, early_exit: bool) -> Option<u32> {
         let cells = self.cells();
         let n = cells.len();
@@ -1047,6 +1059,28 @@ impl SharedSlots {
         if let Some(x) = self.cells().get((c & !COUNTED) as usize) {
             x.store(tagged(self.owner() | (c & COUNTED), tag), Ordering::Release);
         }
+    }
+
+    /// A tag for a raw permit on the cell `c` (its number, with [`COUNTED`]
+    /// if counted) that this process holds: the last one this gave on that
+    /// cell plus one (0 skipped), from a random start per binding. So a
+    /// stale raw permit with such a tag can match a later one on its cell
+    /// only once this process has made 2^32 − 1 more there, or by chance
+    /// (one in 2^32 per take) against a tag chosen otherwise or by an
+    /// earlier binding. Only a cell's holder calls it, so the load and the
+    /// store do not race: a cell has one holder at a time, and the take of
+    /// a later holder comes after the give-back of the earlier one in the
+    /// cell's order (a CAS that takes reads the value a CAS that gave back
+    /// wrote, directly or through other CASes), which carries the store.
+    #[inline(always)]
+    pub fn next_tag(&self, c: u32) -> NonZeroU32 {
+        let Some(last) = self.tags.get((c & !COUNTED) as usize) else {
+            return NonZeroU32::MIN; // no such cell: the tag store ignores it too
+        };
+        let t = last.load(Ordering::Relaxed).wrapping_add(1);
+        let t = NonZeroU32::new(t).unwrap_or(NonZeroU32::MIN);
+        last.store(t.get(), Ordering::Relaxed);
+        t
     }
 
     /// Gives back the raw permit `tag` on cell `c` (as
