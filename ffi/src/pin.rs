@@ -99,10 +99,11 @@ use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32,
 use shmsched::scheduler::{Permit, RawPermit, Scheduler};
 use shmsched::sys::membarrier;
 
+use crate::face::{self, Handle};
 use crate::permits::{self, shmsched_permit, Pool};
 use crate::process;
 use crate::scheduler::shmsched_scheduler;
-use crate::status::Fail;
+use crate::status::{shmsched_status, Fail};
 
 /// Pin slots: at most this many open shared root handles at once use
 /// cell tokens (later ones use the table).
@@ -323,15 +324,53 @@ where
     }
     let permit = acquire(handle.scheduler()).map_err(Fail::from)?;
     match permit.into_raw(next_tag()) {
-        Ok(raw) => Ok(shmsched_permit {
-            process: process::tag(),
-            serial: CELL_TOKEN
-                | u64::from(slot) << SLOT_SHIFT
-                | if raw.counted() { COUNTED_BIT } else { 0 }
-                | u64::from(raw.cell()) << CELL_SHIFT
-                | u64::from(raw.tag().get()),
-        }),
+        Ok(raw) => Ok(cell_token(slot, raw)),
         Err(permit) => permits::insert(handle, permit),
+    }
+}
+
+/// The lean path of `shmsched_scheduler_acquire` (see
+/// [`crate::face::lean`]): the common case, a handle of this process with a
+/// pin slot whose fast path admits one unit at once, answered with a cell
+/// token and `Ok`; `None` (nothing taken, nothing written) for anything
+/// else, which the general path answers.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`: `sched` NULL or an open scheduler
+/// handle, `out` NULL or writable.
+#[inline(always)]
+pub(crate) unsafe fn acquire_now(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> Option<shmsched_status> {
+    // SAFETY: NULL or an open handle for the whole call (the contract).
+    let h = unsafe { sched.as_ref() }?;
+    if out.is_null() {
+        return None;
+    }
+    let p = face::priority_of(priority)?;
+    let slot = h.pin_slot();
+    if slot == NO_SLOT || !h.made_here() {
+        return None;
+    }
+    let raw = h.scheduler().acquire_raw_fast(p)?;
+    // SAFETY: `out` is non-null and writable (the contract).
+    unsafe { out.write(cell_token(slot, raw)) };
+    Some(shmsched_status::Ok)
+}
+
+/// The token of `raw`, a raw permit of the handle in pin slot `slot`.
+#[inline(always)]
+fn cell_token(slot: u32, raw: RawPermit) -> shmsched_permit {
+    shmsched_permit {
+        process: process::tag(),
+        serial: CELL_TOKEN
+            | u64::from(slot) << SLOT_SHIFT
+            | if raw.counted() { COUNTED_BIT } else { 0 }
+            | u64::from(raw.cell()) << CELL_SHIFT
+            | u64::from(raw.tag().get()),
     }
 }
 
@@ -346,17 +385,55 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
     if token.process != me {
         return Err(permits::not_ours(token, me));
     }
-    let Some(tag) = NonZeroU32::new(token.serial as u32) else {
-        return Err(permits::not_held(token));
-    };
+    match release_pinned(token, |r| r) {
+        Some(r) => r.map_err(|e| raw_failure(token, e)),
+        None => Err(permits::not_held(token)),
+    }
+}
+
+/// The lean path of `shmsched_permit_release` (see [`crate::face::lean`]):
+/// a cell token of this process whose pin slot names a handle, released
+/// (or found not held) through it; `None` (nothing done) for anything
+/// else, which [`release`] answers.
+#[inline(always)]
+pub(crate) fn release_now(token: shmsched_permit) -> Option<shmsched_status> {
+    // 0 until this process made its first token: then `token` is not one
+    // of its own, and the general path computes the tag to say so.
+    let me = process::tag_if_made();
+    if token.serial & CELL_TOKEN == 0 || me == 0 || token.process != me {
+        return None;
+    }
+    // Only the outcome's kind crosses the hazard's clearing (and a sweep):
+    // a failure that changed nothing but the one the give-back CAS reports
+    // goes the general way, which reports it.
+    let freed = release_pinned(token, |r| match r {
+        Ok(()) => Some(true),
+        Err(shmsched::Error::AlreadyReleased { .. }) => Some(false),
+        Err(_) => None,
+    })??;
+    Some(if freed {
+        shmsched_status::Ok
+    } else {
+        permits::not_held(token).report()
+    })
+}
+
+/// Releases the cell token `token` (of this process) through the handle
+/// its pin slot names, pinned (module docs), and answers what `outcome`
+/// makes of the library's answer (before the hazard is cleared): `None`,
+/// with nothing done, if the slot names no handle.
+#[inline(always)]
+fn release_pinned<R>(
+    token: shmsched_permit,
+    outcome: impl FnOnce(shmsched::Result<()>) -> R,
+) -> Option<R> {
+    let tag = NonZeroU32::new(token.serial as u32)?;
     let cell = (token.serial >> CELL_SHIFT) as u32 & 0xffff;
-    let Some(raw) = RawPermit::from_parts(cell, token.serial & COUNTED_BIT != 0, tag) else {
-        return Err(permits::not_held(token));
-    };
+    let raw = RawPermit::from_parts(cell, token.serial & COUNTED_BIT != 0, tag)?;
     let slot = &SLOTS[(token.serial >> SLOT_SHIFT) as usize & (MAX_SLOTS - 1)];
     let h = slot.load(Ordering::Acquire);
     if h.is_null() {
-        return Err(permits::not_held(token));
+        return None;
     }
     let hazard = my_hazard();
     hazard.ptr.store(h, Ordering::Relaxed);
@@ -367,22 +444,28 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
     }
     if slot.load(Ordering::Acquire) != h {
         hazard.ptr.store(ptr::null_mut(), Ordering::Release);
-        return Err(permits::not_held(token));
+        return None;
     }
     // SAFETY: `h` was published in its slot after our hazard store became
     // visible (the re-load above; see the module docs), so no sweep frees
     // it until the hazard is cleared below.
     let hr = unsafe { &*h };
-    let r = hr.scheduler().release_raw(raw);
+    let r = outcome(hr.scheduler().release_raw(raw));
     let closed = hr.is_closed();
     hazard.ptr.store(ptr::null_mut(), Ordering::Release);
     if closed {
         permits::with_pool(permits::sweep);
     }
-    r.map_err(|e| match e {
+    Some(r)
+}
+
+/// The failure of a cell token's release through its handle.
+#[cold]
+fn raw_failure(token: shmsched_permit, e: shmsched::Error) -> Fail {
+    match e {
         shmsched::Error::AlreadyReleased { .. } => permits::not_held(token),
         e => Fail::from(e),
-    })
+    }
 }
 
 /// Sweep step for a closed handle with a pin slot and nothing of the table
