@@ -172,12 +172,15 @@ impl Drop for HazardExit {
 /// This thread's hazard record.
 #[inline(always)]
 fn my_hazard() -> &'static Hazard {
+    my_hazard_if_any().unwrap_or_else(register)
+}
+
+/// This thread's hazard record, if it has one yet.
+#[inline(always)]
+fn my_hazard_if_any() -> Option<&'static Hazard> {
     let h = MINE.try_with(Cell::get).unwrap_or(ptr::null());
-    if h.is_null() {
-        return register();
-    }
     // SAFETY: records are never freed.
-    unsafe { &*h }
+    unsafe { h.as_ref() }
 }
 
 /// Takes a free hazard record for this thread (or links a new one) and
@@ -385,7 +388,7 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
     if token.process != me {
         return Err(permits::not_ours(token, me));
     }
-    match release_pinned(token, |r| r) {
+    match release_pinned(token, || Some(my_hazard()), |r| r) {
         Some(r) => r.map_err(|e| raw_failure(token, e)),
         None => Err(permits::not_held(token)),
     }
@@ -406,7 +409,9 @@ pub(crate) fn release_now(token: shmsched_permit) -> Option<shmsched_status> {
     // Only the outcome's kind crosses the hazard's clearing (and a sweep):
     // a failure that changed nothing but the one the give-back CAS reports
     // goes the general way, which reports it.
-    let freed = release_pinned(token, |r| match r {
+    // A thread without a hazard record yet takes the general path, which
+    // registers one.
+    let freed = release_pinned(token, my_hazard_if_any, |r| match r {
         Ok(()) => Some(true),
         Err(shmsched::Error::AlreadyReleased { .. }) => Some(false),
         Err(_) => None,
@@ -425,6 +430,7 @@ pub(crate) fn release_now(token: shmsched_permit) -> Option<shmsched_status> {
 #[inline(always)]
 fn release_pinned<R>(
     token: shmsched_permit,
+    hazard: impl FnOnce() -> Option<&'static Hazard>,
     outcome: impl FnOnce(shmsched::Result<()>) -> R,
 ) -> Option<R> {
     let tag = NonZeroU32::new(token.serial as u32)?;
@@ -435,9 +441,11 @@ fn release_pinned<R>(
     if h.is_null() {
         return None;
     }
-    let hazard = my_hazard();
+    let hazard = hazard()?;
     hazard.ptr.store(h, Ordering::Relaxed);
-    if membarrier::available() {
+    // A full fence until membarrier is known to work: sound either way (a
+    // sweep's heavy side is the syscall or a full fence of its own).
+    if membarrier::known_available() {
         compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);

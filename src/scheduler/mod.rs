@@ -140,8 +140,8 @@ impl<'a> Permit<'a> {
     #[inline(always)]
     pub fn into_raw(self, tag: NonZeroU32) -> std::result::Result<RawPermit, Permit<'a>> {
         let node = &self.sched.node;
-        let (Level::Shared(root), None, waiter::SlotsView::One(c)) =
-            (node.level(), node.parent(), self.slots.view())
+        // A shared level is always a root (see `Level::Shared`).
+        let (Level::Shared(root), waiter::SlotsView::One(c)) = (node.level(), self.slots.view())
         else {
             return Err(self);
         };
@@ -334,7 +334,8 @@ impl Scheduler {
     #[inline(always)]
     pub fn release_raw(&self, raw: RawPermit) -> Result<()> {
         let node = &self.node;
-        let (Level::Shared(root), None) = (node.level(), node.parent()) else {
+        // A shared level is always a root (see `Level::Shared`).
+        let Level::Shared(root) = node.level() else {
             return Err(Error::InvalidArgument(
                 "a raw permit belongs to a shared root scheduler (Scheduler::shared or Scheduler::attach), not to a child or an in-process one"
                     .into(),
@@ -405,8 +406,8 @@ impl Scheduler {
     /// this scheduler's region now, through any handle (0 for a scheduler
     /// that is not a shared root). O(max): it reads every cell.
     pub fn raw_permits_held(&self) -> u32 {
-        match (self.node.level(), self.node.parent()) {
-            (Level::Shared(root), None) => root.slots().raw_held(),
+        match self.node.level() {
+            Level::Shared(root) => root.slots().raw_held(),
             _ => 0,
         }
     }

@@ -82,7 +82,9 @@ pub(crate) struct LocalState {
 pub(crate) enum Level {
     /// A count in process memory, with queues in the node.
     Local(LocalState),
-    /// A root shared through a region.
+    /// A root shared through a region. Always a root: a node with this
+    /// level has no parent (children are in-process levels), so a match on
+    /// it needs no parent check.
     Shared(Arc<SharedRoot>),
 }
 
