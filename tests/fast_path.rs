@@ -9,7 +9,8 @@
 //!   fail.
 //! * No allocation: a counting global allocator (per thread, so the test
 //!   harness's own threads do not count) sees zero allocations across 100k
-//!   acquire + release pairs; and, after the first, none in a blocking
+//!   acquire + release pairs (raw permits of `acquire_raw_fast` and
+//!   `release_raw` among them); and, after the first, none in a blocking
 //!   acquire that waits at a shared root (its queue reuses the waiters of
 //!   earlier acquires).
 //!
@@ -115,6 +116,11 @@ impl Subjects {
                     Some(p) => drop(black_box(p)),
                     None => return false,
                 }
+            }
+            // A raw permit of the C face's lean path, and its release.
+            match self.shared.acquire_raw_fast(Priority::Normal) {
+                Some(raw) if self.shared.release_raw(black_box(raw)).is_ok() => {}
+                _ => return false,
             }
         }
         true

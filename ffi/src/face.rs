@@ -24,6 +24,11 @@
 //!   through [`cut_into`].
 //! - Handles are made by [`new_handle`] and freed by [`close`] or
 //!   [`close_box`].
+//! - A call whose common case is worth a few nanoseconds (the C acquire and
+//!   release of a cell token, see [`crate::pin`]) first runs a *lean path*
+//!   in [`lean`]: it answers only what it can answer exactly as the
+//!   general path would, and otherwise leaves everything as it found it
+//!   for the general path, an [`ffi!`] body out of line.
 //!
 //! The order of the checks is what a caller sees (the first failing one
 //! gives the status and the message), so each function keeps its own:

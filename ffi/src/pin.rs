@@ -14,20 +14,35 @@
 //! cell's counted bit (48), the cell (47..32, up to 65,536 cells) and the
 //! tag (31..0, never 0). A table token has bit 63 clear.
 //!
-//! - **Acquire** (a shared root handle with a pin slot): the library's
-//!   acquire, then [`Permit::into_raw`] with the next tag of this thread (a
-//!   plain thread-local counter started at a per-thread odd multiple of the
-//!   golden ratio, so two threads' sequences differ; 0 skipped). That
-//!   stores the tag into the cell (no RMW). Anything that does not become
-//!   raw (a weighted permit, a child, a handle beyond [`MAX_SLOTS`]) takes
-//!   the table path.
+//! - **Acquire** (a shared root handle with a pin slot). The common case
+//!   takes the *lean path* ([`acquire_now`], run by `shmsched_scheduler_acquire`
+//!   and `_try_acquire` before anything else): a handle of this process,
+//!   a valid priority and an output, and the library's fast path admitting
+//!   one unit at once, in one call that takes the cell and stores its tag
+//!   ([`Scheduler::acquire_raw_fast`]: the tag is the cell's last one in
+//!   this process plus one, from a random start per binding, so no
+//!   thread-local state). Anything else (a wait, a timeout, a callback, a
+//!   refusal, an error) takes the general path, the library's acquire and
+//!   then [`Permit::into_raw`] with the next tag of this thread (a plain
+//!   thread-local counter started at a per-thread odd multiple of the
+//!   golden ratio, so two threads' sequences differ; 0 skipped). Either
+//!   way the tag reaches the cell by one plain store (no RMW). Anything
+//!   that does not become raw (a weighted permit, a child, a handle beyond
+//!   [`MAX_SLOTS`]) takes the table path.
 //! - **Release**: the process tag is checked as for a table token
 //!   (`ForeignPermit`); the handle is found through its pin slot, *pinned*
 //!   (below) and [`Scheduler::release_raw`] runs: its give-back CAS frees
-//!   the cell only if the cell still holds `tag | owner | counted`. A stale
-//!   token can only match a later permit of this process on the same cell
-//!   with the very same tag (one chance in 2^32 per reuse, the level of a
-//!   table entry's generation).
+//!   the cell only if the cell still holds `tag | owner | counted`. The
+//!   lean path ([`release_now`]) is that whole release for a cell token of
+//!   this process whose slot names a handle, on a thread that has a hazard
+//!   record; anything else (and any failure of the library's but the one
+//!   the CAS reports) goes the general way, [`release`]. A stale token can
+//!   only match a later permit of this process on the same cell with the
+//!   very same tag: a lean tag repeats on its cell only after 2^32 − 1
+//!   lean takes of that cell, and a thread's tag only after 2^32 of its
+//!   own; a tag of one kind, or of another binding, meets one of the other
+//!   by chance (one in 2^32 per reuse, the level of a table entry's
+//!   generation).
 //!
 //! # The pin: an asymmetric-fence hazard pointer
 //!
@@ -36,7 +51,8 @@
 //! global list, recycled at thread exit). A release does:
 //!
 //! 1. `h = SLOTS[s]` (Acquire); null: `AlreadyReleased`;
-//! 2. `hazard = h` (a plain atomic store), then a compiler fence;
+//! 2. `hazard = h` (a plain atomic store), then a compiler fence (a full
+//!    fence until membarrier is known to work, see below);
 //! 3. `SLOTS[s]` again: changed, clear the hazard, `AlreadyReleased`;
 //! 4. `release_raw` through `h`; read `h.closed`; clear the hazard (Release);
 //!    if the handle was closed, sweep (under the pool lock, below).
@@ -78,9 +94,12 @@
 //! [`MAX_SLOTS`] new handles use the table).
 //!
 //! Where membarrier is unavailable (an old kernel, a seccomp filter;
-//! decided once per process) releasers use a SeqCst fence instead of the
-//! compiler fence and the sweep a SeqCst fence instead of the syscall:
-//! sound, one fence slower.
+//! decided once per process, before the first handle is pinned) releasers
+//! use a SeqCst fence instead of the compiler fence and the sweep a SeqCst
+//! fence instead of the syscall: sound, one fence slower. A releaser that
+//! finds it not decided yet (only possible in a forked child, whose
+//! decision starts over) takes the SeqCst fence too: a full fence on the
+//! releaser's side is sound against either heavy side.
 //!
 //! # Fork
 //!
@@ -542,7 +561,8 @@ pub(crate) fn raw_outstanding(h: &shmsched_scheduler) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::shmsched_status;
+    use crate::scheduler;
+    use crate::status::shmsched_last_error_message;
     use shmsched::region::Region;
     use shmsched::Priority;
     use std::sync::atomic::AtomicUsize;
@@ -574,6 +594,220 @@ mod tests {
 
     fn parked(h: *mut shmsched_scheduler) -> bool {
         permits::with_pool(|p| p.closed_contains(h))
+    }
+
+    /// `shmsched_scheduler_acquire` (`try`: `_try_acquire`), which runs the
+    /// lean path first.
+    fn c_acquire(
+        h: *const shmsched_scheduler,
+        priority: i32,
+        try_only: bool,
+    ) -> (shmsched_status, shmsched_permit) {
+        let mut out = shmsched_permit::default();
+        // SAFETY: the tests pass NULL or an open handle, and a writable out.
+        let st = unsafe {
+            if try_only {
+                scheduler::shmsched_scheduler_try_acquire(h, priority, &mut out)
+            } else {
+                scheduler::shmsched_scheduler_acquire(h, priority, &mut out)
+            }
+        };
+        (st, out)
+    }
+
+    /// This thread's last error message.
+    fn message() -> String {
+        let mut buf = [0u8; 512];
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { shmsched_last_error_message(buf.as_mut_ptr().cast(), buf.len()) };
+        String::from_utf8_lossy(&buf[..n.min(buf.len() - 1)]).into_owned()
+    }
+
+    /// Releases `t` through the C face (lean path first), wanting `want`,
+    /// then again through the general path alone, which must answer what
+    /// a second release answers (on a failure: the same status and
+    /// message as the first).
+    fn releases_alike(t: shmsched_permit, want: shmsched_status) {
+        let lean = scheduler::shmsched_permit_release(t);
+        let lean_msg = message();
+        assert_eq!(lean, want, "{lean_msg}");
+        match release(t) {
+            Ok(()) => panic!("released twice"),
+            Err(f) if lean == shmsched_status::Ok => {
+                assert_eq!(f.status, shmsched_status::AlreadyReleased)
+            }
+            Err(f) => assert_eq!((f.status, f.message.into_owned()), (lean, lean_msg)),
+        }
+    }
+
+    /// Tokens of the lean path and of the general one (a thread's tag
+    /// instead of the cell's) name the same slot and cell, and each is
+    /// released once, by either path, never freeing the other's cell.
+    #[test]
+    fn lean_and_general_cell_tokens_release_alike() {
+        let (h, count) = root(1);
+        let (st, lean) = c_acquire(h, 0, false);
+        assert_eq!(st, shmsched_status::Ok);
+        assert_ne!(lean.serial & CELL_TOKEN, 0, "a cell token");
+        assert_eq!(lean.process, process::tag());
+        assert_eq!(count.global_running(), 1);
+        releases_alike(lean, shmsched_status::Ok);
+        assert_eq!(count.global_running(), 0);
+        releases_alike(lean, shmsched_status::AlreadyReleased);
+
+        let general = get(h).unwrap();
+        assert_eq!(general.serial >> CELL_SHIFT, lean.serial >> CELL_SHIFT);
+        assert_ne!(general.serial as u32, lean.serial as u32, "another tag");
+        releases_alike(lean, shmsched_status::AlreadyReleased);
+        assert_eq!(
+            count.global_running(),
+            1,
+            "the general token's cell is held"
+        );
+        assert_eq!(
+            scheduler::shmsched_permit_release(general),
+            shmsched_status::Ok
+        );
+
+        let (st, again) = c_acquire(h, 3, true);
+        assert_eq!(st, shmsched_status::Ok);
+        assert_eq!(again.serial >> CELL_SHIFT, lean.serial >> CELL_SHIFT);
+        let next = NonZeroU32::new((lean.serial as u32).wrapping_add(1)).unwrap_or(NonZeroU32::MIN);
+        assert_eq!(again.serial as u32, next.get(), "the cell's next tag");
+        releases_alike(general, shmsched_status::AlreadyReleased);
+        releases_alike(lean, shmsched_status::AlreadyReleased);
+        assert_eq!(count.global_running(), 1);
+        let (st, _) = c_acquire(h, 0, true);
+        assert_eq!(st, shmsched_status::WouldBlock, "{}", message());
+        releases_alike(again, shmsched_status::Ok);
+        assert_eq!(count.global_running(), 0);
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(h) };
+    }
+
+    /// What the lean acquire does not answer, the general path answers,
+    /// as it always did.
+    #[test]
+    fn lean_acquire_falls_back_with_the_general_status() {
+        let (h, count) = root(2);
+        let mut out = shmsched_permit::default();
+        // SAFETY: NULL handle, writable out.
+        let st = unsafe { scheduler::shmsched_scheduler_acquire(ptr::null(), 0, &mut out) };
+        assert_eq!(st, shmsched_status::NullArgument);
+        assert_eq!(message(), "argument `sched` is NULL");
+        // SAFETY: an open handle, NULL out.
+        let st = unsafe { scheduler::shmsched_scheduler_acquire(h, 0, ptr::null_mut()) };
+        assert_eq!(st, shmsched_status::NullArgument);
+        assert_eq!(message(), "argument `out` is NULL");
+        for (p, want) in [
+            (4, shmsched_status::InvalidPriority),
+            (-4, shmsched_status::InvalidPriority),
+        ] {
+            let (st, t) = c_acquire(h, p, false);
+            assert_eq!((st, t), (want, shmsched_permit::default()));
+            assert!(message().contains(&p.to_string()), "{}", message());
+        }
+        assert_eq!(count.global_running(), 0);
+
+        // A handle without a pin slot, and a child: table tokens.
+        // SAFETY: `h` is open.
+        let same = unsafe { &*h }.scheduler().clone();
+        let unpinned = Box::into_raw(Box::new(shmsched_scheduler::new(same)));
+        let (st, t) = c_acquire(unpinned, 0, false);
+        assert_eq!(st, shmsched_status::Ok);
+        assert_eq!(t.serial & CELL_TOKEN, 0, "no pin slot: the table");
+        assert_eq!(scheduler::shmsched_permit_release(t), shmsched_status::Ok);
+        let mut child = ptr::null_mut();
+        // SAFETY: an open parent, a writable out.
+        let st = unsafe { scheduler::shmsched_scheduler_child(h, 1, &mut child) };
+        assert_eq!(st, shmsched_status::Ok);
+        let (st, t) = c_acquire(child, 0, false);
+        assert_eq!(st, shmsched_status::Ok);
+        assert_eq!(t.serial & CELL_TOKEN, 0, "a child's permit: the table");
+        assert_eq!(scheduler::shmsched_permit_release(t), shmsched_status::Ok);
+        assert_eq!(count.global_running(), 0);
+
+        // Disposed: DISPOSED, nothing taken.
+        // SAFETY: an open handle.
+        assert_eq!(
+            unsafe { scheduler::shmsched_scheduler_dispose(h) },
+            shmsched_status::Ok
+        );
+        for try_only in [false, true] {
+            let (st, t) = c_acquire(h, 0, try_only);
+            assert_eq!(
+                (st, t),
+                (shmsched_status::Disposed, shmsched_permit::default())
+            );
+        }
+        assert_eq!(count.global_running(), 0);
+        // SAFETY: closed once each; nothing held.
+        unsafe {
+            scheduler::shmsched_scheduler_close(child);
+            permits::retire(unpinned);
+            permits::retire(h);
+        }
+
+        // Max 0: ZERO_CONCURRENCY at once.
+        let (z, _count) = root(0);
+        for try_only in [false, true] {
+            let (st, _) = c_acquire(z, 0, try_only);
+            assert_eq!(st, shmsched_status::ZeroConcurrency, "{}", message());
+        }
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(z) };
+    }
+
+    /// A thread's first release (no hazard record yet) goes the general
+    /// way, which registers one; its later releases are lean. Both free
+    /// the cell once.
+    #[test]
+    fn a_threads_first_release_registers_its_hazard_record() {
+        let (h, count) = root(2);
+        let (_, a) = c_acquire(h, 0, false);
+        let (_, b) = c_acquire(h, 0, false);
+        std::thread::spawn(move || {
+            assert!(my_hazard_if_any().is_none(), "a new thread");
+            assert_eq!(scheduler::shmsched_permit_release(a), shmsched_status::Ok);
+            assert!(
+                my_hazard_if_any().is_some(),
+                "registered by the general path"
+            );
+            assert_eq!(
+                scheduler::shmsched_permit_release(a),
+                shmsched_status::AlreadyReleased
+            );
+            assert_eq!(scheduler::shmsched_permit_release(b), shmsched_status::Ok);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(count.global_running(), 0);
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(h) };
+    }
+
+    /// The lean release of a closed handle's last raw permit frees the
+    /// handle, as the general one does.
+    #[test]
+    fn a_lean_release_after_close_frees_the_handle() {
+        let (h, count) = root(3);
+        let (_, a) = c_acquire(h, 0, false);
+        let (_, b) = c_acquire(h, 0, false);
+        // Registers this thread's hazard record, so the releases below are
+        // lean.
+        let _ = my_hazard();
+        // SAFETY: closed once; a and b keep it parked.
+        unsafe { permits::retire(h) };
+        assert!(parked(h));
+        assert_eq!(scheduler::shmsched_permit_release(a), shmsched_status::Ok);
+        assert!(parked(h), "b still out");
+        assert_eq!(scheduler::shmsched_permit_release(b), shmsched_status::Ok);
+        assert!(!parked(h), "freed by the last release");
+        assert_eq!(count.global_running(), 0);
+        assert_eq!(
+            scheduler::shmsched_permit_release(b),
+            shmsched_status::AlreadyReleased
+        );
     }
 
     #[test]

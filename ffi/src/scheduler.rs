@@ -453,6 +453,31 @@ pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
     priority: i32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
+    // The lean path is the fast path of `try_acquire` as much as of
+    // `acquire` (both start with it).
+    let lean = move || {
+        // SAFETY: forwarded contract.
+        unsafe { pin::acquire_now(sched, priority, out) }
+    };
+    if let Some(status) = face::lean(lean) {
+        return status;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { try_acquire_general(sched, priority, out) }
+}
+
+/// `shmsched_scheduler_try_acquire` but for its lean path (as
+/// [`acquire_general`]).
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[inline(never)]
+unsafe fn try_acquire_general(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
     ffi! {
         acquire(try_ref!(sched), try_out!(out), priority, |s, p| {
             s.try_acquire(p).ok_or_else(|| why_not(s))
