@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 
 use shmsched::region::Region;
-use shmsched::scheduler::{Concurrency, RawPermit, Scheduler};
+use shmsched::scheduler::{Concurrency, RawPermit, RawRelease, Scheduler};
 use shmsched::{Error, Priority};
 
 fn tag(t: u32) -> NonZeroU32 {
@@ -415,7 +415,8 @@ fn acquire_raw_fast_takes_nothing_where_the_fast_path_does_not_admit() {
 }
 
 /// Threads taking and releasing raw permits of one cell through
-/// `acquire_raw_fast` (and plain permits beside them) never free a cell
+/// `acquire_raw_fast` and the first looks (and plain permits beside
+/// them) never free a cell
 /// twice: a stale raw permit released again by every thread frees
 /// nothing, and the count is exact at the end.
 #[test]
@@ -432,12 +433,26 @@ fn acquire_raw_fast_races_stay_exact() {
                         drop(s.acquire(Priority::Normal).unwrap());
                         continue;
                     }
-                    let Some(raw) = s.acquire_raw_fast(Priority::Normal) else {
+                    let first = i % 2 == 0;
+                    let raw = if first {
+                        s.acquire_raw_first_look(Priority::Normal)
+                    } else {
+                        s.acquire_raw_fast(Priority::Normal)
+                    };
+                    let Some(raw) = raw else {
                         std::thread::yield_now();
                         continue;
                     };
                     assert!(s.global_running() >= 1);
-                    s.release_raw(raw).unwrap();
+                    if first {
+                        match s.release_raw_first_look(raw) {
+                            RawRelease::Released => {}
+                            RawRelease::Serve(serve) => drop(serve),
+                            other => panic!("{other:?}"),
+                        }
+                    } else {
+                        s.release_raw(raw).unwrap();
+                    }
                     stale.push(raw);
                     if stale.len() > 16 {
                         stale.remove(0);
@@ -461,4 +476,108 @@ fn acquire_raw_fast_races_stay_exact() {
     let b = s.try_acquire(Priority::Normal).unwrap();
     assert!(s.try_acquire(Priority::Normal).is_none());
     drop((a, b));
+}
+
+/// The first looks: `acquire_raw_first_look` takes the cell at this
+/// process's hint or nothing; `release_raw_first_look` gives a raw permit
+/// back as `release_raw` does, leaving serving the queue to the `Serve` it
+/// hands back, and declines (doing nothing) where `release_raw` would call
+/// out (a lowered ceiling) or fail early (not a shared root).
+#[test]
+fn first_looks_take_and_give_back_as_the_fast_path_does() {
+    let s = shared(2);
+    let a = s
+        .acquire_raw_first_look(Priority::Normal)
+        .expect("the hint's cell");
+    assert!(
+        s.acquire_raw_first_look(Priority::Normal).is_none(),
+        "the hint's cell is taken: the first look declines"
+    );
+    assert_eq!(
+        s.global_running(),
+        1,
+        "a declining first look takes nothing"
+    );
+    let b = s
+        .acquire_raw_fast(Priority::Normal)
+        .expect("the other cell");
+    assert_ne!(a.cell(), b.cell());
+    assert!(matches!(s.release_raw_first_look(a), RawRelease::Released));
+    assert!(matches!(s.release_raw_first_look(a), RawRelease::NotHeld));
+    let forged = RawPermit::from_parts(b.cell(), b.counted(), next(b.tag())).unwrap();
+    assert!(matches!(
+        s.release_raw_first_look(forged),
+        RawRelease::NotHeld
+    ));
+    assert_eq!(s.global_running(), 1);
+
+    // Not a shared root: declined, nothing done.
+    let child = s.child(2).unwrap();
+    assert!(child.acquire_raw_first_look(Priority::Normal).is_none());
+    assert!(matches!(
+        child.release_raw_first_look(b),
+        RawRelease::Declined
+    ));
+    assert_eq!(s.global_running(), 1);
+
+    // A waiter: the release hands back a `Serve`, which serves it when
+    // dropped.
+    let c = s.acquire_raw_fast(Priority::Normal).expect("the last cell");
+    std::thread::scope(|sc| {
+        let w = sc.spawn(|| drop(s.acquire(Priority::High).unwrap()));
+        while s.stats().pending == 0 {
+            std::thread::yield_now();
+        }
+        // A waiter above closes the first look.
+        assert!(s.acquire_raw_first_look(Priority::Normal).is_none());
+        match s.release_raw_first_look(c) {
+            RawRelease::Serve(serve) => drop(serve),
+            other => panic!("expected Serve, got {other:?}"),
+        }
+        w.join().unwrap();
+    });
+    assert_eq!(s.global_running(), 1, "b is still held");
+
+    // Above a lowered ceiling: declined, then `release_raw` gives the cell
+    // to the ceiling.
+    let d = s.acquire_raw_fast(Priority::Normal).unwrap();
+    assert!(!s.set_ceiling(1).unwrap(), "both held: not reached yet");
+    assert!(matches!(s.release_raw_first_look(d), RawRelease::Declined));
+    assert_eq!(s.global_running(), 2, "nothing done");
+    s.release_raw(d).unwrap();
+    assert_eq!(s.ceiling(), 1);
+    assert!(matches!(s.release_raw_first_look(b), RawRelease::Released));
+    s.set_ceiling(2).unwrap();
+    assert_eq!(s.global_running(), 0);
+
+    // A cap below the max at the priority: declined; a capped take turns
+    // counting on, after which the first look takes counted cells.
+    let capped =
+        Scheduler::shared(&Region::anonymous().unwrap(), Concurrency::max(3).low(1)).unwrap();
+    assert!(capped.acquire_raw_first_look(Priority::Low).is_none());
+    let low = capped
+        .acquire_raw_fast(Priority::Low)
+        .expect("under the cap");
+    let counted = capped
+        .acquire_raw_first_look(Priority::Normal)
+        .or_else(|| capped.acquire_raw_fast(Priority::Normal))
+        .unwrap();
+    assert!(low.counted() && counted.counted());
+    assert_eq!(capped.stats().shared.map(|x| x.running), Some(2));
+    assert!(matches!(
+        capped.release_raw_first_look(counted),
+        RawRelease::Released
+    ));
+    capped.release_raw(low).unwrap();
+    assert_eq!(capped.stats().shared.map(|x| x.running), Some(0));
+
+    s.dispose();
+    assert!(
+        s.acquire_raw_first_look(Priority::Normal).is_none(),
+        "disposed"
+    );
+    assert!(Scheduler::new(2)
+        .unwrap()
+        .acquire_raw_first_look(Priority::Normal)
+        .is_none());
 }

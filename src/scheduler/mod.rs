@@ -209,6 +209,39 @@ impl RawPermit {
     }
 }
 
+/// What [`Scheduler::release_raw_first_look`] did.
+#[must_use = "a `Serve` serves the queue when dropped; forgetting it can leave a waiter asleep"]
+#[derive(Debug)]
+pub enum RawRelease<'a> {
+    /// Released: the cell is free and nobody needs serving.
+    Released,
+    /// Released, and the queue (or a lowered ceiling) needs serving, which
+    /// dropping the [`Serve`] does.
+    Serve(Serve<'a>),
+    /// Nothing released: the cell does not hold this raw permit (what
+    /// [`Scheduler::release_raw`] answers with [`Error::AlreadyReleased`]).
+    NotHeld,
+    /// Nothing done: a case the first look leaves to
+    /// [`Scheduler::release_raw`] (not a shared root, a forked child, a
+    /// region above a lowered ceiling).
+    Declined,
+}
+
+/// The rest of a raw release ([`RawRelease::Serve`]): dropping it moves
+/// the queue on (and serves a lowered ceiling) as a release does once its
+/// cell is free. Drop it before anything else happens to the scheduler.
+#[must_use = "dropping it serves the queue; forgetting it can leave a waiter asleep"]
+#[derive(Debug)]
+pub struct Serve<'a> {
+    root: &'a SharedRoot,
+}
+
+impl Drop for Serve<'_> {
+    fn drop(&mut self) {
+        self.root.release_slow();
+    }
+}
+
 impl Drop for Permit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
@@ -390,7 +423,45 @@ impl Scheduler {
     /// ```
     #[inline(always)]
     pub fn acquire_raw_fast(&self, priority: Priority) -> Option<RawPermit> {
-        let (root, slots) = self.node.shared_fast_one(priority)?;
+        let (root, slots) = self.node.shared_fast_one::<false>(priority)?;
+        self.raw_of_one(root, slots, priority)
+    }
+
+    /// [`acquire_raw_fast`](Self::acquire_raw_fast)'s first look: one cell,
+    /// at this process's hint, with nothing in the region's gate (no
+    /// waiters, hand-off or lease) and no cap below the max at `priority`,
+    /// in code that calls nothing out of line. `None` takes nothing, and
+    /// also where `acquire_raw_fast` would look further (then ask it).
+    ///
+    /// For a caller that counts instructions (the C face): whatever of its
+    /// own is live across a call the library makes costs it saved
+    /// registers, stores that the take's locked instruction waits for.
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 2)?;
+    /// let raw = sched.acquire_raw_first_look(Priority::Normal).expect("the hint's cell");
+    /// // The hint's cell is taken now: the first look declines, the fast
+    /// // path scans.
+    /// assert!(sched.acquire_raw_first_look(Priority::Normal).is_none());
+    /// let other = sched.acquire_raw_fast(Priority::Normal).expect("the other cell");
+    /// sched.release_raw(raw)?;
+    /// sched.release_raw(other)?;
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn acquire_raw_first_look(&self, priority: Priority) -> Option<RawPermit> {
+        let (root, slots) = self.node.shared_fast_one::<true>(priority)?;
+        self.raw_of_one(root, slots, priority)
+    }
+
+    /// The raw permit of `slots`, one cell just taken from `root`, tagged
+    /// with the cell's next tag.
+    #[inline(always)]
+    fn raw_of_one(&self, root: &SharedRoot, slots: Slots, priority: Priority) -> Option<RawPermit> {
         if let waiter::SlotsView::One(c) = slots.view() {
             let raw = tag_one(root, c, root.slots().next_tag(c));
             // A one-cell Slots owns no memory: nothing to drop.
@@ -400,6 +471,43 @@ impl Scheduler {
         // Never (a one-unit take is one cell); given back as a permit would.
         drop(self.permit(slots, priority));
         None
+    }
+
+    /// [`release_raw`](Self::release_raw) but for what calls out of line,
+    /// for a caller that counts instructions (the C face: whatever of its
+    /// own is live across a call the library makes costs it saved
+    /// registers, stores the give-back's locked instruction waits for).
+    /// Above a lowered ceiling, on a scheduler that is not a shared root
+    /// or in a forked child it does nothing ([`RawRelease::Declined`]:
+    /// `release_raw` gives the answer); otherwise the give-back CAS is the
+    /// check, as for `release_raw` ([`RawRelease::NotHeld`] when the cell
+    /// does not hold this raw permit), and when the freed cell must serve
+    /// the queue, that is left to the [`Serve`] it hands back, which does
+    /// it when dropped.
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::{RawRelease, Scheduler};
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 1)?;
+    /// let raw = sched.acquire_raw_fast(Priority::Normal).expect("a free cell");
+    /// assert!(matches!(sched.release_raw_first_look(raw), RawRelease::Released));
+    /// assert!(matches!(sched.release_raw_first_look(raw), RawRelease::NotHeld));
+    /// assert_eq!(sched.global_running(), 0);
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn release_raw_first_look(&self, raw: RawPermit) -> RawRelease<'_> {
+        let node = &self.node;
+        // A shared level is always a root (see `Level::Shared`).
+        let Level::Shared(root) = node.level() else {
+            return RawRelease::Declined;
+        };
+        if node.forked() {
+            return RawRelease::Declined;
+        }
+        root.release_raw_first_look(raw.cell, raw.tag.get())
     }
 
     /// How many raw permits ([`Permit::into_raw`]) this process holds in

@@ -618,18 +618,44 @@ impl SharedSlots {
     /// [`COUNTED`] on each cell number if they are counted in `held`.
     #[inline(always)]
     pub fn take(&self, n: u32) -> Option<Slots> {
+        self.take_looking::<false>(n)
+    }
+
+    /// [`take`](Self::take)'s *first look*: one cell at the process's hint,
+    /// in code that calls nothing out of line (no scan, no second look, no
+    /// weighted take); `None`, with nothing taken, where `take` would look
+    /// further. For callers that keep their own frame free of saved
+    /// registers (see `Scheduler::acquire_raw_first_look`).
+    #[inline(always)]
+    pub fn take_first_look(&self, n: u32) -> Option<Slots> {
+        self.take_looking::<true>(n)
+    }
+
+    /// [`take`](Self::take), or only its first look (`FIRST`).
+    #[inline(always)]
+    fn take_looking<const FIRST: bool>(&self, n: u32) -> Option<Slots> {
+        if FIRST && n != 1 {
+            return None;
+        }
         let counting = self.counting();
-        match self.take_as(n, counting, true) {
+        match self.take_as::<FIRST>(n, counting, true) {
             Some(s) => Some(s),
+            None if FIRST => None,
             None => self.take_again(n, counting),
         }
     }
 
     /// One attempt of [`take`](Self::take), counted or not (`counting`, as
     /// read from the gate), the scan cut short by the running count or not
-    /// (`early_exit`).
+    /// (`early_exit`); with `FIRST`, one look at the hint's cell and no
+    /// call out of line ([`take_first_look`](Self::take_first_look)).
     #[inline(always)]
-    fn take_as(&self, n: u32, counting: bool, early_exit: bool) -> Option<Slots> {
+    fn take_as<const FIRST: bool>(
+        &self,
+        n: u32,
+        counting: bool,
+        early_exit: bool,
+    ) -> Option<Slots> {
         let tag = if counting { COUNTED } else { 0 };
         let owner = self.owner() | tag;
         if counting {
@@ -638,22 +664,37 @@ impl SharedSlots {
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("take: counted, no cell yet");
-        let got = if n == 1 {
+        if n == 1 {
+            // The cell as a number until the end: no `Slots` is alive where
+            // the first look could panic (it then needs no cleanup).
             let provisional = u64::from(counting);
-            self.take_cell(owner, provisional, early_exit)
-                .map(|c| Slots::one(c | tag))
-        } else {
-            self.take_cells(owner, n, early_exit).and_then(|mut cs| {
-                cs.iter_mut().for_each(|c| *c |= tag);
-                let back = cs.clone();
-                Slots::many(cs).or_else(|| {
-                    for c in back {
-                        self.free_cell(c & !COUNTED, owner & !COUNTED, tag);
+            return match self.take_cell::<FIRST>(owner, provisional, early_exit) {
+                None => {
+                    if counting {
+                        self.held().fetch_sub(1, Ordering::SeqCst);
                     }
                     None
-                })
+                }
+                // Counting started between the gate read and the CAS: count
+                // now (see the module docs).
+                Some(c) if !counting && self.counting() => Some(if FIRST {
+                    Slots::one(self.count_one_now(c))
+                } else {
+                    self.count_now(Slots::one(c))
+                }),
+                Some(c) => Some(Slots::one(c | tag)),
+            };
+        }
+        let got = self.take_cells(owner, n, early_exit).and_then(|mut cs| {
+            cs.iter_mut().for_each(|c| *c |= tag);
+            let back = cs.clone();
+            Slots::many(cs).or_else(|| {
+                for c in back {
+                    self.free_cell(c & !COUNTED, owner & !COUNTED, tag);
+                }
+                None
             })
-        };
+        });
         match got {
             None => {
                 if counting {
@@ -681,14 +722,14 @@ impl SharedSlots {
             return None; // never counting: the scan was the whole table
         }
         if !counted {
-            if let Some(s) = self.take_as(n, true, true) {
+            if let Some(s) = self.take_as::<false>(n, true, true) {
                 return Some(s);
             }
         }
         if self.room() < u64::from(n) && !self.exhaustive_scan_due() {
             return None;
         }
-        self.take_as(n, true, false)
+        self.take_as::<false>(n, true, false)
     }
 
     /// Whether a take the running count refused should scan the whole
@@ -720,28 +761,43 @@ impl SharedSlots {
 
     #[cold]
     fn count_now(&self, mut s: Slots) -> Slots {
-        let owner = self.owner();
         self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("count_now: counted, cell not marked");
-        let mark = |c: u32| {
-            if let Some(cell) = self.cells().get(c as usize) {
-                let _ = cell.compare_exchange(
-                    u64::from(owner),
-                    u64::from(owner | COUNTED),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                );
-            }
-            c | COUNTED
-        };
         if let SlotsView::One(c) = s.view() {
-            s.set_one(mark(c));
+            s.set_one(self.mark_counted(c));
         } else if let Some(cs) = s.many_mut() {
-            cs.iter_mut().for_each(|c| *c = mark(*c));
+            cs.iter_mut().for_each(|c| *c = self.mark_counted(*c));
         }
         s
+    }
+
+    /// [`count_now`](Self::count_now) for one cell `c`, inline (for the
+    /// first look, which calls nothing out of line).
+    #[inline(always)]
+    fn count_one_now(&self, c: u32) -> u32 {
+        self.held().fetch_add(1, Ordering::SeqCst);
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("count_now: counted, cell not marked");
+        self.mark_counted(c)
+    }
+
+    /// Marks this process's uncounted cell `c` counted (a CAS: the cell is
+    /// left alone if it holds anything else); returns `c | COUNTED`.
+    #[inline(always)]
+    fn mark_counted(&self, c: u32) -> u32 {
+        let owner = self.owner();
+        if let Some(cell) = self.cells().get(c as usize) {
+            let _ = cell.compare_exchange(
+                u64::from(owner),
+                u64::from(owner | COUNTED),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+        }
+        c | COUNTED
     }
 
     #[cold]
@@ -758,7 +814,7 @@ impl SharedSlots {
             if i % 1024 == 1023 {
                 self.reg.refresh_offer_if_taking();
             }
-            match self.take_cell(owner, provisional, early_exit) {
+            match self.take_cell::<false>(owner, provisional, early_exit) {
                 Some(c) => got.push(c),
                 None => {
                     for c in got {
@@ -900,8 +956,14 @@ impl SharedSlots {
 
     /// One cell for `owner`. `provisional`: what this take has counted in
     /// `held` beyond the cells it holds (left out of the early exit).
+    /// With `FIRST`, the hint's cell only.
     #[inline(always)]
-    fn take_cell(&self, owner: u32, provisional: u64, early_exit: bool) -> Option<u32> {
+    fn take_cell<const FIRST: bool>(
+        &self,
+        owner: u32,
+        provisional: u64,
+        early_exit: bool,
+    ) -> Option<u32> {
         let cells = self.cells();
         let n = cells.len();
         let start = self.hint.load(Ordering::Relaxed) as usize;
@@ -909,6 +971,7 @@ impl SharedSlots {
         // The hint first: the cell this process gave back last.
         match cells.get(start) {
             Some(c) if self.claim(c, owner) => Some(start as u32),
+            Some(_) if FIRST => None,
             Some(_) => self.scan_for_cell(owner, start, provisional, early_exit),
             None => None,
         }
