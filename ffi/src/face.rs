@@ -27,8 +27,8 @@
 //! - A call whose common case is worth a few nanoseconds (the C acquire and
 //!   release of a cell token, see [`crate::pin`]) first runs a *lean path*
 //!   in [`lean`]: it answers only what it can answer exactly as the
-//!   general path would, and otherwise leaves everything as it found it
-//!   for the general path, an [`ffi!`] body out of line.
+//!   general path would, and otherwise hands over, having done nothing, to
+//!   the general path, an [`ffi!`] body out of line.
 //!
 //! The order of the checks is what a caller sees (the first failing one
 //! gives the status and the message), so each function keeps its own:
@@ -178,7 +178,9 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> shmsched_stat
 /// answer, `None` sends the caller to its general path (an [`ffi!`] body
 /// doing the whole job), which the lean path must leave as it found it.
 /// A lean path answers only what it can answer exactly as the general path
-/// would (the same status, the same message, the same effects).
+/// would (the same status, the same message, the same effects); past its
+/// first call it may also end by calling the general path itself, having
+/// done nothing (so that nothing of its frame is live across that call).
 ///
 /// A panic is caught as in [`boundary`]. The hook that keeps it silent is
 /// installed already: the lean paths run on a handle or a permit, and

@@ -325,7 +325,7 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire(
 ) -> shmsched_status {
     let lean = move || {
         // SAFETY: forwarded contract.
-        unsafe { pin::acquire_now(sched, priority, out) }
+        unsafe { pin::acquire_now(sched, priority, out, acquire_general) }
     };
     if let Some(status) = face::lean(lean) {
         return status;
@@ -457,7 +457,7 @@ pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
     // `acquire` (both start with it).
     let lean = move || {
         // SAFETY: forwarded contract.
-        unsafe { pin::acquire_now(sched, priority, out) }
+        unsafe { pin::acquire_now(sched, priority, out, try_acquire_general) }
     };
     if let Some(status) = face::lean(lean) {
         return status;
@@ -616,7 +616,7 @@ fn why_not(s: &Scheduler) -> Fail {
 /// permit free it once. Fork: see above.
 #[no_mangle]
 pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_status {
-    if let Some(status) = face::lean(move || pin::release_now(permit)) {
+    if let Some(status) = face::lean(move || pin::release_now(permit, release_general)) {
         return status;
     }
     release_general(permit)
