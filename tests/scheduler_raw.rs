@@ -20,6 +20,14 @@ fn shared(max: u32) -> Scheduler {
     Scheduler::shared(&Region::anonymous().unwrap(), max).unwrap()
 }
 
+/// Both cells of a max-2 scheduler are free for ordinary permits.
+fn both_free(s: &Scheduler) {
+    let a = s.try_acquire(Priority::Normal).unwrap();
+    let b = s.try_acquire(Priority::Normal).unwrap();
+    assert!(s.try_acquire(Priority::Normal).is_none());
+    drop((a, b));
+}
+
 fn already(r: shmsched::Result<()>) -> bool {
     matches!(r, Err(Error::AlreadyReleased { .. }))
 }
@@ -38,11 +46,7 @@ fn release_once_then_already_released() {
     assert_eq!(s.global_running(), 0);
     assert!(already(s.release_raw(raw)));
     assert_eq!(s.global_running(), 0);
-    // Both cells are free for ordinary permits.
-    let a = s.try_acquire(Priority::Normal).unwrap();
-    let b = s.try_acquire(Priority::Normal).unwrap();
-    assert!(s.try_acquire(Priority::Normal).is_none());
-    drop((a, b));
+    both_free(&s);
 }
 
 #[test]
@@ -472,10 +476,7 @@ fn acquire_raw_fast_races_stay_exact() {
         "a stale raw permit freed a cell"
     );
     assert_eq!(s.global_running(), 0);
-    let a = s.try_acquire(Priority::Normal).unwrap();
-    let b = s.try_acquire(Priority::Normal).unwrap();
-    assert!(s.try_acquire(Priority::Normal).is_none());
-    drop((a, b));
+    both_free(&s);
 }
 
 /// The first looks: `acquire_raw_first_look` takes the cell at this

@@ -664,37 +664,40 @@ impl SharedSlots {
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("take: counted, no cell yet");
-        if n == 1 {
-            // The cell as a number until the end: no `Slots` is alive where
-            // the first look could panic (it then needs no cleanup).
+        if FIRST {
+            // One cell (`take_looking` saw to it), as below, but kept as a
+            // number until the end: no `Slots` is alive where the first
+            // look could panic (so it needs no cleanup), and the late count
+            // is inline. (The general path keeps its own shape: written as
+            // this one, the Rust fast path saved a register more.)
             let provisional = u64::from(counting);
-            return match self.take_cell::<FIRST>(owner, provisional, early_exit) {
+            return match self.take_cell::<true>(owner, provisional, early_exit) {
                 None => {
                     if counting {
-                        self.held().fetch_sub(1, Ordering::SeqCst);
+                        self.held().fetch_sub(u64::from(n), Ordering::SeqCst);
                     }
                     None
                 }
-                // Counting started between the gate read and the CAS: count
-                // now (see the module docs).
-                Some(c) if !counting && self.counting() => Some(if FIRST {
-                    Slots::one(self.count_one_now(c))
-                } else {
-                    self.count_now(Slots::one(c))
-                }),
+                Some(c) if !counting && self.counting() => Some(Slots::one(self.count_one_now(c))),
                 Some(c) => Some(Slots::one(c | tag)),
             };
         }
-        let got = self.take_cells(owner, n, early_exit).and_then(|mut cs| {
-            cs.iter_mut().for_each(|c| *c |= tag);
-            let back = cs.clone();
-            Slots::many(cs).or_else(|| {
-                for c in back {
-                    self.free_cell(c & !COUNTED, owner & !COUNTED, tag);
-                }
-                None
+        let got = if n == 1 {
+            let provisional = u64::from(counting);
+            self.take_cell::<false>(owner, provisional, early_exit)
+                .map(|c| Slots::one(c | tag))
+        } else {
+            self.take_cells(owner, n, early_exit).and_then(|mut cs| {
+                cs.iter_mut().for_each(|c| *c |= tag);
+                let back = cs.clone();
+                Slots::many(cs).or_else(|| {
+                    for c in back {
+                        self.free_cell(c & !COUNTED, owner & !COUNTED, tag);
+                    }
+                    None
+                })
             })
-        });
+        };
         match got {
             None => {
                 if counting {
