@@ -377,8 +377,9 @@ pub(crate) type General =
 ///
 /// Nothing of this frame is live across a call on the common path (the
 /// first look calls nothing out of line; `acquire_rest` is called last,
-/// with the arguments), so the exported function keeps no saved
-/// registers: saved registers are stores, and the take's locked CAS waits
+/// with the arguments), so the exported function saves only the registers
+/// the take itself needs (two, against six with the whole fast path
+/// inline): saved registers are stores, and the take's locked CAS waits
 /// for them.
 ///
 /// # Safety
