@@ -428,9 +428,9 @@ impl Scheduler {
     }
 
     /// [`acquire_raw_fast`](Self::acquire_raw_fast)'s first look: one cell,
-    /// at this process's hint, with nothing in the region's gate (no
-    /// waiters, hand-off or lease) and no cap below the max at `priority`,
-    /// in code that calls nothing out of line. `None` takes nothing, and
+    /// at this process's hint, when the region's gate shows no waiter above
+    /// `priority`, no hand-off and no lease, and `priority` has no cap
+    /// below the max, in code that calls nothing out of line. `None` takes nothing, and
     /// also where `acquire_raw_fast` would look further (then ask it).
     ///
     /// For a caller that counts instructions (the C face): whatever of its

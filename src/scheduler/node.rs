@@ -297,8 +297,8 @@ impl Node {
     /// forked child, or when the acquire must go slow. With `FIRST`, only
     /// its first look, which calls nothing out of line
     /// (`SharedSlots::take_first_look`): `None` also where the fast path
-    /// would look further (waiters or a lease in the gate, a cap below the
-    /// max, the hint's cell taken).
+    /// would look further (waiters above, a hand-off or a lease in the
+    /// gate, a cap below the max, the hint's cell taken).
     #[inline(always)]
     pub fn shared_fast_one<const FIRST: bool>(&self, p: Priority) -> Option<(&SharedRoot, Slots)> {
         match &self.level {
