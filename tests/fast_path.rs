@@ -9,7 +9,9 @@
 //!   fail.
 //! * No allocation: a counting global allocator (per thread, so the test
 //!   harness's own threads do not count) sees zero allocations across 100k
-//!   acquire + release pairs; and, after the first, none in a blocking
+//!   acquire + release pairs (raw permits of `acquire_raw_fast`, the
+//!   first looks and `release_raw` among them); and, after the first,
+//!   none in a blocking
 //!   acquire that waits at a shared root (its queue reuses the waiters of
 //!   earlier acquires).
 //!
@@ -23,7 +25,7 @@ use std::hint::black_box;
 use std::sync::atomic::AtomicU32;
 
 use shmsched::region::Region;
-use shmsched::scheduler::{Concurrency, Scheduler};
+use shmsched::scheduler::{Concurrency, RawRelease, Scheduler};
 use shmsched::Priority;
 
 const PAIRS: usize = 100_000;
@@ -115,6 +117,18 @@ impl Subjects {
                     Some(p) => drop(black_box(p)),
                     None => return false,
                 }
+            }
+            // Raw permits of the C face's lean path, and their releases.
+            match self.shared.acquire_raw_fast(Priority::Normal) {
+                Some(raw) if self.shared.release_raw(black_box(raw)).is_ok() => {}
+                _ => return false,
+            }
+            match self.shared.acquire_raw_first_look(Priority::Normal) {
+                Some(raw) => match self.shared.release_raw_first_look(black_box(raw)) {
+                    RawRelease::Released => {}
+                    _ => return false,
+                },
+                None => return false,
             }
         }
         true

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 
 use shmsched::region::Region;
-use shmsched::scheduler::{Concurrency, RawPermit, Scheduler};
+use shmsched::scheduler::{Concurrency, RawPermit, RawRelease, Scheduler};
 use shmsched::{Error, Priority};
 
 fn tag(t: u32) -> NonZeroU32 {
@@ -18,6 +18,14 @@ fn tag(t: u32) -> NonZeroU32 {
 
 fn shared(max: u32) -> Scheduler {
     Scheduler::shared(&Region::anonymous().unwrap(), max).unwrap()
+}
+
+/// Both cells of a max-2 scheduler are free for ordinary permits.
+fn both_free(s: &Scheduler) {
+    let a = s.try_acquire(Priority::Normal).unwrap();
+    let b = s.try_acquire(Priority::Normal).unwrap();
+    assert!(s.try_acquire(Priority::Normal).is_none());
+    drop((a, b));
 }
 
 fn already(r: shmsched::Result<()>) -> bool {
@@ -38,11 +46,7 @@ fn release_once_then_already_released() {
     assert_eq!(s.global_running(), 0);
     assert!(already(s.release_raw(raw)));
     assert_eq!(s.global_running(), 0);
-    // Both cells are free for ordinary permits.
-    let a = s.try_acquire(Priority::Normal).unwrap();
-    let b = s.try_acquire(Priority::Normal).unwrap();
-    assert!(s.try_acquire(Priority::Normal).is_none());
-    drop((a, b));
+    both_free(&s);
 }
 
 #[test]
@@ -321,4 +325,260 @@ fn a_raw_permit_of_another_region_frees_nothing() {
     drop(held_b);
     a.release_raw(raw).unwrap();
     assert_eq!(a.global_running(), 0);
+}
+
+/// The tag `acquire_raw_fast` gives after `t` on the same cell.
+fn next(t: NonZeroU32) -> NonZeroU32 {
+    NonZeroU32::new(t.get().wrapping_add(1)).unwrap_or(NonZeroU32::MIN)
+}
+
+/// `acquire_raw_fast` is `acquire` then `into_raw` when the fast path
+/// admits: released once, stale afterwards; the scheduler's tag on a cell
+/// is its last one there plus one (what other permits did with the cell in
+/// between does not matter), from a start of its own per binding.
+#[test]
+fn acquire_raw_fast_is_acquire_then_into_raw() {
+    let region = Region::anonymous().unwrap();
+    let s = Scheduler::shared(&region, 1).unwrap();
+    let a = s.acquire_raw_fast(Priority::Normal).expect("a free cell");
+    assert_eq!(s.global_running(), 1);
+    assert!(s.acquire_raw_fast(Priority::Normal).is_none(), "full");
+    assert!(s.try_acquire(Priority::Normal).is_none(), "still held");
+    assert_eq!(s.global_running(), 1, "a refusal takes nothing");
+    s.release_raw(a).unwrap();
+    assert!(already(s.release_raw(a)));
+    assert_eq!(s.global_running(), 0);
+
+    let b = s.acquire_raw_fast(Priority::Normal).unwrap();
+    assert_eq!((b.cell(), b.tag()), (a.cell(), next(a.tag())));
+    assert!(
+        already(s.release_raw(a)),
+        "a stale raw permit frees nothing"
+    );
+    assert_eq!(s.global_running(), 1);
+    s.release_raw(b).unwrap();
+    // A plain permit and a raw one of a caller's tag in between.
+    drop(s.acquire(Priority::Normal).unwrap());
+    let theirs = s
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(7))
+        .unwrap();
+    s.release_raw(theirs).unwrap();
+    let c = s.acquire_raw_fast(Priority::High).unwrap();
+    assert_eq!(c.tag(), next(b.tag()));
+    assert!(already(s.release_raw(b)));
+    s.release_raw(c).unwrap();
+    assert_eq!(s.global_running(), 0);
+
+    // Another binding of the region starts elsewhere (one chance in 2^32
+    // of the same start).
+    drop(s);
+    let again = Scheduler::attach(&region).unwrap();
+    let d = again.acquire_raw_fast(Priority::Normal).unwrap();
+    assert_ne!(d.tag(), next(c.tag()), "a start of its own");
+    assert!(already(again.release_raw(c)));
+    again.release_raw(d).unwrap();
+    assert_eq!(again.global_running(), 0);
+}
+
+/// Where `acquire` would not return at once from its fast path, or the
+/// permit would not become raw, `acquire_raw_fast` takes nothing.
+#[test]
+fn acquire_raw_fast_takes_nothing_where_the_fast_path_does_not_admit() {
+    let local = Scheduler::new(2).unwrap();
+    assert!(local.acquire_raw_fast(Priority::Normal).is_none());
+    assert_eq!(local.stats().running, 0);
+
+    let s = shared(2);
+    let child = s.child(2).unwrap();
+    assert!(child.acquire_raw_fast(Priority::Normal).is_none());
+    assert_eq!((s.global_running(), child.stats().running), (0, 0));
+
+    // Counted cells under a cap, up to the cap and no further.
+    let capped =
+        Scheduler::shared(&Region::anonymous().unwrap(), Concurrency::max(3).low(1)).unwrap();
+    let low = capped
+        .acquire_raw_fast(Priority::Low)
+        .expect("under the cap");
+    assert!(low.counted());
+    assert!(
+        capped.acquire_raw_fast(Priority::Low).is_none(),
+        "at the cap"
+    );
+    assert_eq!(capped.global_running(), 1);
+    capped.release_raw(low).unwrap();
+    assert_eq!(capped.global_running(), 0);
+
+    let zero = Scheduler::shared(&Region::anonymous().unwrap(), 0).unwrap();
+    assert!(zero.acquire_raw_fast(Priority::Normal).is_none());
+
+    s.dispose();
+    assert!(s.acquire_raw_fast(Priority::Normal).is_none(), "disposed");
+    assert_eq!(s.global_running(), 0);
+}
+
+/// Threads taking and releasing raw permits of one cell through
+/// `acquire_raw_fast` and the first looks (and plain permits beside
+/// them) never free a cell
+/// twice: a stale raw permit released again by every thread frees
+/// nothing, and the count is exact at the end.
+#[test]
+fn acquire_raw_fast_races_stay_exact() {
+    let s = shared(2);
+    let wrong = AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..3 {
+            let (s, wrong) = (&s, &wrong);
+            sc.spawn(move || {
+                let mut stale = Vec::new();
+                for i in 0..20_000u32 {
+                    if (i + t) % 5 == 0 {
+                        drop(s.acquire(Priority::Normal).unwrap());
+                        continue;
+                    }
+                    let first = i % 2 == 0;
+                    let raw = if first {
+                        s.acquire_raw_first_look(Priority::Normal)
+                    } else {
+                        s.acquire_raw_fast(Priority::Normal)
+                    };
+                    let Some(raw) = raw else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    assert!(s.global_running() >= 1);
+                    if first {
+                        match s.release_raw_first_look(raw) {
+                            RawRelease::Released => {}
+                            RawRelease::Serve(serve) => drop(serve),
+                            other => panic!("{other:?}"),
+                        }
+                    } else {
+                        s.release_raw(raw).unwrap();
+                    }
+                    stale.push(raw);
+                    if stale.len() > 16 {
+                        stale.remove(0);
+                    }
+                    for old in &stale {
+                        if s.release_raw(*old).is_ok() {
+                            wrong.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        wrong.load(Ordering::SeqCst),
+        0,
+        "a stale raw permit freed a cell"
+    );
+    assert_eq!(s.global_running(), 0);
+    both_free(&s);
+}
+
+/// The first looks: `acquire_raw_first_look` takes the cell at this
+/// process's hint or nothing; `release_raw_first_look` gives a raw permit
+/// back as `release_raw` does, leaving serving the queue to the `Serve` it
+/// hands back, and declines (doing nothing) where `release_raw` would call
+/// out (a lowered ceiling) or fail early (not a shared root).
+#[test]
+fn first_looks_take_and_give_back_as_the_fast_path_does() {
+    let s = shared(2);
+    let a = s
+        .acquire_raw_first_look(Priority::Normal)
+        .expect("the hint's cell");
+    assert!(
+        s.acquire_raw_first_look(Priority::Normal).is_none(),
+        "the hint's cell is taken: the first look declines"
+    );
+    assert_eq!(
+        s.global_running(),
+        1,
+        "a declining first look takes nothing"
+    );
+    let b = s
+        .acquire_raw_fast(Priority::Normal)
+        .expect("the other cell");
+    assert_ne!(a.cell(), b.cell());
+    assert!(matches!(s.release_raw_first_look(a), RawRelease::Released));
+    assert!(matches!(s.release_raw_first_look(a), RawRelease::NotHeld));
+    let forged = RawPermit::from_parts(b.cell(), b.counted(), next(b.tag())).unwrap();
+    assert!(matches!(
+        s.release_raw_first_look(forged),
+        RawRelease::NotHeld
+    ));
+    assert_eq!(s.global_running(), 1);
+
+    // Not a shared root: declined, nothing done.
+    let child = s.child(2).unwrap();
+    assert!(child.acquire_raw_first_look(Priority::Normal).is_none());
+    assert!(matches!(
+        child.release_raw_first_look(b),
+        RawRelease::Declined
+    ));
+    assert_eq!(s.global_running(), 1);
+
+    // A waiter: the release hands back a `Serve`, which serves it when
+    // dropped.
+    let c = s.acquire_raw_fast(Priority::Normal).expect("the last cell");
+    std::thread::scope(|sc| {
+        let w = sc.spawn(|| drop(s.acquire(Priority::High).unwrap()));
+        while s.stats().pending == 0 {
+            std::thread::yield_now();
+        }
+        // A waiter above closes the first look.
+        assert!(s.acquire_raw_first_look(Priority::Normal).is_none());
+        match s.release_raw_first_look(c) {
+            RawRelease::Serve(serve) => drop(serve),
+            other => panic!("expected Serve, got {other:?}"),
+        }
+        w.join().unwrap();
+    });
+    assert_eq!(s.global_running(), 1, "b is still held");
+
+    // Above a lowered ceiling: declined, then `release_raw` gives the cell
+    // to the ceiling.
+    let d = s.acquire_raw_fast(Priority::Normal).unwrap();
+    assert!(!s.set_ceiling(1).unwrap(), "both held: not reached yet");
+    assert!(matches!(s.release_raw_first_look(d), RawRelease::Declined));
+    assert_eq!(s.global_running(), 2, "nothing done");
+    s.release_raw(d).unwrap();
+    assert_eq!(s.ceiling(), 1);
+    assert!(matches!(s.release_raw_first_look(b), RawRelease::Released));
+    s.set_ceiling(2).unwrap();
+    assert_eq!(s.global_running(), 0);
+
+    // A cap below the max at the priority: declined; a capped take turns
+    // counting on, after which the first look takes counted cells.
+    let capped =
+        Scheduler::shared(&Region::anonymous().unwrap(), Concurrency::max(3).low(1)).unwrap();
+    assert!(capped.acquire_raw_first_look(Priority::Low).is_none());
+    let low = capped
+        .acquire_raw_fast(Priority::Low)
+        .expect("under the cap");
+    let counted = capped
+        .acquire_raw_first_look(Priority::Normal)
+        .or_else(|| capped.acquire_raw_fast(Priority::Normal))
+        .unwrap();
+    assert!(low.counted() && counted.counted());
+    assert_eq!(capped.stats().shared.map(|x| x.running), Some(2));
+    assert!(matches!(
+        capped.release_raw_first_look(counted),
+        RawRelease::Released
+    ));
+    capped.release_raw(low).unwrap();
+    assert_eq!(capped.stats().shared.map(|x| x.running), Some(0));
+
+    s.dispose();
+    assert!(
+        s.acquire_raw_first_look(Priority::Normal).is_none(),
+        "disposed"
+    );
+    assert!(Scheduler::new(2)
+        .unwrap()
+        .acquire_raw_first_look(Priority::Normal)
+        .is_none());
 }

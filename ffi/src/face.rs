@@ -24,6 +24,11 @@
 //!   through [`cut_into`].
 //! - Handles are made by [`new_handle`] and freed by [`close`] or
 //!   [`close_box`].
+//! - A call whose common case is worth a few nanoseconds (the C acquire and
+//!   release of a cell token, see [`crate::pin`]) first runs a *lean path*
+//!   in [`lean`]: it answers only what it can answer exactly as the
+//!   general path would, and otherwise hands over, having done nothing, to
+//!   the general path, an [`ffi!`] body out of line.
 //!
 //! The order of the checks is what a caller sees (the first failing one
 //! gives the status and the message), so each function keeps its own:
@@ -169,6 +174,27 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> shmsched_stat
     }
 }
 
+/// Runs the lean path of an exported function: `Some(status)` is its
+/// answer, `None` sends the caller to its general path (an [`ffi!`] body
+/// doing the whole job), which the lean path must leave as it found it.
+/// A lean path answers only what it can answer exactly as the general path
+/// would (the same status, the same message, the same effects); past its
+/// first call it may also end by calling the general path itself, having
+/// done nothing (so that nothing of its frame is live across that call).
+///
+/// A panic is caught as in [`boundary`]. The hook that keeps it silent is
+/// installed already: the lean paths run on a handle or a permit, and
+/// every handle (every permit comes from one) was made in a [`boundary`],
+/// which installs it first (process-wide, for good, inherited by `fork`).
+#[inline(always)]
+pub(crate) fn lean(body: impl FnOnce() -> Option<shmsched_status>) -> Option<shmsched_status> {
+    // AssertUnwindSafe: as in `boundary`.
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(answer) => answer,
+        Err(payload) => Some(panicked(payload)),
+    }
+}
+
 /// A handle of this ABI that belongs to the process that made it: used in
 /// a forked child it fails with `SHMSCHED_STATUS_FORKED` (the library would
 /// refuse most calls anyway; checking here makes every call, `try_` ones
@@ -184,11 +210,17 @@ pub(crate) trait Handle {
     /// What the handle holds, unless it was inherited across `fork`.
     #[inline(always)]
     fn usable(&self) -> Result<&Self::Target, Fail> {
-        let (made_in, target) = self.parts();
-        if made_in != process::fork_generation() {
+        if !self.made_here() {
             return Err(forked(Self::AFTER_FORK));
         }
-        Ok(target)
+        Ok(self.parts().1)
+    }
+
+    /// Whether the handle was made in this process (not inherited across
+    /// `fork`): what [`usable`](Self::usable) checks.
+    #[inline(always)]
+    fn made_here(&self) -> bool {
+        self.parts().0 == process::fork_generation()
     }
 }
 
@@ -317,15 +349,21 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, param: &'static str) -> Result<&
 /// A priority from its integer value (`SHMSCHED_PRIORITY_*`, -3..=3).
 #[inline(always)]
 pub(crate) fn priority(value: i32) -> Result<Priority, Fail> {
+    priority_of(value).ok_or_else(|| bad_priority(value))
+}
+
+/// The priority of a `SHMSCHED_PRIORITY_*` value, if it is one.
+#[inline(always)]
+pub(crate) fn priority_of(value: i32) -> Option<Priority> {
     match value {
-        -3 => Ok(Priority::Lowest),
-        -2 => Ok(Priority::Lower),
-        -1 => Ok(Priority::Low),
-        0 => Ok(Priority::Normal),
-        1 => Ok(Priority::High),
-        2 => Ok(Priority::Higher),
-        3 => Ok(Priority::Highest),
-        _ => Err(bad_priority(value)),
+        -3 => Some(Priority::Lowest),
+        -2 => Some(Priority::Lower),
+        -1 => Some(Priority::Low),
+        0 => Some(Priority::Normal),
+        1 => Some(Priority::High),
+        2 => Some(Priority::Higher),
+        3 => Some(Priority::Highest),
+        _ => None,
     }
 }
 

@@ -94,6 +94,13 @@ pub(crate) fn tag() -> u64 {
     }
 }
 
+/// This process's tag if it has one yet (made by the first [`tag`]), else
+/// 0 (no token of this process exists then).
+#[inline(always)]
+pub(crate) fn tag_if_made() -> u64 {
+    PROCESS_TAG.load(Ordering::Relaxed)
+}
+
 #[cold]
 fn new_tag() -> u64 {
     use std::hash::{BuildHasher, Hasher};

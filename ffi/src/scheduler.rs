@@ -323,6 +323,29 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire(
     priority: i32,
     out: *mut shmsched_permit,
 ) -> shmsched_status {
+    let lean = move || {
+        // SAFETY: forwarded contract.
+        unsafe { pin::acquire_now(sched, priority, out, acquire_general) }
+    };
+    if let Some(status) = face::lean(lean) {
+        return status;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { acquire_general(sched, priority, out) }
+}
+
+/// `shmsched_scheduler_acquire` but for its lean path ([`face::lean`]): out
+/// of line, arguments by value, so that the lean path calls it as a tail.
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[inline(never)]
+unsafe fn acquire_general(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
     ffi! { acquire(try_ref!(sched), try_out!(out), priority, |s, p| s.acquire(p)) }
 }
 
@@ -426,6 +449,33 @@ pub unsafe extern "C" fn shmsched_scheduler_acquire_async(
 /// As `shmsched_scheduler_acquire`.
 #[no_mangle]
 pub unsafe extern "C" fn shmsched_scheduler_try_acquire(
+    sched: *const shmsched_scheduler,
+    priority: i32,
+    out: *mut shmsched_permit,
+) -> shmsched_status {
+    // The lean path is the fast path of `try_acquire` as much as of
+    // `acquire` (both start with it). Written out in each function rather
+    // than shared: a shared body is one closure type, whose two callers
+    // made the compiler stop inlining it (48 instructions more a pair).
+    let lean = move || {
+        // SAFETY: forwarded contract.
+        unsafe { pin::acquire_now(sched, priority, out, try_acquire_general) }
+    };
+    if let Some(status) = face::lean(lean) {
+        return status;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { try_acquire_general(sched, priority, out) }
+}
+
+/// `shmsched_scheduler_try_acquire` but for its lean path (as
+/// [`acquire_general`]).
+///
+/// # Safety
+///
+/// As `shmsched_scheduler_acquire`.
+#[inline(never)]
+unsafe fn try_acquire_general(
     sched: *const shmsched_scheduler,
     priority: i32,
     out: *mut shmsched_permit,
@@ -568,6 +618,15 @@ fn why_not(s: &Scheduler) -> Fail {
 /// permit free it once. Fork: see above.
 #[no_mangle]
 pub extern "C" fn shmsched_permit_release(permit: shmsched_permit) -> shmsched_status {
+    if let Some(status) = face::lean(move || pin::release_now(permit, release_general)) {
+        return status;
+    }
+    release_general(permit)
+}
+
+/// `shmsched_permit_release` but for its lean path (as [`acquire_general`]).
+#[inline(never)]
+fn release_general(permit: shmsched_permit) -> shmsched_status {
     ffi!(pin::release(permit))
 }
 

@@ -140,20 +140,28 @@ impl<'a> Permit<'a> {
     #[inline(always)]
     pub fn into_raw(self, tag: NonZeroU32) -> std::result::Result<RawPermit, Permit<'a>> {
         let node = &self.sched.node;
-        let (Level::Shared(root), None, waiter::SlotsView::One(c)) =
-            (node.level(), node.parent(), self.slots.view())
+        // A shared level is always a root (see `Level::Shared`).
+        let (Level::Shared(root), waiter::SlotsView::One(c)) = (node.level(), self.slots.view())
         else {
             return Err(self);
         };
         if node.forked() {
             return Err(self);
         }
-        root.slots().tag_cell(c, tag.get());
+        let raw = tag_one(root, c, tag);
         // The slots are now the raw permit's: nothing to drop (a one-cell
         // Slots owns no memory).
         std::mem::forget(self);
-        Ok(RawPermit { cell: c, tag })
+        Ok(raw)
     }
+}
+
+/// Makes the one cell `c` (with its counted bit) that this process holds
+/// in `root` a raw permit tagged `tag`; the caller forgets its slots.
+#[inline(always)]
+fn tag_one(root: &SharedRoot, c: u32, tag: NonZeroU32) -> RawPermit {
+    root.slots().tag_cell(c, tag.get());
+    RawPermit { cell: c, tag }
 }
 
 /// A one-cell permit of a shared root scheduler as plain data (see
@@ -198,6 +206,39 @@ impl RawPermit {
             cell: cell | if counted { shared::COUNTED } else { 0 },
             tag,
         })
+    }
+}
+
+/// What [`Scheduler::release_raw_first_look`] did.
+#[must_use = "a `Serve` serves the queue when dropped; forgetting it can leave a waiter asleep"]
+#[derive(Debug)]
+pub enum RawRelease<'a> {
+    /// Released: the cell is free and nobody needs serving.
+    Released,
+    /// Released, and the queue (or a lowered ceiling) needs serving, which
+    /// dropping the [`Serve`] does.
+    Serve(Serve<'a>),
+    /// Nothing released: the cell does not hold this raw permit (what
+    /// [`Scheduler::release_raw`] answers with [`Error::AlreadyReleased`]).
+    NotHeld,
+    /// Nothing done: a case the first look leaves to
+    /// [`Scheduler::release_raw`] (not a shared root, a forked child, a
+    /// region above a lowered ceiling).
+    Declined,
+}
+
+/// The rest of a raw release ([`RawRelease::Serve`]): dropping it moves
+/// the queue on (and serves a lowered ceiling) as a release does once its
+/// cell is free. Drop it before anything else happens to the scheduler.
+#[must_use = "dropping it serves the queue; forgetting it can leave a waiter asleep"]
+#[derive(Debug)]
+pub struct Serve<'a> {
+    root: &'a SharedRoot,
+}
+
+impl Drop for Serve<'_> {
+    fn drop(&mut self) {
+        self.root.release_slow();
     }
 }
 
@@ -326,7 +367,8 @@ impl Scheduler {
     #[inline(always)]
     pub fn release_raw(&self, raw: RawPermit) -> Result<()> {
         let node = &self.node;
-        let (Level::Shared(root), None) = (node.level(), node.parent()) else {
+        // A shared level is always a root (see `Level::Shared`).
+        let Level::Shared(root) = node.level() else {
             return Err(Error::InvalidArgument(
                 "a raw permit belongs to a shared root scheduler (Scheduler::shared or Scheduler::attach), not to a child or an in-process one"
                     .into(),
@@ -345,12 +387,135 @@ impl Scheduler {
         }
     }
 
+    /// One unit at `priority` if [`acquire`](Self::acquire) admits it at
+    /// once on its fast path, handed out as a raw permit: what
+    /// `acquire(priority)?.into_raw(tag)` gives then, in one step (no
+    /// [`Permit`] is made, so nothing re-checks what the take just checked).
+    ///
+    /// The tag is the scheduler's: the last one it gave on the same cell in
+    /// this process plus one (never 0), from a random start per binding of
+    /// the region. So a stale raw permit tagged here can match a later raw
+    /// permit on its cell only after 2^32 − 1 more takes of that cell here,
+    /// or by chance (one in 2^32 per take) against a tag chosen otherwise
+    /// (by an [`into_raw`](Permit::into_raw) caller, or an earlier binding
+    /// of this process to the region). No thread-local state is used.
+    ///
+    /// `None` takes nothing: the scheduler is not a shared root (a child,
+    /// an in-process one), it was inherited across `fork`, it is disposed,
+    /// or the fast path does not admit at once (no free cell, waiters at or
+    /// above `priority`, a cap, a hand-off in progress, …). Then
+    /// [`acquire`](Self::acquire) gives the answer (it waits, or fails).
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 1)?;
+    /// let raw = sched.acquire_raw_fast(Priority::Normal).expect("a free cell");
+    /// assert!(sched.acquire_raw_fast(Priority::Normal).is_none(), "full");
+    /// sched.release_raw(raw)?;
+    /// assert!(sched.release_raw(raw).is_err(), "released once");
+    /// let again = sched.acquire_raw_fast(Priority::Normal).expect("free again");
+    /// assert_ne!(again.tag(), raw.tag(), "the cell's next tag");
+    /// sched.release_raw(again)?;
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn acquire_raw_fast(&self, priority: Priority) -> Option<RawPermit> {
+        let (root, slots) = self.node.shared_fast_one::<false>(priority)?;
+        self.raw_of_one(root, slots, priority)
+    }
+
+    /// [`acquire_raw_fast`](Self::acquire_raw_fast)'s first look: one cell,
+    /// at this process's hint, when the region's gate shows no waiter above
+    /// `priority`, no hand-off and no lease, and `priority` has no cap
+    /// below the max, in code that calls nothing out of line. `None` takes nothing, and
+    /// also where `acquire_raw_fast` would look further (then ask it).
+    ///
+    /// For a caller that counts instructions (the C face): whatever of its
+    /// own is live across a call the library makes costs it saved
+    /// registers, stores that the take's locked instruction waits for.
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::Scheduler;
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 2)?;
+    /// let raw = sched.acquire_raw_first_look(Priority::Normal).expect("the hint's cell");
+    /// // The hint's cell is taken now: the first look declines, the fast
+    /// // path scans.
+    /// assert!(sched.acquire_raw_first_look(Priority::Normal).is_none());
+    /// let other = sched.acquire_raw_fast(Priority::Normal).expect("the other cell");
+    /// sched.release_raw(raw)?;
+    /// sched.release_raw(other)?;
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn acquire_raw_first_look(&self, priority: Priority) -> Option<RawPermit> {
+        let (root, slots) = self.node.shared_fast_one::<true>(priority)?;
+        self.raw_of_one(root, slots, priority)
+    }
+
+    /// The raw permit of `slots`, one cell just taken from `root`, tagged
+    /// with the cell's next tag.
+    #[inline(always)]
+    fn raw_of_one(&self, root: &SharedRoot, slots: Slots, priority: Priority) -> Option<RawPermit> {
+        if let waiter::SlotsView::One(c) = slots.view() {
+            let raw = tag_one(root, c, root.slots().next_tag(c));
+            // A one-cell Slots owns no memory: nothing to drop.
+            std::mem::forget(slots);
+            return Some(raw);
+        }
+        // Never (a one-unit take is one cell); given back as a permit would.
+        drop(self.permit(slots, priority));
+        None
+    }
+
+    /// [`release_raw`](Self::release_raw) but for what calls out of line,
+    /// for a caller that counts instructions (the C face: whatever of its
+    /// own is live across a call the library makes costs it saved
+    /// registers, stores the give-back's locked instruction waits for).
+    /// Above a lowered ceiling, on a scheduler that is not a shared root
+    /// or in a forked child it does nothing ([`RawRelease::Declined`]:
+    /// `release_raw` gives the answer); otherwise the give-back CAS is the
+    /// check, as for `release_raw` ([`RawRelease::NotHeld`] when the cell
+    /// does not hold this raw permit), and when the freed cell must serve
+    /// the queue, that is left to the [`Serve`] it hands back, which does
+    /// it when dropped.
+    ///
+    /// ```
+    /// use shmsched::region::Region;
+    /// use shmsched::scheduler::{RawRelease, Scheduler};
+    /// use shmsched::Priority;
+    /// # fn main() -> shmsched::Result<()> {
+    /// let sched = Scheduler::shared(&Region::anonymous()?, 1)?;
+    /// let raw = sched.acquire_raw_fast(Priority::Normal).expect("a free cell");
+    /// assert!(matches!(sched.release_raw_first_look(raw), RawRelease::Released));
+    /// assert!(matches!(sched.release_raw_first_look(raw), RawRelease::NotHeld));
+    /// assert_eq!(sched.global_running(), 0);
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn release_raw_first_look(&self, raw: RawPermit) -> RawRelease<'_> {
+        let node = &self.node;
+        // A shared level is always a root (see `Level::Shared`).
+        let Level::Shared(root) = node.level() else {
+            return RawRelease::Declined;
+        };
+        if node.forked() {
+            return RawRelease::Declined;
+        }
+        root.release_raw_first_look(raw.cell, raw.tag.get())
+    }
+
     /// How many raw permits ([`Permit::into_raw`]) this process holds in
     /// this scheduler's region now, through any handle (0 for a scheduler
     /// that is not a shared root). O(max): it reads every cell.
     pub fn raw_permits_held(&self) -> u32 {
-        match (self.node.level(), self.node.parent()) {
-            (Level::Shared(root), None) => root.slots().raw_held(),
+        match self.node.level() {
+            Level::Shared(root) => root.slots().raw_held(),
             _ => 0,
         }
     }

@@ -82,7 +82,9 @@ pub(crate) struct LocalState {
 pub(crate) enum Level {
     /// A count in process memory, with queues in the node.
     Local(LocalState),
-    /// A root shared through a region.
+    /// A root shared through a region. Always a root: a node with this
+    /// level has no parent (children are in-process levels), so a match on
+    /// it needs no parent check.
     Shared(Arc<SharedRoot>),
 }
 
@@ -290,6 +292,23 @@ impl Node {
         }
     }
 
+    /// The fast path of a one-unit acquire on a shared root, with the root
+    /// it took from: `None` (nothing taken) for any other level, in a
+    /// forked child, or when the acquire must go slow. With `FIRST`, only
+    /// its first look, which calls nothing out of line
+    /// (`SharedSlots::take_first_look`): `None` also where the fast path
+    /// would look further (waiters above, a hand-off or a lease in the
+    /// gate, a cap below the max, the hint's cell taken).
+    #[inline(always)]
+    pub fn shared_fast_one<const FIRST: bool>(&self, p: Priority) -> Option<(&SharedRoot, Slots)> {
+        match &self.level {
+            Level::Shared(root) if !self.forked() => {
+                Some((root, self.shared_fast_inline::<FIRST>(root, p.index(), 1)?))
+            }
+            _ => None,
+        }
+    }
+
     #[inline(always)]
     fn local_take(&self, st: &LocalState, tier: usize, n: u32) -> Option<Slots> {
         let block = DISPOSED | queued_from(tier);
@@ -358,6 +377,19 @@ impl Node {
 
     #[inline(never)]
     fn shared_fast(&self, root: &SharedRoot, tier: usize, n: u32) -> Option<Slots> {
+        self.shared_fast_inline::<false>(root, tier, n)
+    }
+
+    /// [`shared_fast`](Self::shared_fast) inlined, for a caller that makes
+    /// it its whole fast path ([`shared_fast_one`](Self::shared_fast_one));
+    /// with `FIRST`, its first look only.
+    #[inline(always)]
+    fn shared_fast_inline<const FIRST: bool>(
+        &self,
+        root: &SharedRoot,
+        tier: usize,
+        n: u32,
+    ) -> Option<Slots> {
         // Barging within a tier is allowed (bounded: see root.rs); a
         // disposed handle goes the slow way, and so do waiters above or a
         // strict hand-off, unless they belong to processes that are passed
@@ -368,7 +400,13 @@ impl Node {
         // A leased region (`GATE_LEASED`) is in the same one test; its
         // deadline is checked out of line (`SharedRoot::fast_gated`).
         if root.slots().reg().gate() & (GATE_STRICT | GATE_LEASED | above(tier)) != 0 {
+            if FIRST {
+                return None;
+            }
             return root.fast_gated(tier, n, self.caps[tier]);
+        }
+        if FIRST {
+            return root.take_first_look(n, self.caps[tier]);
         }
         root.take(n, self.caps[tier])
     }

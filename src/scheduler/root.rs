@@ -118,6 +118,7 @@ use super::shared::SharedSlots;
 use super::waiter::{
     take_spare, Counters, Slots, Waiter, Wakeups, FAILED, GRANTED, SPARE_WAITERS, WAITING,
 };
+use super::{RawRelease, Serve};
 use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::{Priority, LEVELS};
@@ -337,6 +338,18 @@ impl SharedRoot {
         }
     }
 
+    /// [`take`](Self::take)'s first look (`SharedSlots::take_first_look`):
+    /// uncapped only, calling nothing out of line; `None`, with nothing
+    /// taken, where `take` would do more.
+    #[inline(always)]
+    pub fn take_first_look(&self, need: u32, cap: u32) -> Option<Slots> {
+        if cap >= self.slots.max() {
+            self.slots.take_first_look(need)
+        } else {
+            None
+        }
+    }
+
     /// [`take`](Self::take) on a slow path: while a cluster lease may hold
     /// the region above its safe level (`GATE_LEASED`), its deadline is
     /// checked first (by the coarse clock while it is clearly ahead, else
@@ -391,20 +404,55 @@ impl SharedRoot {
     /// itself (above a lowered ceiling, the CAS that takes the tag off
     /// before the cell goes to the ceiling): false, with nothing else done
     /// (no count, no wake), if the cell does not hold that raw permit.
-    #[inline]
+    #[inline(always)]
     pub fn release_raw(&self, c: u32, tag: u32) -> bool {
+        match self.release_raw_first_look(c, tag) {
+            RawRelease::Released => true,
+            RawRelease::Serve(serve) => {
+                drop(serve);
+                true
+            }
+            RawRelease::NotHeld => false,
+            RawRelease::Declined => self.release_raw_to_ceiling(c, tag),
+        }
+    }
+
+    /// [`release_raw`](Self::release_raw) but for what calls out of line:
+    /// above a lowered ceiling it does nothing (`Declined`), and serving
+    /// the queue is left to the [`Serve`] it hands back (see
+    /// `Scheduler::release_raw_first_look`).
+    #[inline(always)]
+    pub fn release_raw_first_look(&self, c: u32, tag: u32) -> RawRelease<'_> {
         #[cfg(shuttle)]
         if crate::sys::futex::model::my_process_dead() {
-            return true;
+            return RawRelease::Released;
         }
         if self.reg().gate() & GATE_SHRINKING != 0 {
-            if !self.slots.untag_raw(c, tag) {
-                return false;
-            }
-            self.slots.give_to_ceiling(&Slots::one(c));
-        } else if !self.slots.give_raw(c, tag) {
+            return RawRelease::Declined;
+        }
+        if !self.slots.give_raw(c, tag) {
+            return RawRelease::NotHeld;
+        }
+        #[cfg(shuttle)]
+        self.slots
+            .mapping()
+            .model_death_point("release: freed, nobody served yet");
+        if self.serving_needed() {
+            return RawRelease::Serve(Serve { root: self });
+        }
+        RawRelease::Released
+    }
+
+    /// A raw release while the region is above a lowered ceiling: the CAS
+    /// that takes the tag off is the check, then the cell goes to the
+    /// ceiling.
+    #[cold]
+    #[inline(never)]
+    fn release_raw_to_ceiling(&self, c: u32, tag: u32) -> bool {
+        if !self.slots.untag_raw(c, tag) {
             return false;
         }
+        self.slots.give_to_ceiling(&Slots::one(c));
         self.after_release();
         true
     }
@@ -417,14 +465,22 @@ impl SharedRoot {
         self.slots
             .mapping()
             .model_death_point("release: freed, nobody served yet");
-        if self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0 {
+        if self.serving_needed() {
             self.release_slow();
         }
     }
 
+    /// Whether a release whose cells are free now must serve the queue (or
+    /// the ceiling): read after the cells are freed (see *Ordering and
+    /// liveness* in the registry).
+    #[inline(always)]
+    fn serving_needed(&self) -> bool {
+        self.reg().gate() & (GATE_TIERS | GATE_STRICT | GATE_SHRINKING) != 0
+    }
+
     #[cold]
     #[inline(never)]
-    fn release_slow(&self) {
+    pub(crate) fn release_slow(&self) {
         let reg = self.reg();
         if reg.gate() & GATE_SHRINKING != 0 {
             // The ceiling came down after this release read the gate: the

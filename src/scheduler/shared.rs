@@ -159,6 +159,8 @@
 //! stops where.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::hash::BuildHasher;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::stats::SharedStats;
@@ -433,6 +435,9 @@ pub(crate) struct SharedSlots {
     /// said full (see the module docs, *A stopped process cannot hide a
     /// free cell*).
     last_exhaustive_ns: AtomicU64,
+    /// Per cell, the tag of this process's last raw permit there made by
+    /// [`next_tag`](Self::next_tag) (process memory, not the region's).
+    tags: Box<[AtomicU32]>,
 }
 
 /// How often a process may scan the whole table when the running count
@@ -521,6 +526,13 @@ impl SharedSlots {
             base,
             hint: AtomicU32::new(0),
             last_exhaustive_ns: AtomicU64::new(0),
+            tags: {
+                // A random start per binding: a raw permit of an earlier
+                // binding (of this process, on this region) matches one of
+                // this binding's tags by chance only.
+                let start = std::collections::hash_map::RandomState::new().hash_one(base as usize);
+                (0..max).map(|_| AtomicU32::new(start as u32)).collect()
+            },
         };
         let hmax = s.header().max.load(Ordering::Relaxed);
         if hmax != max {
@@ -604,20 +616,46 @@ impl SharedSlots {
 
     /// Takes `n` cells (all or none) for this process. The slots carry
     /// [`COUNTED`] on each cell number if they are counted in `held`.
-    #[inline]
+    #[inline(always)]
     pub fn take(&self, n: u32) -> Option<Slots> {
+        self.take_looking::<false>(n)
+    }
+
+    /// [`take`](Self::take)'s *first look*: one cell at the process's hint,
+    /// in code that calls nothing out of line (no scan, no second look, no
+    /// weighted take); `None`, with nothing taken, where `take` would look
+    /// further. For callers that keep their own frame free of saved
+    /// registers (see `Scheduler::acquire_raw_first_look`).
+    #[inline(always)]
+    pub fn take_first_look(&self, n: u32) -> Option<Slots> {
+        self.take_looking::<true>(n)
+    }
+
+    /// [`take`](Self::take), or only its first look (`FIRST`).
+    #[inline(always)]
+    fn take_looking<const FIRST: bool>(&self, n: u32) -> Option<Slots> {
+        if FIRST && n != 1 {
+            return None;
+        }
         let counting = self.counting();
-        match self.take_as(n, counting, true) {
+        match self.take_as::<FIRST>(n, counting, true) {
             Some(s) => Some(s),
+            None if FIRST => None,
             None => self.take_again(n, counting),
         }
     }
 
     /// One attempt of [`take`](Self::take), counted or not (`counting`, as
     /// read from the gate), the scan cut short by the running count or not
-    /// (`early_exit`).
-    #[inline]
-    fn take_as(&self, n: u32, counting: bool, early_exit: bool) -> Option<Slots> {
+    /// (`early_exit`); with `FIRST`, one look at the hint's cell and no
+    /// call out of line ([`take_first_look`](Self::take_first_look)).
+    #[inline(always)]
+    fn take_as<const FIRST: bool>(
+        &self,
+        n: u32,
+        counting: bool,
+        early_exit: bool,
+    ) -> Option<Slots> {
         let tag = if counting { COUNTED } else { 0 };
         let owner = self.owner() | tag;
         if counting {
@@ -626,9 +664,27 @@ impl SharedSlots {
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("take: counted, no cell yet");
+        if FIRST {
+            // One cell (`take_looking` saw to it), as below, but kept as a
+            // number until the end: no `Slots` is alive where the first
+            // look could panic (so it needs no cleanup), and the late count
+            // is inline. (The general path keeps its own shape: written as
+            // this one, the Rust fast path saved a register more.)
+            let provisional = u64::from(counting);
+            return match self.take_cell::<true>(owner, provisional, early_exit) {
+                None => {
+                    if counting {
+                        self.held().fetch_sub(u64::from(n), Ordering::SeqCst);
+                    }
+                    None
+                }
+                Some(c) if !counting && self.counting() => Some(Slots::one(self.count_one_now(c))),
+                Some(c) => Some(Slots::one(c | tag)),
+            };
+        }
         let got = if n == 1 {
             let provisional = u64::from(counting);
-            self.take_cell(owner, provisional, early_exit)
+            self.take_cell::<false>(owner, provisional, early_exit)
                 .map(|c| Slots::one(c | tag))
         } else {
             self.take_cells(owner, n, early_exit).and_then(|mut cs| {
@@ -669,14 +725,14 @@ impl SharedSlots {
             return None; // never counting: the scan was the whole table
         }
         if !counted {
-            if let Some(s) = self.take_as(n, true, true) {
+            if let Some(s) = self.take_as::<false>(n, true, true) {
                 return Some(s);
             }
         }
         if self.room() < u64::from(n) && !self.exhaustive_scan_due() {
             return None;
         }
-        self.take_as(n, true, false)
+        self.take_as::<false>(n, true, false)
     }
 
     /// Whether a take the running count refused should scan the whole
@@ -708,28 +764,43 @@ impl SharedSlots {
 
     #[cold]
     fn count_now(&self, mut s: Slots) -> Slots {
-        let owner = self.owner();
         self.held().fetch_add(u64::from(s.len()), Ordering::SeqCst);
         #[cfg(shuttle)]
         self.mapping()
             .model_death_point("count_now: counted, cell not marked");
-        let mark = |c: u32| {
-            if let Some(cell) = self.cells().get(c as usize) {
-                let _ = cell.compare_exchange(
-                    u64::from(owner),
-                    u64::from(owner | COUNTED),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                );
-            }
-            c | COUNTED
-        };
         if let SlotsView::One(c) = s.view() {
-            s.set_one(mark(c));
+            s.set_one(self.mark_counted(c));
         } else if let Some(cs) = s.many_mut() {
-            cs.iter_mut().for_each(|c| *c = mark(*c));
+            cs.iter_mut().for_each(|c| *c = self.mark_counted(*c));
         }
         s
+    }
+
+    /// [`count_now`](Self::count_now) for one cell `c`, inline (for the
+    /// first look, which calls nothing out of line).
+    #[inline(always)]
+    fn count_one_now(&self, c: u32) -> u32 {
+        self.held().fetch_add(1, Ordering::SeqCst);
+        #[cfg(shuttle)]
+        self.mapping()
+            .model_death_point("count_now: counted, cell not marked");
+        self.mark_counted(c)
+    }
+
+    /// Marks this process's uncounted cell `c` counted (a CAS: the cell is
+    /// left alone if it holds anything else); returns `c | COUNTED`.
+    #[inline(always)]
+    fn mark_counted(&self, c: u32) -> u32 {
+        let owner = self.owner();
+        if let Some(cell) = self.cells().get(c as usize) {
+            let _ = cell.compare_exchange(
+                u64::from(owner),
+                u64::from(owner | COUNTED),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+        }
+        c | COUNTED
     }
 
     #[cold]
@@ -746,7 +817,7 @@ impl SharedSlots {
             if i % 1024 == 1023 {
                 self.reg.refresh_offer_if_taking();
             }
-            match self.take_cell(owner, provisional, early_exit) {
+            match self.take_cell::<false>(owner, provisional, early_exit) {
                 Some(c) => got.push(c),
                 None => {
                     for c in got {
@@ -888,8 +959,14 @@ impl SharedSlots {
 
     /// One cell for `owner`. `provisional`: what this take has counted in
     /// `held` beyond the cells it holds (left out of the early exit).
-    #[inline]
-    fn take_cell(&self, owner: u32, provisional: u64, early_exit: bool) -> Option<u32> {
+    /// With `FIRST`, the hint's cell only.
+    #[inline(always)]
+    fn take_cell<const FIRST: bool>(
+        &self,
+        owner: u32,
+        provisional: u64,
+        early_exit: bool,
+    ) -> Option<u32> {
         let cells = self.cells();
         let n = cells.len();
         let start = self.hint.load(Ordering::Relaxed) as usize;
@@ -897,6 +974,7 @@ impl SharedSlots {
         // The hint first: the cell this process gave back last.
         match cells.get(start) {
             Some(c) if self.claim(c, owner) => Some(start as u32),
+            Some(_) if FIRST => None,
             Some(_) => self.scan_for_cell(owner, start, provisional, early_exit),
             None => None,
         }
@@ -1047,6 +1125,28 @@ impl SharedSlots {
         if let Some(x) = self.cells().get((c & !COUNTED) as usize) {
             x.store(tagged(self.owner() | (c & COUNTED), tag), Ordering::Release);
         }
+    }
+
+    /// A tag for a raw permit on the cell `c` (its number, with [`COUNTED`]
+    /// if counted) that this process holds: the last one this gave on that
+    /// cell plus one (0 skipped), from a random start per binding. So a
+    /// stale raw permit with such a tag can match a later one on its cell
+    /// only once this process has made 2^32 − 1 more there, or by chance
+    /// (one in 2^32 per take) against a tag chosen otherwise or by an
+    /// earlier binding. Only a cell's holder calls it, so the load and the
+    /// store do not race: a cell has one holder at a time, and the take of
+    /// a later holder comes after the give-back of the earlier one in the
+    /// cell's order (a CAS that takes reads the value a CAS that gave back
+    /// wrote, directly or through other CASes), which carries the store.
+    #[inline(always)]
+    pub fn next_tag(&self, c: u32) -> NonZeroU32 {
+        let Some(last) = self.tags.get((c & !COUNTED) as usize) else {
+            return NonZeroU32::MIN; // no such cell: the tag store ignores it too
+        };
+        let t = last.load(Ordering::Relaxed).wrapping_add(1);
+        let t = NonZeroU32::new(t).unwrap_or(NonZeroU32::MIN);
+        last.store(t.get(), Ordering::Relaxed);
+        t
     }
 
     /// Gives back the raw permit `tag` on cell `c` (as

@@ -40,6 +40,14 @@ pub fn available() -> bool {
     }
 }
 
+/// Whether [`available`] has answered true in this process, without
+/// deciding: false also while undecided. For the side of a handshake that
+/// may always fall back to a full fence.
+#[inline(always)]
+pub fn known_available() -> bool {
+    STATE.load(Ordering::Acquire) == 1
+}
+
 #[cold]
 fn decide() -> bool {
     let ok = membarrier(CMD_REGISTER_PRIVATE_EXPEDITED) && membarrier(CMD_PRIVATE_EXPEDITED);

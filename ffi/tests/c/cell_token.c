@@ -12,12 +12,22 @@
  *   - a permit released after its handle was closed frees its slot;
  *   - max 1 and max 65536: the slot numbered 65535 round-trips;
  *   - a forked child cannot release its parent's token (FOREIGN_PERMIT) and
- *     the parent's slot stays held; the parent releases it afterwards.
+ *     the parent's slot stays held; the parent releases it afterwards;
+ *   - the lean path (acquire, try_acquire: the cell's own next tag) and the
+ *     general one (acquire_timeout: the thread's tag) give tokens of the
+ *     same slot and cell, each released once, a stale one of either kind
+ *     never freeing the other's slot; what the lean path declines (NULL
+ *     arguments, a bad priority, a disposed handle, an inherited handle in
+ *     a forked child) answers with the general path's status and message;
+ *   - a permit released on another thread (whose first release goes the
+ *     general way, registering its hazard record) is released once.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +69,111 @@ static shmsched_scheduler *shared(shmsched_region **r, uint32_t max) {
 }
 
 static const uint64_t CELL_TOKEN = (uint64_t)1 << 63;
+
+/* This thread's last error message. */
+static const char *message(void) {
+  static char msg[512];
+  shmsched_last_error_message(msg, sizeof msg);
+  return msg;
+}
+
+/* Releases a token on a thread of its own: the first release, then a
+ * second one, which must find it released. */
+static void *release_twice(void *arg) {
+  shmsched_permit *p = arg;
+  static shmsched_status st[2];
+  st[0] = shmsched_permit_release(*p);
+  st[1] = shmsched_permit_release(*p);
+  return st;
+}
+
+/* Lean and general paths: see the header comment. */
+static void lean_and_general(void) {
+  shmsched_region *r;
+  shmsched_scheduler *s = shared(&r, 1);
+  shmsched_permit l, g, t;
+  must(shmsched_scheduler_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l), "lean acquire");
+  CHECK(shmsched_permit_release(l) == SHMSCHED_STATUS_OK, "release l");
+  must(shmsched_scheduler_acquire_timeout(s, SHMSCHED_PRIORITY_NORMAL, 1000000000ull, &g),
+       "general acquire");
+  CHECK((g.serial & CELL_TOKEN) && g.serial >> 32 == l.serial >> 32,
+        "same slot and cell: %#llx %#llx", (unsigned long long)l.serial,
+        (unsigned long long)g.serial);
+  CHECK((uint32_t)g.serial != (uint32_t)l.serial, "another tag");
+  CHECK(shmsched_permit_release(l) == SHMSCHED_STATUS_ALREADY_RELEASED, "stale lean token");
+  CHECK(running(s) == 1, "the general token's slot is held: running %u", running(s));
+  CHECK(shmsched_permit_release(g) == SHMSCHED_STATUS_OK, "release g");
+  CHECK(shmsched_permit_release(g) == SHMSCHED_STATUS_ALREADY_RELEASED, "release g again");
+  must(shmsched_scheduler_try_acquire(s, SHMSCHED_PRIORITY_HIGH, &t), "lean try_acquire");
+  CHECK(t.serial >> 32 == l.serial >> 32, "the same slot again");
+  CHECK(shmsched_permit_release(g) == SHMSCHED_STATUS_ALREADY_RELEASED, "stale general token");
+  CHECK(shmsched_permit_release(l) == SHMSCHED_STATUS_ALREADY_RELEASED, "stale lean token");
+  CHECK(running(s) == 1, "t's slot is held: running %u", running(s));
+  CHECK(shmsched_scheduler_try_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l) ==
+            SHMSCHED_STATUS_WOULD_BLOCK,
+        "full: %s", message());
+
+  /* Released on another thread, once. */
+  pthread_t th;
+  void *res = NULL;
+  CHECK(pthread_create(&th, NULL, release_twice, &t) == 0, "pthread_create");
+  CHECK(pthread_join(th, &res) == 0, "pthread_join");
+  if (res) {
+    shmsched_status *st = res;
+    CHECK(st[0] == SHMSCHED_STATUS_OK, "released on another thread: %d", (int)st[0]);
+    CHECK(st[1] == SHMSCHED_STATUS_ALREADY_RELEASED, "and only once: %d", (int)st[1]);
+  }
+  CHECK(running(s) == 0, "freed: running %u", running(s));
+
+  /* What the lean path declines. */
+  CHECK(shmsched_scheduler_acquire(NULL, SHMSCHED_PRIORITY_NORMAL, &l) ==
+            SHMSCHED_STATUS_NULL_ARGUMENT,
+        "NULL sched");
+  CHECK(strcmp(message(), "argument `sched` is NULL") == 0, "message: %s", message());
+  CHECK(shmsched_scheduler_acquire(s, SHMSCHED_PRIORITY_NORMAL, NULL) ==
+            SHMSCHED_STATUS_NULL_ARGUMENT,
+        "NULL out");
+  CHECK(strcmp(message(), "argument `out` is NULL") == 0, "message: %s", message());
+  CHECK(shmsched_scheduler_try_acquire(s, 4, &l) == SHMSCHED_STATUS_INVALID_PRIORITY,
+        "priority 4");
+  CHECK(strstr(message(), "4") != NULL, "message: %s", message());
+
+  /* An inherited handle in a forked child: FORKED, nothing taken; a new
+   * handle there takes the lean path. */
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int code = 0;
+    if (shmsched_scheduler_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l) != SHMSCHED_STATUS_FORKED ||
+        strstr(message(), "fork") == NULL)
+      code = 7;
+    if (shmsched_scheduler_try_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l) != SHMSCHED_STATUS_FORKED)
+      code = 8;
+    shmsched_scheduler *mine;
+    if (shmsched_scheduler_attach(r, &mine) != SHMSCHED_STATUS_OK) _exit(9);
+    if (shmsched_scheduler_acquire(mine, SHMSCHED_PRIORITY_NORMAL, &l) != SHMSCHED_STATUS_OK ||
+        !(l.serial & CELL_TOKEN))
+      code = 10;
+    if (shmsched_permit_release(l) != SHMSCHED_STATUS_OK ||
+        shmsched_permit_release(l) != SHMSCHED_STATUS_ALREADY_RELEASED)
+      code = 11;
+    _exit(code);
+  }
+  int wst = 0;
+  waitpid(pid, &wst, 0);
+  CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "the forked child's checks (status %d)", wst);
+  CHECK(running(s) == 0, "nothing taken in the child: running %u", running(s));
+
+  must(shmsched_scheduler_dispose(s), "dispose");
+  CHECK(shmsched_scheduler_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l) == SHMSCHED_STATUS_DISPOSED,
+        "disposed");
+  CHECK(shmsched_scheduler_try_acquire(s, SHMSCHED_PRIORITY_NORMAL, &l) ==
+            SHMSCHED_STATUS_DISPOSED,
+        "disposed (try)");
+  CHECK(running(s) == 0, "nothing taken: running %u", running(s));
+  shmsched_scheduler_close(s);
+  shmsched_region_close(r);
+}
 
 int main(void) {
   shmsched_region *r;
@@ -130,6 +245,8 @@ int main(void) {
   CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_OK, "the parent releases it");
   shmsched_scheduler_close(other);
   shmsched_region_close(r);
+
+  lean_and_general();
 
   /* Max 1 and max 65536. */
   s = shared(&r, 1);
