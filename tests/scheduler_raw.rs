@@ -5,7 +5,6 @@
 //! still get), so a release that freed a cell it should not have shows up.
 
 use std::num::NonZeroU32;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 
