@@ -244,10 +244,10 @@ impl Drop for Serve<'_> {
 
 /// What releasing a raw permit needs of a shared root scheduler, and
 /// nothing more: this process's binding of the region, the one every
-/// handle of this process made through clones of one
-/// [`Region`](crate::region::Region) shares (see
-/// [`Scheduler::raw_releaser`]). A raw permit taken through any of those
-/// handles can be released through it, also once they are all dropped.
+/// handle of this process made through clones of one [`Region`] shares
+/// (see [`Scheduler::raw_releaser`]). A raw permit taken through any of
+/// those handles can be released through it, also once they are all
+/// dropped.
 ///
 /// It is not a scheduler handle: no acquire, no caps, no dispose. It
 /// keeps the binding (and so the region's mapping and this process's
