@@ -441,8 +441,8 @@ pub(crate) fn publish(h: *mut shmsched_scheduler) {
     });
 }
 
-/// Takes the handle `h`, being closed, off its pin target (under the pool
-/// lock, before the sweep that may free the target).
+/// Takes the handle `h`, being closed (or detached), off its pin target,
+/// under the pool lock, before the sweep that may free the target.
 pub(crate) fn leave(h: &shmsched_scheduler) {
     let t = h.target();
     if !t.is_null() {
