@@ -582,3 +582,68 @@ fn first_looks_take_and_give_back_as_the_fast_path_does() {
         .acquire_raw_first_look(Priority::Normal)
         .is_none());
 }
+
+/// A `RawReleaser` is the binding, not a handle: raw permits taken through
+/// any handle of the binding are released through it once, also after
+/// every handle is dropped; it answers as `release_raw` and its first look
+/// do; it names its binding and no other (a child, an in-process
+/// scheduler, another region, the same region opened again); while it
+/// lives `detach` refuses, and once it is dropped detach succeeds.
+#[test]
+fn a_raw_releaser_releases_past_its_handles_and_names_one_binding() {
+    let region = Region::anonymous().unwrap();
+    let a = Scheduler::shared(&region, 4).unwrap();
+    let b = Scheduler::attach(&region).unwrap();
+    let releaser = a.raw_releaser().expect("a shared root");
+    assert!(releaser.same_root(&a) && releaser.same_root(&b));
+    let child = a.child(2).unwrap();
+    assert!(child.raw_releaser().is_none());
+    assert!(!releaser.same_root(&child));
+    let local = Scheduler::new(2).unwrap();
+    assert!(local.raw_releaser().is_none());
+    assert!(!releaser.same_root(&local));
+    assert!(!releaser.same_root(&shared(2)), "another region");
+    let again = Region::from_fd(region.as_fd().try_clone_to_owned().unwrap()).unwrap();
+    let other = Scheduler::attach(&again).unwrap();
+    assert!(!releaser.same_root(&other), "another binding of the region");
+    assert!(other.raw_releaser().unwrap().same_root(&other));
+    drop((other, again));
+
+    let x = a.acquire_raw_fast(Priority::Normal).unwrap();
+    let y = b
+        .acquire(Priority::Normal)
+        .unwrap()
+        .into_raw(tag(9))
+        .unwrap();
+    let z = b.acquire_raw_fast(Priority::High).unwrap();
+    assert_eq!(releaser.raw_permits_held(), 3);
+    assert_eq!(a.raw_permits_held(), 3, "the same count through a handle");
+    drop((a, b, child));
+    assert_eq!(releaser.raw_permits_held(), 3, "held past the handles");
+    releaser.release_raw(x).unwrap();
+    assert!(already(releaser.release_raw(x)));
+    assert!(matches!(
+        releaser.release_raw_first_look(y),
+        RawRelease::Released
+    ));
+    assert!(matches!(
+        releaser.release_raw_first_look(y),
+        RawRelease::NotHeld
+    ));
+    assert_eq!(releaser.raw_permits_held(), 1);
+
+    // Detach refuses while the releaser shares the binding.
+    let c = Scheduler::attach(&region).unwrap();
+    assert!(releaser.same_root(&c), "the binding the releaser kept");
+    assert_eq!(c.global_running(), 1);
+    releaser.release_raw(z).unwrap();
+    assert_eq!(c.global_running(), 0);
+    match c.detach() {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("raw releaser"), "{m}"),
+        r => panic!("detach with a releaser alive: {r:?}"),
+    }
+    drop(releaser);
+    let d = Scheduler::attach(&region).unwrap();
+    drop(region);
+    d.detach().unwrap();
+}

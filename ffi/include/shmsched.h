@@ -2049,7 +2049,11 @@ shmsched_status shmsched_scheduler_detach(struct shmsched_scheduler *sched);
 
 /**
  * Closes the handle. Permits acquired through it stay valid and can still
- * be released; the handle's memory is freed when the last of them is.
+ * be released; the handle's memory is freed once none of them needs it:
+ * weighted and child permits need the handle until they are released,
+ * one-slot permits of a shared handle only this process's binding of the
+ * region (shared by its handles on it), which stays until the last of
+ * them is released.
  * Closing NULL does nothing. Does not leave the region's process table
  * (see `shmsched_scheduler_detach`): the entry is reaped after the
  * process exits.

@@ -49,7 +49,10 @@
 //! (A release that read "not closed" just before a concurrent close leaves
 //! the handle parked until the next sweep: a delay, never a use after free,
 //! because the sweep frees only what it saw `FREE`, and `FREE` is stored
-//! after the release's last use of the handle.)
+//! after the release's last use of the handle.) Cell tokens do not refer
+//! to the handle but to its pin target ([`crate::pin`]): closing takes the
+//! handle off its target, and the same sweep frees a target once no open
+//! handle uses it and no cell token can reach it.
 //!
 //! # Fork
 //!
@@ -57,8 +60,9 @@
 //! which the child cannot release (another process tag), and the parent's
 //! held entries stay held in the child's copy (a bounded leak: what was held
 //! at the fork). If a thread of the parent held the pool lock at the fork,
-//! the child's atfork handler resets the pool (dropping its free indices,
-//! again a bounded leak) and unlocks it.
+//! the child's atfork handler resets the pool (dropping its free indices
+//! and its lists of closed handles and pin targets, again a bounded leak)
+//! and unlocks it.
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
@@ -152,6 +156,8 @@ pub(crate) struct Pool {
     next: u32,
     /// Closed scheduler handles that permits may still refer to.
     closed: Vec<*mut shmsched_scheduler>,
+    /// Pin targets not freed yet ([`crate::pin`]), published or not.
+    pub(crate) targets: Vec<*mut pin::PinTarget>,
     /// Pin slots given back ([`crate::pin`]).
     pub(crate) slots_free: Vec<u32>,
     /// Pin slots below this have been handed out at least once.
@@ -167,7 +173,7 @@ struct PoolCell {
 // SAFETY: `pool` is only accessed by the holder of `locked` (see
 // `with_pool`), or by the atfork child handler while the child has one
 // thread. The raw handle pointers it holds are owned by the pool once
-// closed, and freed under the lock.
+// closed, and freed under the lock; so are the pin targets'.
 unsafe impl Sync for PoolCell {}
 
 static POOL: PoolCell = PoolCell {
@@ -176,6 +182,7 @@ static POOL: PoolCell = PoolCell {
         free: Vec::new(),
         next: 0,
         closed: Vec::new(),
+        targets: Vec::new(),
         slots_free: Vec::new(),
         slots_next: 0,
     }),
@@ -226,6 +233,7 @@ pub(crate) fn after_fork_in_child() {
                     free: Vec::new(),
                     next: (*POOL.pool.get()).next,
                     closed: Vec::new(),
+                    targets: Vec::new(),
                     slots_free: Vec::new(),
                     slots_next: (*POOL.pool.get()).slots_next,
                 },
@@ -526,8 +534,9 @@ pub(crate) fn not_held(token: shmsched_permit) -> Fail {
     )
 }
 
-/// Parks a closed handle and frees every parked handle that no permit
-/// refers to any more.
+/// Parks a closed handle (taking it off its pin target) and frees every
+/// parked handle that no permit refers to any more, and every pin target
+/// no cell token can reach any more.
 ///
 /// # Safety
 ///
@@ -537,34 +546,26 @@ pub(crate) fn not_held(token: shmsched_permit) -> Fail {
 pub(crate) unsafe fn retire(handle: *mut shmsched_scheduler) {
     with_pool(|p| {
         // SAFETY: the handle is alive (the contract) and only read here.
-        unsafe { (*handle).mark_closed() };
+        let h = unsafe { &*handle };
+        h.mark_closed();
+        pin::leave(h);
         p.closed.push(handle);
         sweep(p);
     });
 }
 
-/// Makes an open handle unreachable from cell tokens before it is freed
-/// without a sweep (detach): unpublished from its pin slot and no hazard
-/// pointer on it ([`crate::pin`]). False if a raw permit appeared in its
-/// region meanwhile or a release through it stays under way: then it must
-/// be retired instead.
+/// Takes an open handle off its pin target before it is freed without a
+/// sweep (detach), freeing the target if the handle was its last
+/// ([`pin::detach_target`]). False if a raw permit of this process is out
+/// in its binding or a release through the target stays under way: then
+/// the handle must be retired instead.
 pub(crate) fn unpin(handle: *mut shmsched_scheduler) -> bool {
-    // SAFETY: the caller's handle is alive.
-    if unsafe { (*handle).pin_slot() } == pin::NO_SLOT {
+    // SAFETY: the caller's handle is alive, and only read here.
+    let h = unsafe { &*handle };
+    if h.pin_slot() == pin::NO_SLOT {
         return true;
     }
-    with_pool(|p| {
-        if !pin::unpublish(handle) || !pin::heavy_fence() {
-            return false;
-        }
-        (0..100).any(|_| {
-            let done = pin::unpinned(p, handle);
-            if !done {
-                std::thread::yield_now();
-            }
-            done
-        })
-    })
+    with_pool(|p| pin::detach_target(p, h))
 }
 
 #[cfg(test)]
@@ -572,6 +573,22 @@ impl Pool {
     /// Whether `h` is parked (closed, not freed yet).
     pub(crate) fn closed_contains(&self, h: *mut shmsched_scheduler) -> bool {
         self.closed.contains(&h)
+    }
+
+    /// Parked handles of `sched`'s region binding.
+    pub(crate) fn parked_of(&self, sched: &Scheduler) -> usize {
+        let r = sched.raw_releaser().unwrap();
+        self.closed
+            .iter()
+            // SAFETY: parked handles are alive.
+            .filter(|&&h| r.same_root(unsafe { &*h }.scheduler()))
+            .count()
+    }
+
+    /// Pin slots in use by `sched`'s region binding (its pin targets not
+    /// freed yet).
+    pub(crate) fn pin_slots_of(&self, sched: &Scheduler) -> usize {
+        pin::targets_of(self, sched)
     }
 }
 
@@ -598,49 +615,36 @@ fn for_each_live(p: &Pool, mut f: impl FnMut(*mut shmsched_scheduler)) {
     }
 }
 
-/// Frees the closed handles that no live entry refers to and that no
-/// cell token can reach any more (unpublished from their pin slot, no
-/// hazard pointer on them: see [`crate::pin`]).
+/// Frees the closed handles that no live entry refers to, then the pin
+/// targets that no cell token can reach any more ([`pin::sweep_targets`]).
 pub(crate) fn sweep(p: &mut Pool) {
-    if p.closed.is_empty() {
-        return;
-    }
-    let mut busy = Vec::new();
-    for_each_live(p, |h| {
-        if p.closed.contains(&h) && !busy.contains(&h) {
-            busy.push(h);
+    if !p.closed.is_empty() {
+        let mut busy = Vec::new();
+        for_each_live(p, |h| {
+            if p.closed.contains(&h) && !busy.contains(&h) {
+                busy.push(h);
+            }
+        });
+        let mut freed = Vec::new();
+        p.closed.retain(|&h| {
+            let keep = busy.contains(&h);
+            if !keep {
+                freed.push(h);
+            }
+            keep
+        });
+        for h in freed {
+            // SAFETY: `h` came from Box::into_raw (the contract of
+            // `retire`), is closed (no new permits), no entry refers to it
+            // (a FREE entry's releaser stored FREE after its last use of
+            // the handle: Release; our loads are Acquire), and no cell
+            // token reaches it (they reach its pin target, which it left
+            // at close). It was removed from the list above, so it is
+            // freed once.
+            drop(unsafe { Box::from_raw(h) });
         }
-    });
-    let candidates: Vec<_> = p
-        .closed
-        .iter()
-        .copied()
-        .filter(|h| !busy.contains(h) && pin::unpublish(*h))
-        .collect();
-    if candidates.is_empty() {
-        return;
     }
-    // SAFETY (the reads): parked handles are alive until freed below.
-    let pinned = candidates
-        .iter()
-        .any(|&h| unsafe { (*h).pin_slot() } != pin::NO_SLOT);
-    if pinned && !pin::heavy_fence() {
-        return; // nothing proven: they stay parked
-    }
-    let freed: Vec<_> = candidates
-        .into_iter()
-        .filter(|&h| pin::unpinned(p, h))
-        .collect();
-    p.closed.retain(|h| !freed.contains(h));
-    for h in freed {
-        // SAFETY: `h` came from Box::into_raw (the contract of `retire`),
-        // is closed (no new permits), no entry refers to it (a FREE entry's
-        // releaser stored FREE after its last use of the handle: Release;
-        // our loads are Acquire), and no cell token can reach it (it is
-        // unpublished and no hazard pointer holds it after the heavy
-        // fence). It was removed from the list above, so it is freed once.
-        drop(unsafe { Box::from_raw(h) });
-    }
+    pin::sweep_targets(p);
 }
 
 #[cfg(test)]

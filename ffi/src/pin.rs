@@ -3,16 +3,17 @@
 //! and no claiming CAS. The cell's own give-back CAS is the check against a
 //! double, stale, forged or foreign release (see *Raw permits* in the
 //! library's `scheduler/shared.rs`, and [`Permit::into_raw`]); what this
-//! module adds is finding the scheduler handle from the token without a
-//! read-modify-write, safely against the handle being closed and freed.
+//! module adds is finding the region binding the token was taken in
+//! without a read-modify-write, safely against it being freed.
 //!
 //! # The token
 //!
 //! `shmsched_permit {process, serial}` as for table permits
 //! ([`crate::permits`]); `serial` bit 63 tells them apart. A cell token has
-//! bit 63 set, then the handle's *pin slot* (bits 62..49, 14 bits), the
-//! cell's counted bit (48), the cell (47..32, up to 65,536 cells) and the
-//! tag (31..0, never 0). A table token has bit 63 clear.
+//! bit 63 set, then the *pin slot* of the handle's pin target (bits
+//! 62..49, 14 bits; below), the cell's counted bit (48), the cell (47..32,
+//! up to 65,536 cells) and the tag (31..0, never 0). A table token has bit
+//! 63 clear.
 //!
 //! - **Acquire** (a shared root handle with a pin slot). The common case
 //!   takes the *lean path* ([`acquire_now`], run by
@@ -30,23 +31,25 @@
 //!   multiple of the golden ratio, so two threads' sequences differ; 0
 //!   skipped). Either way the tag reaches the cell by one plain store (no
 //!   RMW). Anything that does not become raw (a weighted permit, a child,
-//!   a handle beyond [`MAX_SLOTS`]) takes the table path.
+//!   a handle without a pin slot: past [`MAX_SLOTS`] targets) takes the
+//!   table path.
 //! - **Release**: the process tag is checked as for a table token
-//!   (`ForeignPermit`); the handle is found through its pin slot, *pinned*
-//!   (below) and the library's raw release runs: its give-back CAS frees
-//!   the cell only if the cell still holds `tag | owner | counted`. The
-//!   lean path ([`release_now`]) does it for a cell token of this process
-//!   whose slot names a handle, on a thread that has a hazard record,
-//!   through the library's first look ([`Scheduler::release_raw_first_look`],
-//!   which leaves serving the queue to a `Serve` the lean path drops while
-//!   still pinned, and declines above a lowered ceiling); anything else
-//!   goes the general way, [`release`] ([`Scheduler::release_raw`]). A
-//!   stale token can only match a later permit of this process on the same
-//!   cell with the very same tag: a lean tag repeats on its cell only
-//!   after 2^32 − 1 lean takes of that cell, and a thread's tag only after
-//!   2^32 of its own; a tag of one kind, or of another binding, meets one
-//!   of the other by chance (one in 2^32 per reuse, the level of a table
-//!   entry's generation).
+//!   (`ForeignPermit`); the pin target is found through its slot, *pinned*
+//!   (below) and the library's raw release runs through its
+//!   [`RawReleaser`]: its give-back CAS frees the cell only if the cell
+//!   still holds `tag | owner | counted`. The lean path ([`release_now`])
+//!   does it for a cell token of this process whose slot names a target,
+//!   on a thread that has a hazard record, through the library's first
+//!   look ([`RawReleaser::release_raw_first_look`], which leaves serving
+//!   the queue to a `Serve` the lean path drops while still pinned, and
+//!   declines above a lowered ceiling); anything else goes the general
+//!   way, [`release`] ([`RawReleaser::release_raw`]). A stale token can
+//!   only match a later permit of this process on the same cell with the
+//!   very same tag: a lean tag repeats on its cell only after 2^32 − 1
+//!   lean takes of that cell, and a thread's tag only after 2^32 of its
+//!   own; a tag of one kind, or of another binding (a recycled slot), meets
+//!   one of the other by chance (one in 2^32 per reuse, the level of a
+//!   table entry's generation).
 //! - **Why first looks.** A locked instruction waits for every earlier
 //!   store to leave the store buffer, and the registers a function saves
 //!   on entry are stores. The lean paths are written so that nothing of
@@ -55,78 +58,130 @@
 //!   needs), so the exported functions save at most one or two registers
 //!   before their CAS instead of six (measured in `benches/RESULTS.md`).
 //!
+//! # Pin targets
+//!
+//! Releasing a cell token needs the region binding it was taken in, not
+//! the handle: the library's [`RawReleaser`], the shared root that every
+//! handle of this process on that binding shares. So a pin slot names a
+//! [`PinTarget`], one per binding: the releaser, `open` (the open handles
+//! using it) and whether its slot still names it, those two written under
+//! the pool lock of [`crate::permits`]. [`publish`] gives a new shared
+//! root handle the published target of its binding if there is one
+//! (`open` + 1), else a new target with a new slot; the handle keeps a copy
+//! of the slot for the lean acquire. Closing a handle
+//! ([`permits::retire`]) takes one from its target's `open`; the handle
+//! itself then waits only for its table entries (weighted and child
+//! permits), never for cell tokens, which need only the target. A target
+//! whose `open` is 0 is freed by a sweep once no raw permit of this
+//! process is out in its binding (below). So at most one target (one pin
+//! slot) is in use per binding with an open handle or a raw permit out,
+//! plus targets unpublished but not freed yet (a hazard held them at a
+//! sweep): handles opened and closed beside a handle whose one-slot
+//! permits are always out share its target and park nothing, and a token
+//! of a closed handle is released through the target while the binding
+//! has another open handle or raw permit.
+//!
 //! # The pin: an asymmetric-fence hazard pointer
 //!
-//! `SLOTS[s]` holds the handle of pin slot `s` (null when none). Each
+//! `SLOTS[s]` holds the target of pin slot `s` (null when none). Each
 //! thread that releases owns one hazard record (registered once in a
 //! global list, recycled at thread exit). A release does:
 //!
-//! 1. `h = SLOTS[s]` (Acquire); null: `AlreadyReleased`;
-//! 2. `hazard = h` (a plain atomic store), then a compiler fence (a full
+//! 1. `t = SLOTS[s]` (Acquire); null: `AlreadyReleased`;
+//! 2. `hazard = t` (a plain atomic store), then a compiler fence (a full
 //!    fence until membarrier is known to work, see below);
 //! 3. `SLOTS[s]` again: changed, clear the hazard, `AlreadyReleased`;
-//! 4. `release_raw` through `h`; read `h.closed`; clear the hazard (Release);
-//!    if the handle was closed, sweep (under the pool lock, below).
+//! 4. the raw release through `t`; read `t.open` (SeqCst); clear the hazard
+//!    (Release); if `open` was 0, sweep (under the pool lock, below).
 //!
-//! A handle is freed only by a sweep (under the pool lock of
-//! [`crate::permits`]): a closed handle with no table entry referring to it
-//! and no raw permit of this process left in its region
-//! ([`Scheduler::raw_permits_held`]) is unpublished (`SLOTS[s] = null`);
-//! then `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier
-//! on every running thread of the process; then every hazard record is
-//! read. A record holding `h` is waited for briefly (a release holds it for
-//! nanoseconds); if it stays, `h` stays parked for the next sweep (a delay,
-//! never a use after free). Otherwise `h` is freed and its slot recycled.
+//! A target is freed only by a sweep (under the pool lock), and only when
+//! its `open` is 0: (a) if its slot still names it, the raw permits of
+//! this process in its binding are counted
+//! ([`RawReleaser::raw_permits_held`]); any: it stays as it is; none: it is
+//! unpublished (`SLOTS[s] = null`, SeqCst) and marked so; (b)
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on
+//! every running thread of the process; (c) every hazard record is read;
+//! one holding `t` is waited for briefly (a release holds it for
+//! nanoseconds); if it stays, `t` stays unpublished for the next sweep (a
+//! delay, never a use after free); (d) otherwise `t` is freed and its slot
+//! recycled. A target is published once, under the pool lock, before any
+//! token names it, and never again once unpublished: [`publish`] shares
+//! only a target whose slot still names it.
 //!
 //! **Why each interleaving is safe.** The releaser's step 2 store and step
-//! 3 load, against the sweep's unpublishing store and hazard loads, is
-//! Dekker's handshake; the releaser's side has only a compiler fence, and
-//! the membarrier supplies the CPU barrier on its behalf: on the
-//! releaser's CPU a full barrier runs at some point during the sweep's
-//! membarrier call. If the releaser's hazard store came before that
-//! barrier, it is visible to the sweep's hazard loads (which come after
-//! the call returns): the sweep sees `h` and does not free it until the
-//! releaser clears it (Release, after its last use of `h`; the sweep's
-//! loads are Acquire). If the store came after the barrier, the releaser's
-//! step 3 load comes after it too, so after the unpublishing store (made
-//! before the call): it reads null or a later handle, not `h` (a handle at
-//! the same address can be published only once `h` is freed, which this
-//! sweep has not done), and the releaser backs off without touching `h`.
-//! A release that read "not closed" just before a close leaves the sweep
-//! to that close; a release that read "closed" sweeps itself after
-//! clearing its hazard, so the last raw permit of a closed handle frees it.
-//! A legitimately held raw permit keeps its handle published (the sweep
-//! counts raw permits in the region first; the handle is closed, so no new
-//! one can appear through it). The count is per region and process (a
-//! cell records its owner and tag, not the handle): one-slot permits of
-//! another open handle of this process on the same region keep a closed
-//! handle parked too, until a sweep after they are all released (a delay,
-//! and while it lasts the handle's memory and pin slot; past
-//! [`MAX_SLOTS`] new handles use the table).
+//! 3 load, against the sweep's unpublishing store (a) and hazard loads
+//! (c), is Dekker's handshake; the releaser's side has only a compiler
+//! fence, and the membarrier (b) supplies the CPU barrier on its behalf:
+//! on the releaser's CPU a full barrier runs at some point during the
+//! call. If the releaser's hazard store came before that barrier, it is
+//! visible to the sweep's hazard loads (which come after the call
+//! returns): the sweep sees `t` and does not free it until the releaser
+//! clears it (Release, after its last use of `t`; the sweep's loads are
+//! Acquire). If the store came after the barrier, the releaser's step 3
+//! load comes after it too, so after the unpublishing store (made before
+//! the call): it reads null (the releaser backs off without touching `t`)
+//! or a target published later. That one may sit at `t`'s address only if
+//! `t` was freed meanwhile; the releaser then holds a hazard on the new
+//! target, stored before its step 3 load saw the target published, which
+//! is interleaving one for that target's own sweep (it is unpublished
+//! after that load, so its membarrier comes after the hazard store): the
+//! new target is pinned, and the token is released through it as any
+//! stale token of a recycled slot is (the give-back CAS decides; its cell
+//! would have to hold the very tag). A release whose step 1 comes after
+//! (a) reads null or a later target, the same case.
+//!
+//! Why a pinned release of a live raw permit never finds its target
+//! unpublished: a raw permit is taken only through an open handle (while
+//! its target's `open` is above 0, so no sweep touches the target), and
+//! while it is held the count (a) reads its cell (a cell records its owner
+//! and tag, so the count is per binding and process: raw permits taken
+//! through every handle of the binding keep its one published target).
+//! Why an idle target is swept: a release that read `open` 0 sweeps
+//! itself after clearing its hazard, so the last raw permit of an idle
+//! target frees it. A release that read `open` above 0 just before the
+//! last handle closed leaves the sweep to that close: the release's cell
+//! CAS and `open` load and the close's decrement and cell loads are all
+//! SeqCst, one total order, so either the release reads 0 or the close's
+//! count finds the cell free (on x86 the CAS and the decrement are locked
+//! instructions, the loads plain ones). A handle opened on an idle target
+//! whose slot still names it takes it back (`open` 1), cancelling the
+//! sweep.
 //!
 //! Where membarrier is unavailable (an old kernel, a seccomp filter;
-//! decided once per process, before the first handle is pinned) releasers
-//! use a SeqCst fence instead of the compiler fence and the sweep a SeqCst
-//! fence instead of the syscall: sound, one fence slower. A releaser that
-//! finds it not decided yet (only possible in a forked child, whose
-//! decision starts over) takes the SeqCst fence too: a full fence on the
-//! releaser's side is sound against either heavy side.
+//! decided once per process, before the first target is published)
+//! releasers use a SeqCst fence instead of the compiler fence and the
+//! sweep a SeqCst fence instead of the syscall: sound, one fence slower. A
+//! releaser that finds it not decided yet (only possible in a forked
+//! child, whose decision starts over) takes the SeqCst fence too: a full
+//! fence on the releaser's side is sound against either heavy side.
+//!
+//! # Detach
+//!
+//! A handle's target keeps its binding (and so the process's entry in
+//! the region's process table) alive, as another handle would, so the
+//! library's detach would refuse. `shmsched_scheduler_detach` of a
+//! target's last open handle, with no raw permit out, first frees the
+//! target as a sweep would (unpublish, heavy fence, hazard scan:
+//! [`detach_target`]); with other open handles on the target the handle
+//! just leaves it, and the library refuses as it always did.
 //!
 //! # Fork
 //!
 //! A child gets a new process tag, so its parent's tokens are foreign
-//! (checked before the slot is read). The child handler clears every
-//! hazard record (no thread of the child is inside a release: `fork` is
-//! not called from one) and frees the records of the parent's other
-//! threads, and makes the child decide about membarrier afresh. The slot
-//! table and its free list are the pool's (see [`crate::permits`]).
+//! (checked before the slot is read), and its own handles bind afresh
+//! (a new shared root, so new targets: a parent's target never names a
+//! child's binding). The child handler clears every hazard record (no
+//! thread of the child is inside a release: `fork` is not called from
+//! one) and frees the records of the parent's other threads, and makes
+//! the child decide about membarrier afresh. The slot table and its free
+//! list are the pool's (see [`crate::permits`]).
 
 use std::cell::Cell;
 use std::num::NonZeroU32;
 use std::ptr;
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
-use shmsched::scheduler::{Permit, RawPermit, RawRelease, Scheduler, Serve};
+use shmsched::scheduler::{Permit, RawPermit, RawRelease, RawReleaser, Scheduler, Serve};
 use shmsched::sys::membarrier;
 
 use crate::face::{self, Handle};
@@ -135,8 +190,8 @@ use crate::process;
 use crate::scheduler::shmsched_scheduler;
 use crate::status::{shmsched_status, Fail};
 
-/// Pin slots: at most this many open shared root handles at once use
-/// cell tokens (later ones use the table).
+/// Pin slots: at most this many pin targets (region bindings) at once
+/// have cell tokens (handles of later ones use the table).
 pub(crate) const MAX_SLOTS: usize = 1 << 14;
 
 /// A handle's pin slot when it has none.
@@ -147,17 +202,35 @@ const SLOT_SHIFT: u32 = 49;
 const COUNTED_BIT: u64 = 1 << 48;
 const CELL_SHIFT: u32 = 32;
 
-/// The handle of each pin slot, or null. Written under the pool lock
+/// The target of each pin slot, or null. Written under the pool lock
 /// (publish, unpublish); read by releases without a lock.
-static SLOTS: [AtomicPtr<shmsched_scheduler>; MAX_SLOTS] =
+static SLOTS: [AtomicPtr<PinTarget>; MAX_SLOTS] =
     [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SLOTS];
 
-/// One thread's hazard pointer: the handle it is releasing through (null
+/// What a pin slot names: one region binding of this process (see *Pin
+/// targets* in the module docs). Made by [`publish`], freed by a sweep
+/// ([`sweep_targets`]) or by [`detach_target`], both under the pool lock;
+/// a release reaches it through its slot, pinned.
+pub(crate) struct PinTarget {
+    /// The binding's raw release (all a cell token's release needs).
+    releaser: RawReleaser,
+    /// The open handles using it. Changed under the pool lock (SeqCst
+    /// RMWs); read by releases (SeqCst: see the module docs) to know
+    /// whether they may have to sweep.
+    open: AtomicU32,
+    /// Its pin slot, for life (recycled once it is freed).
+    slot: u32,
+    /// Set under the pool lock once its slot no longer names it (then
+    /// never published again); read under the lock.
+    unpublished: AtomicBool,
+}
+
+/// One thread's hazard pointer: the target it is releasing through (null
 /// when none). Records are allocated once, never freed, and linked into
 /// [`HAZARDS`]; a thread takes a free one (or a new one) on its first
 /// release and gives it back at exit.
 struct Hazard {
-    ptr: AtomicPtr<shmsched_scheduler>,
+    ptr: AtomicPtr<PinTarget>,
     in_use: AtomicBool,
     /// The next record (set before the record is linked; never changes).
     next: *const Hazard,
@@ -261,7 +334,7 @@ fn register() -> &'static Hazard {
 }
 
 /// Whether some thread's hazard pointer is `h` now.
-fn hazard_on(h: *mut shmsched_scheduler) -> bool {
+fn hazard_on(h: *mut PinTarget) -> bool {
     let mut cur = HAZARDS.load(Ordering::Acquire);
     while !cur.is_null() {
         // SAFETY: records are never freed.
@@ -319,25 +392,65 @@ fn seed() -> u32 {
     n.wrapping_mul(0x9e37_79b9) | 1
 }
 
-/// Gives `h` (a new shared root handle, not yet shared with any thread) a
-/// pin slot, if one is free: its one-cell permits become cell tokens.
+/// Gives `h` (a new shared root handle, not yet shared with any thread) the
+/// pin target of its region binding: the published one if there is one,
+/// else a new one with a pin slot, if one is free. Its one-cell permits
+/// then become cell tokens.
 pub(crate) fn publish(h: *mut shmsched_scheduler) {
     // Decide about membarrier before the first token exists (releases read
     // the answer without deciding).
     let _ = membarrier::available();
+    // SAFETY: `h` is live and not yet shared (the contract).
+    let hr = unsafe { &*h };
+    let Some(releaser) = hr.scheduler().raw_releaser() else {
+        return;
+    };
     permits::with_pool(|p| {
-        let slot = match p.slots_free.pop() {
-            Some(s) => s,
-            None if (p.slots_next as usize) < MAX_SLOTS => {
-                p.slots_next += 1;
-                p.slots_next - 1
+        let published = p.targets.iter().copied().find(|&t| {
+            // SAFETY: the pool's targets are alive while listed (freed
+            // only under the lock, after they leave the list).
+            let t = unsafe { &*t };
+            !t.unpublished.load(Ordering::Relaxed) && t.releaser.same_root(hr.scheduler())
+        });
+        let t = match published {
+            Some(t) => t,
+            None => {
+                let slot = match p.slots_free.pop() {
+                    Some(s) => s,
+                    None if (p.slots_next as usize) < MAX_SLOTS => {
+                        p.slots_next += 1;
+                        p.slots_next - 1
+                    }
+                    None => return,
+                };
+                let t = Box::into_raw(Box::new(PinTarget {
+                    releaser,
+                    open: AtomicU32::new(0),
+                    slot,
+                    unpublished: AtomicBool::new(false),
+                }));
+                p.targets.push(t);
+                SLOTS[slot as usize].store(t, Ordering::Release);
+                t
             }
-            None => return,
         };
-        // SAFETY: `h` is live and not yet shared (the contract).
-        unsafe { (*h).set_pin_slot(slot) };
-        SLOTS[slot as usize].store(h, Ordering::Release);
+        // SAFETY: listed, so alive (as above).
+        let tr = unsafe { &*t };
+        tr.open.fetch_add(1, Ordering::SeqCst);
+        hr.set_target(t, tr.slot);
     });
+}
+
+/// Takes the handle `h`, being closed (or detached), off its pin target,
+/// under the pool lock, before the sweep that may free the target.
+pub(crate) fn leave(h: &shmsched_scheduler) {
+    let t = h.target();
+    if !t.is_null() {
+        // SAFETY: an open handle's target is alive (its `open` counts it,
+        // so no sweep frees it).
+        unsafe { &*t }.open.fetch_sub(1, Ordering::SeqCst);
+        h.clear_target();
+    }
 }
 
 /// Acquires through `handle` with `acquire`: a cell token when the permit
@@ -469,22 +582,22 @@ pub(crate) fn release(token: shmsched_permit) -> Result<(), Fail> {
         return Err(permits::not_ours(token, me));
     }
     let hazard = my_hazard();
-    let Some((h, raw)) = pin(token.serial, hazard) else {
+    let Some((t, raw)) = pin(token.serial, hazard) else {
         return Err(permits::not_held(token));
     };
     // SAFETY: pinned (see `pin`) until `unpin`.
-    let hr = unsafe { &*h };
-    let r = hr.scheduler().release_raw(raw);
-    if unpin(hazard, hr) {
+    let tr = unsafe { &*t };
+    let r = tr.releaser.release_raw(raw);
+    if unpin(hazard, tr) {
         permits::with_pool(permits::sweep);
     }
     r.map_err(|e| raw_failure(token, e))
 }
 
 /// The lean path of `shmsched_permit_release` (see [`crate::face::lean`]):
-/// a cell token of this process whose pin slot names a handle, on a thread
-/// that has a hazard record, released through the library's first look
-/// ([`Scheduler::release_raw_first_look`]) and answered exactly as
+/// a cell token of this process whose pin slot names a target, on a
+/// thread that has a hazard record, released through the library's first
+/// look ([`RawReleaser::release_raw_first_look`]) and answered exactly as
 /// [`release`] would; anything else, and what the first look declines,
 /// goes to `general` (which takes over from scratch: nothing was done),
 /// or, before any call, to the caller (`None`).
@@ -519,22 +632,22 @@ pub(crate) fn release_now(
     let Some(hazard) = my_hazard_if_any() else {
         return Some(general(ours()));
     };
-    let Some((h, raw)) = pin(serial, hazard) else {
+    let Some((t, raw)) = pin(serial, hazard) else {
         return Some(general(ours()));
     };
     // SAFETY: pinned (see `pin`) until `unpin`.
-    let hr = unsafe { &*h };
-    Some(match hr.scheduler().release_raw_first_look(raw) {
+    let tr = unsafe { &*t };
+    Some(match tr.releaser.release_raw_first_look(raw) {
         RawRelease::Released => {
-            if unpin(hazard, hr) {
+            if unpin(hazard, tr) {
                 return Some(swept(shmsched_status::Ok));
             }
             shmsched_status::Ok
         }
-        RawRelease::Serve(serve) => served(serve, hazard, hr),
+        RawRelease::Serve(serve) => served(serve, hazard, tr),
         RawRelease::NotHeld => {
-            let closed = unpin(hazard, hr);
-            not_held(ours(), closed)
+            let idle = unpin(hazard, tr);
+            not_held(ours(), idle)
         }
         RawRelease::Declined => {
             // Nothing done: the general path pins again.
@@ -544,8 +657,8 @@ pub(crate) fn release_now(
     })
 }
 
-/// Sweeps (a release through a closed handle, see the module docs) and
-/// answers `status`.
+/// Sweeps (a release through a target without an open handle, see the
+/// module docs) and answers `status`.
 #[cold]
 #[inline(never)]
 fn swept(status: shmsched_status) -> shmsched_status {
@@ -554,44 +667,46 @@ fn swept(status: shmsched_status) -> shmsched_status {
 }
 
 /// The rest of a lean release whose freed cell must serve the queue:
-/// serves (with `h` still pinned), unpins, sweeps if `h` is closed.
+/// serves (with `t` still pinned), unpins, sweeps if `t` has no open
+/// handle.
 #[cold]
 #[inline(never)]
-fn served(serve: Serve<'_>, hazard: &Hazard, h: &shmsched_scheduler) -> shmsched_status {
+fn served(serve: Serve<'_>, hazard: &Hazard, t: &PinTarget) -> shmsched_status {
     drop(serve);
-    if unpin(hazard, h) {
+    if unpin(hazard, t) {
         return swept(shmsched_status::Ok);
     }
     shmsched_status::Ok
 }
 
 /// The answer to a lean release whose token's cell does not hold it, once
-/// unpinned (`closed`: sweep first), as [`release`] gives it.
+/// unpinned (`idle`: its target has no open handle, sweep first), as
+/// [`release`] gives it.
 #[cold]
 #[inline(never)]
-fn not_held(token: shmsched_permit, closed: bool) -> shmsched_status {
-    if closed {
+fn not_held(token: shmsched_permit, idle: bool) -> shmsched_status {
+    if idle {
         permits::with_pool(permits::sweep);
     }
     permits::not_held(token).report()
 }
 
-/// Pins the handle that the cell token of `serial` (of this process) names
-/// through its pin slot with this thread's `hazard` record (module docs,
-/// steps 1-3): the handle, not freed until [`unpin`], and the raw permit;
-/// or `None`, with nothing held, if the slot names none (or the token no
-/// raw permit at all).
+/// Pins the target that the cell token of `serial` (of this process)
+/// names through its pin slot with this thread's `hazard` record (module
+/// docs, steps 1-3): the target, not freed until [`unpin`], and the raw
+/// permit; or `None`, with nothing held, if the slot names none (or the
+/// token no raw permit at all).
 #[inline(always)]
-fn pin(serial: u64, hazard: &Hazard) -> Option<(*mut shmsched_scheduler, RawPermit)> {
+fn pin(serial: u64, hazard: &Hazard) -> Option<(*mut PinTarget, RawPermit)> {
     let tag = NonZeroU32::new(serial as u32)?;
     let cell = (serial >> CELL_SHIFT) as u32 & 0xffff;
     let raw = RawPermit::from_parts(cell, serial & COUNTED_BIT != 0, tag)?;
     let slot = &SLOTS[(serial >> SLOT_SHIFT) as usize & (MAX_SLOTS - 1)];
-    let h = slot.load(Ordering::Acquire);
-    if h.is_null() {
+    let t = slot.load(Ordering::Acquire);
+    if t.is_null() {
         return None;
     }
-    hazard.ptr.store(h, Ordering::Relaxed);
+    hazard.ptr.store(t, Ordering::Relaxed);
     // A full fence until membarrier is known to work: sound either way (a
     // sweep's heavy side is the syscall or a full fence of its own).
     if membarrier::known_available() {
@@ -599,27 +714,28 @@ fn pin(serial: u64, hazard: &Hazard) -> Option<(*mut shmsched_scheduler, RawPerm
     } else {
         fence(Ordering::SeqCst);
     }
-    if slot.load(Ordering::Acquire) != h {
+    if slot.load(Ordering::Acquire) != t {
         hazard.ptr.store(ptr::null_mut(), Ordering::Release);
         return None;
     }
-    // `h` was published in its slot after our hazard store became visible
+    // `t` was published in its slot after our hazard store became visible
     // (the re-load above; see the module docs), so no sweep frees it until
     // the hazard is cleared ([`unpin`]).
-    Some((h, raw))
+    Some((t, raw))
 }
 
-/// Ends a [`pin`] once the release through `h` is done (module docs, step
-/// 4): whether `h` is closed (then the caller sweeps), read before the
-/// hazard is cleared.
+/// Ends a [`pin`] once the release through `t` is done (module docs, step
+/// 4): whether `t` has no open handle (then the caller sweeps), read
+/// before the hazard is cleared. SeqCst, against the last close's
+/// decrement and count (module docs); a plain load on x86.
 #[inline(always)]
-fn unpin(hazard: &Hazard, h: &shmsched_scheduler) -> bool {
-    let closed = h.is_closed();
+fn unpin(hazard: &Hazard, t: &PinTarget) -> bool {
+    let idle = t.open.load(Ordering::SeqCst) == 0;
     hazard.ptr.store(ptr::null_mut(), Ordering::Release);
-    closed
+    idle
 }
 
-/// The failure of a cell token's release through its handle.
+/// The failure of a cell token's release through its target.
 #[cold]
 fn raw_failure(token: shmsched_permit, e: shmsched::Error) -> Fail {
     match e {
@@ -628,29 +744,52 @@ fn raw_failure(token: shmsched_permit, e: shmsched::Error) -> Fail {
     }
 }
 
-/// Sweep step for a closed handle with a pin slot and nothing of the table
-/// referring to it: unpublish it once no raw permit of this process is out
-/// in its region. True if it was unpublished (now or before): it may be
-/// freed once [`unpinned`] says no hazard holds it.
-pub(crate) fn unpublish(h: *mut shmsched_scheduler) -> bool {
-    // SAFETY: `h` is a parked handle, alive until the sweep frees it.
-    let hr = unsafe { &*h };
-    let slot = hr.pin_slot();
-    if slot == NO_SLOT || hr.unpublished() {
-        return true;
+/// The targets' part of a sweep (module docs, (a) to (d)): frees every
+/// target without an open handle that no cell token can reach any more
+/// (unpublished once no raw permit of this process is out in its binding,
+/// then no hazard pointer on it after the heavy fence), recycling its
+/// slot. What cannot be freed yet stays listed for a later sweep.
+pub(crate) fn sweep_targets(p: &mut Pool) {
+    let candidates: Vec<*mut PinTarget> = p
+        .targets
+        .iter()
+        .copied()
+        // SAFETY: listed targets are alive (freed only below, unlisted
+        // first, under the lock we hold).
+        .filter(|&t| unpublish(unsafe { &*t }))
+        .collect();
+    if candidates.is_empty() || !heavy_fence() {
+        return; // nothing to free, or nothing proven: they stay listed
     }
-    if hr.scheduler().raw_permits_held() > 0 {
+    for t in candidates {
+        if unpinned(t) {
+            free(p, t);
+        }
+    }
+}
+
+/// Sweep step (a) for `t`: true if it has no open handle and is
+/// unpublished (now, or before), so that it may be freed once no hazard
+/// holds it.
+fn unpublish(t: &PinTarget) -> bool {
+    if t.open.load(Ordering::SeqCst) != 0 {
         return false;
     }
-    SLOTS[slot as usize].store(ptr::null_mut(), Ordering::SeqCst);
-    hr.mark_unpublished();
+    if t.unpublished.load(Ordering::Relaxed) {
+        return true;
+    }
+    if t.releaser.raw_permits_held() > 0 {
+        return false;
+    }
+    SLOTS[t.slot as usize].store(ptr::null_mut(), Ordering::SeqCst);
+    t.unpublished.store(true, Ordering::Relaxed);
     true
 }
 
 /// After one or more [`unpublish`]: the heavy side of the fence (every
 /// thread's hazard store before it is visible after it). False if it could
 /// not be done (then nothing may be freed on the strength of a hazard scan).
-pub(crate) fn heavy_fence() -> bool {
+fn heavy_fence() -> bool {
     if membarrier::available() {
         membarrier::barrier()
     } else {
@@ -659,36 +798,96 @@ pub(crate) fn heavy_fence() -> bool {
     }
 }
 
-/// Whether an unpublished handle `h` may be freed: no thread's hazard holds
-/// it (waiting briefly for one that does). Recycles its pin slot if so.
-pub(crate) fn unpinned(p: &mut Pool, h: *mut shmsched_scheduler) -> bool {
-    // SAFETY: as in `unpublish`.
-    let slot = unsafe { (*h).pin_slot() };
-    if slot != NO_SLOT {
-        let mut spins = 0u32;
-        while hazard_on(h) {
-            spins += 1;
-            if spins > 1000 {
-                return false; // parked for the next sweep
-            }
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+/// Whether an unpublished target `t` may be freed: no thread's hazard holds
+/// it (waiting briefly for one that does).
+fn unpinned(t: *mut PinTarget) -> bool {
+    let mut spins = 0u32;
+    while hazard_on(t) {
+        spins += 1;
+        if spins > 1000 {
+            return false; // kept for the next sweep
         }
-        p.slots_free.push(slot);
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
     true
 }
 
-/// Raw permits of this process in `h`'s region, for `detach`.
+/// Frees the unpublished, unpinned target `t` and recycles its slot.
+fn free(p: &mut Pool, t: *mut PinTarget) {
+    p.targets.retain(|&x| x != t);
+    // SAFETY: `t` came from Box::into_raw in `publish`; no open handle uses
+    // it, no slot names it and no hazard pointer holds it after the heavy
+    // fence (module docs), so no release can reach it; it was unlisted
+    // above, under the lock, so it is freed once.
+    let t = unsafe { Box::from_raw(t) };
+    p.slots_free.push(t.slot);
+}
+
+/// Takes the open handle `h`, being detached, off its pin target, under
+/// the pool lock (module docs, *Detach*): if it is the target's last open
+/// handle, the target is unpublished and freed first, so that the
+/// binding it keeps does not refuse the detach. False, with the handle
+/// still on its target, if a raw permit of this process is out in the
+/// binding or a release through the target stays under way: then the
+/// handle must be retired (closed) instead, and a sweep frees the target.
+pub(crate) fn detach_target(p: &mut Pool, h: &shmsched_scheduler) -> bool {
+    let t = h.target();
+    if t.is_null() {
+        return true;
+    }
+    // SAFETY: an open handle's target is alive (as in `leave`).
+    let tr = unsafe { &*t };
+    if tr.open.load(Ordering::SeqCst) > 1 {
+        leave(h); // others use it: the library's detach decides
+        return true;
+    }
+    if !tr.unpublished.load(Ordering::Relaxed) {
+        if tr.releaser.raw_permits_held() > 0 {
+            return false;
+        }
+        SLOTS[tr.slot as usize].store(ptr::null_mut(), Ordering::SeqCst);
+        tr.unpublished.store(true, Ordering::Relaxed);
+    }
+    if !heavy_fence() {
+        return false;
+    }
+    let free_now = (0..100).any(|_| {
+        let done = unpinned(t);
+        if !done {
+            std::thread::yield_now();
+        }
+        done
+    });
+    if !free_now {
+        return false;
+    }
+    leave(h);
+    free(p, t);
+    true
+}
+
+/// Raw permits of this process in `h`'s region binding, for `detach`.
 pub(crate) fn raw_outstanding(h: &shmsched_scheduler) -> u32 {
     if h.pin_slot() == NO_SLOT {
         0
     } else {
         h.scheduler().raw_permits_held()
     }
+}
+
+/// Pin targets of `sched`'s region binding (tests): each holds a pin
+/// slot until it is freed.
+#[cfg(test)]
+pub(crate) fn targets_of(p: &Pool, sched: &Scheduler) -> usize {
+    p.targets
+        .iter()
+        // SAFETY: listed targets are alive (the pool lock is held).
+        .filter(|&&t| unsafe { &*t }.releaser.same_root(sched))
+        .count()
 }
 
 #[cfg(test)]
@@ -727,6 +926,20 @@ mod tests {
 
     fn parked(h: *mut shmsched_scheduler) -> bool {
         permits::with_pool(|p| p.closed_contains(h))
+    }
+
+    /// Pin targets (so pin slots) in use by `sched`'s binding.
+    fn targets(sched: &Scheduler) -> usize {
+        permits::with_pool(|p| p.pin_slots_of(sched))
+    }
+
+    /// A published shared root handle on `region`.
+    fn open(region: &Region) -> *mut shmsched_scheduler {
+        let h = Box::into_raw(Box::new(shmsched_scheduler::new(
+            Scheduler::attach(region).unwrap(),
+        )));
+        publish(h);
+        h
     }
 
     /// `shmsched_scheduler_acquire` (`try`: `_try_acquire`), which runs the
@@ -964,23 +1177,25 @@ mod tests {
         unsafe { permits::retire(h) };
     }
 
-    /// The lean release of a closed handle's last raw permit frees the
-    /// handle, as the general one does.
+    /// A closed handle is freed at once though its cell tokens are out:
+    /// they need only its pin target, which the lean release of the last
+    /// of them frees, as the general one does.
     #[test]
-    fn a_lean_release_after_close_frees_the_handle() {
+    fn a_lean_release_after_close_frees_the_target() {
         let (h, count) = root(3);
         let (_, a) = c_acquire(h, 0, false);
         let (_, b) = c_acquire(h, 0, false);
         // Registers this thread's hazard record, so the releases below are
         // lean.
         let _ = my_hazard();
-        // SAFETY: closed once; a and b keep it parked.
+        // SAFETY: closed once; a and b are released below.
         unsafe { permits::retire(h) };
-        assert!(parked(h));
+        assert!(!parked(h), "no table entry: freed at once");
+        assert_eq!(targets(&count), 1, "a and b keep the target");
         assert_eq!(scheduler::shmsched_permit_release(a), shmsched_status::Ok);
-        assert!(parked(h), "b still out");
+        assert_eq!(targets(&count), 1, "b still out");
         assert_eq!(scheduler::shmsched_permit_release(b), shmsched_status::Ok);
-        assert!(!parked(h), "freed by the last release");
+        assert_eq!(targets(&count), 0, "freed by the last release");
         assert_eq!(count.global_running(), 0);
         assert_eq!(
             scheduler::shmsched_permit_release(b),
@@ -1087,48 +1302,216 @@ mod tests {
         unsafe { permits::retire(h) };
     }
 
+    /// Handles of one binding share one pin target: a token taken through
+    /// a handle that was closed is released through the target (OK, cell
+    /// freed) while another handle is open, and after the last handle is
+    /// closed, until the last raw permit is released; then the target is
+    /// freed, its slot recycled, and a stale token answers
+    /// ALREADY_RELEASED, also once a new target of the binding exists.
     #[test]
-    fn a_permit_released_after_close_frees_its_cell_then_the_handle() {
-        let (h, count) = root(3);
-        let a = get(h).unwrap();
-        let b = get(h).unwrap();
-        // SAFETY: closed once; a and b keep it parked.
-        unsafe { permits::retire(h) };
-        assert!(parked(h));
-        release(a).unwrap();
-        assert!(parked(h), "b still out");
-        assert_eq!(count.global_running(), 1);
-        release(b).unwrap();
-        assert!(!parked(h), "freed by the last release");
-        assert_eq!(count.global_running(), 0);
-        assert_eq!(status(release(b)), shmsched_status::AlreadyReleased);
-    }
-
-    /// Raw permits are counted per region and process, not per handle: a
-    /// closed handle stays parked while another handle of this process on
-    /// its region has one-slot permits out, and the next sweep after they
-    /// are released frees it (a delay, never a use after free).
-    #[test]
-    fn a_closed_handle_waits_for_the_one_slot_permits_of_its_region() {
+    fn a_token_of_a_closed_handle_is_released_through_its_target() {
         let region = Region::anonymous().unwrap();
         let count = Scheduler::shared(&region, 4).unwrap();
-        let open = |r: &Region| {
-            let h = Box::into_raw(Box::new(shmsched_scheduler::new(
-                Scheduler::attach(r).unwrap(),
-            )));
-            publish(h);
-            h
-        };
         let (h1, h2) = (open(&region), open(&region));
-        let other = get(h2).unwrap();
-        // SAFETY: closed once; nothing held through it.
+        // SAFETY: open handles.
+        let slot = unsafe { (*h1).pin_slot() };
+        assert_ne!(slot, NO_SLOT);
+        // SAFETY: open handles.
+        assert_eq!(unsafe { (*h2).pin_slot() }, slot, "one target");
+        // SAFETY: open.
+        let t = unsafe { (*h1).target() };
+        assert_eq!(targets(&count), 1);
+        let a = get(h1).unwrap();
+        let (_, lean) = c_acquire(h1, 0, false);
+        assert_eq!((a.serial >> SLOT_SHIFT) as u32 & 0x3fff, slot);
+        // SAFETY: closed once; its tokens need only the target.
         unsafe { permits::retire(h1) };
-        assert!(parked(h1), "a one-slot permit of its region is out");
-        release(other).unwrap();
+        assert!(!parked(h1), "freed at once");
+        assert_eq!(status(release(a)), shmsched_status::Ok);
+        assert_eq!(status(release(a)), shmsched_status::AlreadyReleased);
+        releases_alike(lean, shmsched_status::Ok);
         assert_eq!(count.global_running(), 0);
-        // SAFETY: closed once; nothing held. Its sweep frees both.
+        assert_eq!(targets(&count), 1, "h2 uses it");
+
+        let b = get(h2).unwrap();
+        // SAFETY: closed once; b is released below.
         unsafe { permits::retire(h2) };
-        assert!(!parked(h1) && !parked(h2));
+        assert!(!parked(h2));
+        assert_eq!(targets(&count), 1, "b keeps it");
+        assert_eq!(SLOTS[slot as usize].load(Ordering::Acquire), t, "published");
+        release(b).unwrap();
+        assert_eq!(count.global_running(), 0);
+        let recycled = permits::with_pool(|p| {
+            let named = SLOTS[slot as usize].load(Ordering::Acquire);
+            (p.slots_free.contains(&slot) || !named.is_null()) && named != t
+        });
+        assert!(
+            recycled,
+            "the target freed by the last release, its slot recycled"
+        );
+        assert_eq!(targets(&count), 0);
+        assert_eq!(status(release(b)), shmsched_status::AlreadyReleased);
+        // A new target of the binding (perhaps in the same slot): the stale
+        // tokens still free nothing.
+        let h3 = open(&region);
+        let c = get(h3).unwrap();
+        for stale in [a, b, lean] {
+            releases_alike(stale, shmsched_status::AlreadyReleased);
+        }
+        assert_eq!(count.global_running(), 1);
+        release(c).unwrap();
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(h3) };
+        assert_eq!(targets(&count), 0);
+    }
+
+    /// Handles of two regions, or of two bindings of one region (the
+    /// region opened twice), never share a pin target: each token is
+    /// released in its own binding, and one binding's target outlives
+    /// another's.
+    #[test]
+    fn two_regions_never_share_a_target() {
+        let (ra, rb) = (Region::anonymous().unwrap(), Region::anonymous().unwrap());
+        let ca = Scheduler::shared(&ra, 2).unwrap();
+        let cb = Scheduler::shared(&rb, 2).unwrap();
+        let ra2 = Region::from_fd(ra.as_fd().try_clone_to_owned().unwrap()).unwrap();
+        let ca2 = Scheduler::attach(&ra2).unwrap();
+        let (ha, hb, ha2) = (open(&ra), open(&rb), open(&ra2));
+        // SAFETY: open handles.
+        let slots = unsafe { [(*ha).pin_slot(), (*hb).pin_slot(), (*ha2).pin_slot()] };
+        assert!(slots[0] != slots[1] && slots[0] != slots[2] && slots[1] != slots[2]);
+        assert_eq!((targets(&ca), targets(&cb), targets(&ca2)), (1, 1, 1));
+        let (a, b, a2) = (get(ha).unwrap(), get(hb).unwrap(), get(ha2).unwrap());
+        assert_eq!(ca.global_running(), 2, "a and a2: one region");
+        assert_eq!(cb.global_running(), 1);
+        // SAFETY: closed once each; their tokens are released below.
+        unsafe {
+            permits::retire(ha);
+            permits::retire(hb);
+        }
+        release(b).unwrap();
+        assert_eq!(targets(&cb), 0, "b's target freed");
+        assert_eq!((targets(&ca), targets(&ca2)), (1, 1), "the others live");
+        assert_eq!(cb.global_running(), 0);
+        assert_eq!(ca.global_running(), 2);
+        release(a).unwrap();
+        assert_eq!((targets(&ca), targets(&ca2)), (0, 1));
+        release(a2).unwrap();
+        assert_eq!(ca.global_running(), 0);
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(ha2) };
+        assert_eq!(targets(&ca2), 0);
+    }
+
+    /// `shmsched_scheduler_detach` of a binding's last handle with no raw
+    /// permit out: OK, the target is freed first and the process leaves
+    /// the region's table. With a raw permit out, or with another open
+    /// handle on the binding: refused as before (INVALID_ARGUMENT, the
+    /// handle closed); the permit is released through the target after.
+    #[test]
+    fn detach_frees_the_last_handles_target_or_refuses_as_before() {
+        let region = Region::anonymous().unwrap();
+        let _init = Scheduler::shared(&region, 4).unwrap().detach();
+        // The process table seen through a binding of its own (another
+        // entry of this process).
+        let seer_region = Region::from_fd(region.as_fd().try_clone_to_owned().unwrap()).unwrap();
+        let seer = Scheduler::attach(&seer_region).unwrap();
+        let entries = || seer.processes().unwrap().len();
+        let detach = |h: *mut shmsched_scheduler| {
+            // SAFETY: an open handle, not used again.
+            let st = unsafe { scheduler::shmsched_scheduler_detach(h) };
+            (st, message())
+        };
+
+        // The last handle, nothing out.
+        let h = open(&region);
+        assert_eq!(entries(), 2);
+        let (_, a) = c_acquire(h, 0, false);
+        releases_alike(a, shmsched_status::Ok);
+        // SAFETY: open.
+        let t = unsafe { (*h).target() };
+        assert_eq!(detach(h).0, shmsched_status::Ok, "{}", message());
+        assert_eq!(entries(), 1, "the process left the table");
+        assert!(permits::with_pool(|p| !p.targets.contains(&t)), "freed");
+        releases_alike(a, shmsched_status::AlreadyReleased);
+
+        // A raw permit out: refused, the permit still released once.
+        let h = open(&region);
+        let (_, a) = c_acquire(h, 0, false);
+        let (st, msg) = detach(h);
+        assert_eq!(st, shmsched_status::InvalidArgument);
+        assert!(msg.contains("holds 1 permit"), "{msg}");
+        assert_eq!(entries(), 2, "stays in the table");
+        assert_eq!(seer.global_running(), 1);
+        releases_alike(a, shmsched_status::Ok);
+        assert_eq!(seer.global_running(), 0);
+
+        // Another open handle on the binding: refused by the library (its
+        // message), the other handle unharmed; then it detaches. (The
+        // refused detach above left its entry: a binding of its own, as
+        // these two handles have.)
+        let before = entries();
+        let (h1, h2) = (open(&region), open(&region));
+        assert_eq!(entries(), before + 1, "one binding");
+        let (st, msg) = detach(h1);
+        assert_eq!(st, shmsched_status::InvalidArgument);
+        assert!(msg.contains("shares the region"), "{msg}");
+        let (st, b) = c_acquire(h2, 0, false);
+        assert_eq!(st, shmsched_status::Ok);
+        releases_alike(b, shmsched_status::Ok);
+        assert_eq!(detach(h2).0, shmsched_status::Ok, "{}", message());
+        assert_eq!(entries(), before, "the binding left with its last handle");
+        assert_eq!(seer.global_running(), 0);
+    }
+
+    /// A C program that keeps one handle busy with one-slot permits the
+    /// whole time while it opens and closes other handles on the same
+    /// region: the closed handles and the pin slots they use stay bounded
+    /// (one pin target for the binding, no closed handle left parked for
+    /// want of a raw permit), whether a closed handle's own permit is
+    /// released before or after its close.
+    #[test]
+    fn handle_churn_beside_a_busy_handle_stays_bounded() {
+        let region = Region::anonymous().unwrap();
+        let count = Scheduler::shared(&region, 4).unwrap();
+        let open = || open(&region);
+        let busy = open();
+        let mut held = get(busy).unwrap();
+        assert_ne!(held.serial & CELL_TOKEN, 0, "a cell token");
+        let bounds = || permits::with_pool(|p| (p.pin_slots_of(&count), p.parked_of(&count)));
+        for round in 0..3000 {
+            let h = open();
+            // SAFETY: open handles.
+            let (sh, sb) = unsafe { ((*h).pin_slot(), (*busy).pin_slot()) };
+            assert_eq!(sh, sb, "round {round}: one target");
+            let t = get(h).unwrap();
+            assert_ne!(t.serial & CELL_TOKEN, 0, "round {round}: a cell token");
+            // The busy handle gives its permit back after taking the next:
+            // one of its one-slot permits is out at every moment.
+            let next = get(busy).unwrap();
+            release(held).unwrap();
+            held = next;
+            if round % 2 == 0 {
+                release(t).unwrap();
+                // SAFETY: closed once; nothing held through it.
+                unsafe { permits::retire(h) };
+            } else {
+                // SAFETY: closed once; `t` is released below.
+                unsafe { permits::retire(h) };
+                release(t).unwrap();
+            }
+            let (slots, parked) = bounds();
+            assert!(
+                slots <= 1 && parked == 0,
+                "round {round}: {slots} pin slots, {parked} parked handles of the region"
+            );
+            assert_eq!(count.global_running(), 1, "round {round}");
+        }
+        release(held).unwrap();
+        // SAFETY: closed once; nothing held.
+        unsafe { permits::retire(busy) };
+        assert_eq!(bounds(), (0, 0), "all freed");
+        assert_eq!(count.global_running(), 0);
     }
 
     #[test]
@@ -1150,6 +1533,77 @@ mod tests {
         assert_eq!(count.global_running(), 0);
         // SAFETY: closed once; nothing held.
         unsafe { permits::retire(h) };
+    }
+
+    /// Tokens of a binding (lean and general) released by two racing
+    /// threads while the binding's last handle closes and a new handle
+    /// opens on it (sharing the target while its slot still names it,
+    /// else making a new one), 2,000 rounds: each token is freed exactly
+    /// once, the counts are exact every round, the binding never has more
+    /// than a target left over, and none once everything is released.
+    #[test]
+    fn releases_race_the_last_close_and_new_handles() {
+        let region = Region::anonymous().unwrap();
+        let count = Scheduler::shared(&region, 8).unwrap();
+        let barrier = Barrier::new(3);
+        for round in 0..2000 {
+            let h = open(&region);
+            let toks: Vec<_> = (0..4)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        get(h).unwrap()
+                    } else {
+                        c_acquire(h, 0, false).1
+                    }
+                })
+                .collect();
+            assert_eq!(count.global_running(), 4, "round {round}");
+            let wins: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+            let later = std::thread::scope(|s| {
+                for backwards in [false, true] {
+                    let (toks, wins, barrier) = (&toks, &wins, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        for k in 0..4 {
+                            let k = if backwards { 3 - k } else { k };
+                            match scheduler::shmsched_permit_release(toks[k]) {
+                                shmsched_status::Ok => {
+                                    wins[k].fetch_add(1, Ordering::SeqCst);
+                                }
+                                st => assert_eq!(st, shmsched_status::AlreadyReleased),
+                            }
+                        }
+                    });
+                }
+                barrier.wait();
+                // SAFETY: closed once; its tokens are the threads' to release.
+                unsafe { permits::retire(h) };
+                let h2 = open(&region);
+                let t2 = get(h2).unwrap();
+                release(t2).unwrap();
+                if round % 2 == 0 {
+                    // SAFETY: closed once; nothing held through it.
+                    unsafe { permits::retire(h2) };
+                    None
+                } else {
+                    Some(h2) // closed once the threads are done
+                }
+            });
+            if let Some(h2) = later {
+                // SAFETY: closed once; nothing held through it.
+                unsafe { permits::retire(h2) };
+            }
+            for (k, w) in wins.iter().enumerate() {
+                assert_eq!(w.load(Ordering::SeqCst), 1, "round {round}: token {k}");
+            }
+            assert_eq!(count.global_running(), 0, "round {round}");
+            assert_eq!(count.raw_permits_held(), 0, "round {round}");
+            // Freed by the last release or close, unless a hazard held it
+            // at that sweep (then a later sweep frees it).
+            assert!(targets(&count) <= 1, "round {round}: {}", targets(&count));
+        }
+        permits::with_pool(permits::sweep);
+        assert_eq!(targets(&count), 0);
     }
 
     /// Stale tokens (released ones, and ones of closed handles) released

@@ -1,7 +1,8 @@
 //! `shmsched_scheduler`: a concurrency budget, shared through a region.
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::time::Duration;
 
 use shmsched::priority::LEVELS;
@@ -42,11 +43,13 @@ pub struct shmsched_scheduler {
     closed: AtomicBool,
     /// The fork generation the handle was made in.
     fork_generation: u64,
-    /// Its pin slot ([`crate::pin`]), or `pin::NO_SLOT`: set once before
-    /// the handle is shared.
+    /// Its pin target's slot ([`crate::pin`]), or `pin::NO_SLOT`: set once
+    /// before the handle is shared (a copy, so that the lean acquire reads
+    /// it from the handle).
     pin_slot: AtomicU32,
-    /// Set (under the pool lock) once its pin slot no longer names it.
-    unpublished: AtomicBool,
+    /// Its pin target, or null: set before the handle is shared, cleared
+    /// (under the pool lock) when the handle leaves it at close or detach.
+    target: AtomicPtr<pin::PinTarget>,
 }
 
 impl shmsched_scheduler {
@@ -56,26 +59,32 @@ impl shmsched_scheduler {
             closed: AtomicBool::new(false),
             fork_generation: process::fork_generation(),
             pin_slot: AtomicU32::new(pin::NO_SLOT),
-            unpublished: AtomicBool::new(false),
+            target: AtomicPtr::new(ptr::null_mut()),
         }
     }
 
-    /// Its pin slot, or `pin::NO_SLOT`.
+    /// Its pin target's slot, or `pin::NO_SLOT`.
     #[inline(always)]
     pub(crate) fn pin_slot(&self) -> u32 {
         self.pin_slot.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn set_pin_slot(&self, slot: u32) {
+    /// Its pin target (null when none, or once it left it).
+    pub(crate) fn target(&self) -> *mut pin::PinTarget {
+        self.target.load(Ordering::Relaxed)
+    }
+
+    /// Puts the handle on pin target `t`, whose slot is `slot` (before the
+    /// handle is shared, under the pool lock).
+    pub(crate) fn set_target(&self, t: *mut pin::PinTarget, slot: u32) {
+        self.target.store(t, Ordering::Relaxed);
         self.pin_slot.store(slot, Ordering::Relaxed);
     }
 
-    pub(crate) fn unpublished(&self) -> bool {
-        self.unpublished.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn mark_unpublished(&self) {
-        self.unpublished.store(true, Ordering::Relaxed);
+    /// Forgets its pin target once it left it (under the pool lock). The
+    /// slot stays: nothing acquires through the handle any more.
+    pub(crate) fn clear_target(&self) {
+        self.target.store(ptr::null_mut(), Ordering::Relaxed);
     }
 
     #[inline(always)]
@@ -181,8 +190,9 @@ fn make(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail>
     new_handle(out, shmsched_scheduler::new(sched))
 }
 
-/// [`make`] for a shared root handle: it gets a pin slot (if one is free),
-/// so its one-cell permits are cell tokens ([`crate::pin`]).
+/// [`make`] for a shared root handle: it gets the pin target of its region
+/// binding (one with a new pin slot, if it has none and one is free), so
+/// its one-cell permits are cell tokens ([`crate::pin`]).
 fn make_root(sched: Scheduler, out: Out<*mut shmsched_scheduler>) -> Result<(), Fail> {
     process::install_fork_handler()?;
     let h = Box::into_raw(Box::new(shmsched_scheduler::new(sched)));
@@ -1014,21 +1024,26 @@ pub unsafe extern "C" fn shmsched_scheduler_detach(
                      is closed and the process stays in the region's table"
                 )
             } else {
-                "cannot detach: a release through this handle is under way; the handle is \
-                 closed and the process stays in the region's table"
+                "cannot detach: a release of a one-slot permit of its region is under way; the \
+                 handle is closed and the process stays in the region's table"
                     .to_string()
             }));
         }
         // SAFETY: `sched` came from Box::into_raw in `make`, no permit
-        // refers to it and no cell token can reach it any more (checked
-        // and unpinned above), and the caller does not use it again.
+        // refers to it (checked above; cell tokens reach its pin target,
+        // which it left, freeing it if it was the last), and the caller
+        // does not use it again.
         let owned = unsafe { Box::from_raw(sched) };
         owned.sched.detach()?
     }
 }
 
 /// Closes the handle. Permits acquired through it stay valid and can still
-/// be released; the handle's memory is freed when the last of them is.
+/// be released; the handle's memory is freed once none of them needs it:
+/// weighted and child permits need the handle until they are released,
+/// one-slot permits of a shared handle only this process's binding of the
+/// region (shared by its handles on it), which stays until the last of
+/// them is released.
 /// Closing NULL does nothing. Does not leave the region's process table
 /// (see `shmsched_scheduler_detach`): the entry is reaped after the
 /// process exits.

@@ -61,8 +61,9 @@ impl Scheduler {
     /// Refused with [`Error::InvalidArgument`] (and the handle dropped
     /// without deregistering) if anything else in this process still uses
     /// the registration: a clone or a child of this handle, another object
-    /// bound through the same [`Region`](crate::region::Region), or a slot
-    /// this process still holds. A later attach registers afresh.
+    /// bound through the same [`Region`](crate::region::Region) (a
+    /// [`RawReleaser`](super::RawReleaser) of this binding among them), or
+    /// a slot this process still holds. A later attach registers afresh.
     pub fn detach(self) -> Result<()> {
         if Arc::strong_count(&self.node) > 1 {
             return Err(Error::InvalidArgument(
@@ -75,7 +76,9 @@ impl Scheduler {
         };
         if Arc::strong_count(root) > 1 {
             return Err(Error::InvalidArgument(
-                "cannot detach: another scheduler handle of this process shares the region".into(),
+                "cannot detach: another scheduler handle (or raw releaser) of this process shares \
+                 the region"
+                    .into(),
             ));
         }
         let s = root.slots();

@@ -242,6 +242,103 @@ impl Drop for Serve<'_> {
     }
 }
 
+/// What releasing a raw permit needs of a shared root scheduler, and
+/// nothing more: this process's binding of the region, the one every
+/// handle of this process made through clones of one [`Region`] shares
+/// (see [`Scheduler::raw_releaser`]). A raw permit taken through any of
+/// those handles can be released through it, also once they are all
+/// dropped.
+///
+/// It is not a scheduler handle: no acquire, no caps, no dispose. It
+/// keeps the binding (and so the region's mapping and this process's
+/// entry in its process table) alive while it lives, as a handle would:
+/// meanwhile [`Scheduler::detach`] refuses, since the binding is shared.
+/// For a caller that hands raw permits out past the handle that took them
+/// (the C face's cell tokens, released after their handle is closed).
+///
+/// ```
+/// use shmsched::region::Region;
+/// use shmsched::scheduler::Scheduler;
+/// use shmsched::{Error, Priority};
+/// # fn main() -> shmsched::Result<()> {
+/// let region = Region::anonymous()?;
+/// let sched = Scheduler::shared(&region, 2)?;
+/// let releaser = sched.raw_releaser().expect("a shared root");
+/// let raw = sched.acquire_raw_fast(Priority::Normal).expect("a free cell");
+/// let other = Scheduler::attach(&region)?;
+/// assert!(releaser.same_root(&other), "one binding of the region");
+/// drop(sched);
+/// assert_eq!(releaser.raw_permits_held(), 1);
+/// releaser.release_raw(raw)?;
+/// assert!(matches!(releaser.release_raw(raw), Err(Error::AlreadyReleased { .. })));
+/// assert_eq!(other.global_running(), 0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RawReleaser {
+    root: Arc<SharedRoot>,
+}
+
+impl RawReleaser {
+    /// Releases a raw permit of this binding, as [`Scheduler::release_raw`]
+    /// does through any of its handles (the queue moves on, a lowered
+    /// ceiling gets its cell; the cell's give-back CAS is the check).
+    ///
+    /// Errors: [`Error::AlreadyReleased`] (nothing changed);
+    /// [`Error::Forked`] in a forked child (the binding is the parent's).
+    #[inline(always)]
+    pub fn release_raw(&self, raw: RawPermit) -> Result<()> {
+        if self.root.forked() {
+            return Err(raw_forked());
+        }
+        release_raw_in(&self.root, raw)
+    }
+
+    /// [`Scheduler::release_raw_first_look`] through this binding: the same
+    /// answers ([`RawRelease::Declined`] in a forked child and above a
+    /// lowered ceiling, where [`release_raw`](Self::release_raw) answers).
+    #[inline(always)]
+    pub fn release_raw_first_look(&self, raw: RawPermit) -> RawRelease<'_> {
+        if self.root.forked() {
+            return RawRelease::Declined;
+        }
+        self.root.release_raw_first_look(raw.cell, raw.tag.get())
+    }
+
+    /// How many raw permits this process holds in the region through this
+    /// binding now, as [`Scheduler::raw_permits_held`] of any of its
+    /// handles. O(max): it reads every cell.
+    pub fn raw_permits_held(&self) -> u32 {
+        self.root.slots().raw_held()
+    }
+
+    /// Whether `sched` is a shared root handle of this binding (its raw
+    /// permits are this releaser's to release): false for a child, an
+    /// in-process scheduler, another region or another binding of the same
+    /// region (through a `Region` opened again, or made in a forked child).
+    pub fn same_root(&self, sched: &Scheduler) -> bool {
+        matches!(sched.node.level(), Level::Shared(r) if Arc::ptr_eq(r, &self.root))
+    }
+}
+
+/// [`Error::Forked`] for a raw release in a forked child.
+#[cold]
+fn raw_forked() -> Error {
+    Error::Forked(
+        "a raw permit belongs to the process that made it; a forked child cannot release it".into(),
+    )
+}
+
+/// The give-back of `raw` in `root`, a shared root of this process.
+#[inline(always)]
+fn release_raw_in(root: &SharedRoot, raw: RawPermit) -> Result<()> {
+    if root.release_raw(raw.cell, raw.tag.get()) {
+        Ok(())
+    } else {
+        Err(Error::AlreadyReleased { cell: raw.cell() })
+    }
+}
+
 impl Drop for Permit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
@@ -375,16 +472,9 @@ impl Scheduler {
             ));
         };
         if node.forked() {
-            return Err(Error::Forked(
-                "a raw permit belongs to the process that made it; a forked child cannot release it"
-                    .into(),
-            ));
+            return Err(raw_forked());
         }
-        if root.release_raw(raw.cell, raw.tag.get()) {
-            Ok(())
-        } else {
-            Err(Error::AlreadyReleased { cell: raw.cell() })
-        }
+        release_raw_in(root, raw)
     }
 
     /// One unit at `priority` if [`acquire`](Self::acquire) admits it at
@@ -517,6 +607,18 @@ impl Scheduler {
         match self.node.level() {
             Level::Shared(root) => root.slots().raw_held(),
             _ => 0,
+        }
+    }
+
+    /// This handle's binding of its region as a [`RawReleaser`]: what
+    /// releasing its raw permits needs, kept past the handle (and shared
+    /// by every handle of this process on the same binding). `None` for a
+    /// scheduler that is not a shared root (a child, an in-process one) or
+    /// that was inherited across `fork`.
+    pub fn raw_releaser(&self) -> Option<RawReleaser> {
+        match self.node.level() {
+            Level::Shared(root) if !self.node.forked() => Some(RawReleaser { root: root.clone() }),
+            _ => None,
         }
     }
 

@@ -1325,6 +1325,7 @@ impl SharedRoot {
     }
 
     /// True when this root was bound before a fork (it belongs to the parent).
+    #[inline]
     pub fn forked(&self) -> bool {
         self.fork_gen != fork_generation()
     }

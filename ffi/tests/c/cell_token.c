@@ -20,7 +20,13 @@
  *     arguments, a bad priority, a disposed handle, an inherited handle in
  *     a forked child) answers with the general path's status and message;
  *   - a permit released on another thread (whose first release goes the
- *     general way, registering its hazard record) is released once.
+ *     general way, registering its hazard record) is released once;
+ *   - pin targets: handles of one region binding share one pin slot; a
+ *     token of a closed handle is released (OK, slot freed) while another
+ *     handle is open and after the last one closed; two regions never
+ *     share a slot; releases racing the last close and new handles free
+ *     each token once; detach of the last handle leaves the process table,
+ *     with a permit out or another handle open it is refused as before.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -175,6 +181,152 @@ static void lean_and_general(void) {
   shmsched_region_close(r);
 }
 
+/* The pin slot a cell token names. */
+static unsigned pin_slot(shmsched_permit p) { return (unsigned)(p.serial >> 49) & 0x3fff; }
+
+/* Region-wide live process entries, seen through `s`. */
+static uint32_t processes(shmsched_scheduler *s) {
+  shmsched_scheduler_stats st;
+  memset(&st, 0, sizeof st);
+  st.size = sizeof st;
+  must(shmsched_scheduler_get_stats(s, &st), "get_stats");
+  return st.region.processes;
+}
+
+struct race {
+  pthread_barrier_t *go;
+  const shmsched_permit *toks;
+  int backwards;
+  int *wins; /* one counter per token, shared */
+  pthread_mutex_t *m;
+  int bad;
+};
+
+/* Releases every token of a round (in one order or the other), counting
+ * the ones it won. */
+static void *race_release(void *arg) {
+  struct race *r = arg;
+  pthread_barrier_wait(r->go);
+  for (int k = 0; k < 4; k++) {
+    int i = r->backwards ? 3 - k : k;
+    shmsched_status st = shmsched_permit_release(r->toks[i]);
+    if (st == SHMSCHED_STATUS_OK) {
+      pthread_mutex_lock(r->m);
+      r->wins[i]++;
+      pthread_mutex_unlock(r->m);
+    } else if (st != SHMSCHED_STATUS_ALREADY_RELEASED) {
+      r->bad++;
+    }
+  }
+  return NULL;
+}
+
+/* Pin targets: see the header comment. `seer` counts through a binding of
+ * its own (the region opened again from its fd), so it never shares a
+ * target with the handles under test. */
+static void pin_targets(void) {
+  shmsched_region *r, *again, *r2;
+  shmsched_scheduler *s1 = shared(&r, 8), *s2, *seer, *other;
+  int fd = -1;
+  must(shmsched_region_dup_fd(r, &fd), "dup_fd");
+  must(shmsched_region_open_fd(fd, &again), "open_fd");
+  close(fd);
+  must(shmsched_scheduler_attach(again, &seer), "attach seer");
+  must(shmsched_scheduler_attach(r, &s2), "attach s2");
+  shmsched_permit a, b, c;
+  must(shmsched_scheduler_acquire(s1, SHMSCHED_PRIORITY_NORMAL, &a), "acquire a");
+  must(shmsched_scheduler_acquire_timeout(s2, SHMSCHED_PRIORITY_NORMAL, 1000000000ull, &b),
+       "acquire b");
+  must(shmsched_scheduler_acquire(seer, SHMSCHED_PRIORITY_NORMAL, &c), "acquire c");
+  CHECK(pin_slot(a) == pin_slot(b), "one binding, one slot: %u %u", pin_slot(a), pin_slot(b));
+  CHECK(pin_slot(a) != pin_slot(c), "another binding, another slot: %u", pin_slot(c));
+  CHECK(shmsched_permit_release(c) == SHMSCHED_STATUS_OK, "release c");
+
+  /* A token of a closed handle, another handle open. */
+  shmsched_scheduler_close(s1);
+  CHECK(running(seer) == 2, "held across the close: running %u", running(seer));
+  CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_OK, "a after its handle closed");
+  CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_ALREADY_RELEASED, "a again");
+  /* After the last handle closed. */
+  shmsched_scheduler_close(s2);
+  CHECK(running(seer) == 1, "b held: running %u", running(seer));
+  CHECK(shmsched_permit_release(b) == SHMSCHED_STATUS_OK, "b after the last close");
+  CHECK(shmsched_permit_release(b) == SHMSCHED_STATUS_ALREADY_RELEASED, "b again");
+  CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_ALREADY_RELEASED, "a once more");
+  CHECK(running(seer) == 0, "all free: running %u", running(seer));
+
+  /* Two regions: two slots. */
+  must(shmsched_region_anonymous(0, &r2), "region_anonymous");
+  must(shmsched_scheduler_shared(r2, 2, &other), "shared r2");
+  must(shmsched_scheduler_attach(r, &s1), "attach s1");
+  must(shmsched_scheduler_acquire(s1, SHMSCHED_PRIORITY_NORMAL, &a), "acquire a (r)");
+  must(shmsched_scheduler_acquire(other, SHMSCHED_PRIORITY_NORMAL, &b), "acquire b (r2)");
+  CHECK(pin_slot(a) != pin_slot(b), "two regions, two slots: %u", pin_slot(a));
+  shmsched_scheduler_close(other);
+  CHECK(shmsched_permit_release(b) == SHMSCHED_STATUS_OK, "release b (r2)");
+  CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_OK, "release a (r)");
+  shmsched_region_close(r2);
+
+  /* Releases racing the last close and a new handle. */
+  pthread_barrier_t go;
+  pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+  pthread_barrier_init(&go, NULL, 3);
+  for (int round = 0; round < 500; round++) {
+    shmsched_permit toks[4];
+    int wins[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++) {
+      must(shmsched_scheduler_acquire(s1, SHMSCHED_PRIORITY_NORMAL, &toks[i]), "acquire");
+    }
+    struct race rs[2] = {{&go, toks, 0, wins, &m, 0}, {&go, toks, 1, wins, &m, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, race_release, &rs[i]);
+    pthread_barrier_wait(&go);
+    shmsched_scheduler_close(s1); /* the binding's last handle */
+    must(shmsched_scheduler_attach(r, &s1), "attach again");
+    must(shmsched_scheduler_try_acquire(s1, SHMSCHED_PRIORITY_NORMAL, &a), "try_acquire");
+    CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_OK, "round %d: release", round);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) {
+      CHECK(wins[i] == 1, "round %d: token %d released %d times", round, i, wins[i]);
+    }
+    CHECK(rs[0].bad + rs[1].bad == 0, "round %d: another status", round);
+    CHECK(running(seer) == 0, "round %d: running %u", round, running(seer));
+    if (failures) break;
+  }
+  pthread_barrier_destroy(&go);
+
+  /* Detach. The last handle, nothing out: OK, the process entry leaves. */
+  uint32_t before = processes(seer);
+  CHECK(shmsched_scheduler_detach(s1) == SHMSCHED_STATUS_OK, "detach the last handle: %s",
+        message());
+  CHECK(processes(seer) == before - 1, "left the table: %u -> %u", before, processes(seer));
+  /* With a permit out: refused, the permit released after. */
+  must(shmsched_scheduler_attach(r, &s1), "attach s1");
+  must(shmsched_scheduler_acquire(s1, SHMSCHED_PRIORITY_NORMAL, &a), "acquire a");
+  CHECK(shmsched_scheduler_detach(s1) == SHMSCHED_STATUS_INVALID_ARGUMENT,
+        "detach with a permit out");
+  CHECK(strstr(message(), "holds 1 permit") != NULL, "message: %s", message());
+  CHECK(shmsched_permit_release(a) == SHMSCHED_STATUS_OK, "released after the refusal");
+  CHECK(running(seer) == 0, "freed: running %u", running(seer));
+  /* With another handle open on the binding: refused, the other works and
+   * then detaches. */
+  before = processes(seer);
+  must(shmsched_scheduler_attach(r, &s1), "attach s1");
+  must(shmsched_scheduler_attach(r, &s2), "attach s2");
+  CHECK(processes(seer) == before + 1, "one binding: %u", processes(seer));
+  CHECK(shmsched_scheduler_detach(s1) == SHMSCHED_STATUS_INVALID_ARGUMENT,
+        "detach beside another handle");
+  CHECK(strstr(message(), "shares the region") != NULL, "message: %s", message());
+  must(shmsched_scheduler_acquire(s2, SHMSCHED_PRIORITY_NORMAL, &b), "acquire through s2");
+  CHECK(shmsched_permit_release(b) == SHMSCHED_STATUS_OK, "release b");
+  CHECK(shmsched_scheduler_detach(s2) == SHMSCHED_STATUS_OK, "detach s2: %s", message());
+  CHECK(processes(seer) == before, "left the table: %u", processes(seer));
+
+  shmsched_scheduler_close(seer);
+  shmsched_region_close(again);
+  shmsched_region_close(r);
+}
+
 int main(void) {
   shmsched_region *r;
   shmsched_scheduler *s = shared(&r, 2);
@@ -247,6 +399,7 @@ int main(void) {
   shmsched_region_close(r);
 
   lean_and_general();
+  pin_targets();
 
   /* Max 1 and max 65536. */
   s = shared(&r, 1);
