@@ -215,6 +215,23 @@ pub struct Grant {
     pub forced: bool,
 }
 
+/// A grant charged at once, not into debt. Consumes return it (and
+/// [`FORCED_AT_ONCE`]) as a constant rather than a `Grant` built from a
+/// flag, so that it is written as one 16-bit store: written as two bytes,
+/// it was read back by the caller as one word, which no store can forward
+/// (measured: an in-process `consume` out of line took 1.16×
+/// `governor`'s time with its grant stored as two bytes, 1.00× as one).
+const AT_ONCE: Grant = Grant {
+    immediate: true,
+    forced: false,
+};
+
+/// A grant charged at once, into debt (see [`AT_ONCE`]).
+const FORCED_AT_ONCE: Grant = Grant {
+    immediate: true,
+    forced: true,
+};
+
 /// A handle to a limiter (one level of a chain). Clones share it.
 #[derive(Debug, Clone)]
 pub struct Limiter {
@@ -338,12 +355,7 @@ impl Limiter {
                 return self.consume_chain_look(n, tier);
             }
             match self.node.look(read_tsc(), n, tier, Mode::Normal, true) {
-                Look::Charged => {
-                    return Ok(Grant {
-                        immediate: true,
-                        forced: false,
-                    })
-                }
+                Look::Charged => return Ok(AT_ONCE),
                 Look::Refused => return self.consume_walk(n, tier),
                 Look::Corrupt { tat, v } => return corrupt_result(tat, v),
                 Look::Declined => {}
@@ -367,11 +379,11 @@ impl Limiter {
                     self.node.check_usable()?;
                     self.node.fast(n, priority, &mut Now::default(), false)?
                 };
-                if let Some(debt) = charged {
-                    return Ok(Grant {
-                        immediate: true,
-                        forced: debt,
-                    });
+                // One constant each (see `AT_ONCE`).
+                match charged {
+                    Some(false) => return Ok(AT_ONCE),
+                    Some(true) => return Ok(FORCED_AT_ONCE),
+                    None => {}
                 }
             }
             return self.consume_chain(n, priority, None);
@@ -401,12 +413,7 @@ impl Limiter {
             }
             match level.parent() {
                 Some(p) => level = p,
-                None => {
-                    return Ok(Grant {
-                        immediate: true,
-                        forced: false,
-                    })
-                }
+                None => return Ok(AT_ONCE),
             }
         }
     }

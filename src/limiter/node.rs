@@ -447,8 +447,10 @@ impl Node {
     /// (`Limiter::consume`), keeps little live across those calls (its
     /// arguments and its result's address), so out of line it saves one
     /// or two registers before the bucket's CAS, where the general fast
-    /// path saved six and spilled two values more. (A function that
-    /// returns its result through memory cannot jump to another on
+    /// path saved six and spilled two values more (measured: four more
+    /// saved registers before `try_consume`'s CAS took it from 1.29× to
+    /// 1.34× `governor`'s time). (LLVM makes no tail
+    /// call from a function that returns its result through memory on
     /// x86-64: the result's address is kept across the call.)
     #[inline(always)]
     pub fn first_look<const OWNED: bool>(
