@@ -392,8 +392,8 @@ impl Limiter {
         self.consume_chain(n, priority, None)
     }
 
-    /// [`consume`](Self::consume) through a chain (`n` in range): the
-    /// first look at every level, leaf first,
+    /// [`consume`](Self::consume) through a chain (`n` in range, at
+    /// priority index `tier`): the first look at every level, leaf first,
     /// with one reading of the TSC, in code that calls nothing; at the
     /// first level it does not charge, the rest of the walk from that
     /// level ([`consume_walk_from`](Self::consume_walk_from)), the levels
@@ -409,6 +409,9 @@ impl Limiter {
             let look = level.look(tick, n, tier, Mode::Normal, leaf);
             leaf = false;
             if look != Look::Charged {
+                // Queued, declined or corrupt here: the general walk from
+                // this level decides (and refunds the levels below if it
+                // fails).
                 return self.consume_walk_from(level, n, tier);
             }
             match level.parent() {
