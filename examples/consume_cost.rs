@@ -23,16 +23,19 @@
 //! and the median (ns per call) and their ratio to `governor`'s. The
 //! fastest batch is the one no other job preempted, which on a loaded
 //! machine is the figure that repeats.
+//!
+//! Here the compiler inlines `consume` and `try_consume` into their loop
+//! (each has one caller); a caller it does not inline them into (the
+//! criterion closures of `benches/limiter.rs`, which call `consume` from
+//! three places, or a user's own code) calls their out-of-line copies:
+//! `examples/consume_call.rs` times and counts those, in the same modes.
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::time::Instant;
 
 use shmsched::limiter::Limiter;
-use shmsched::region::Region;
 use shmsched::Priority;
 
-const RATE: u64 = i32::MAX as u64;
+mod consume_rows;
 
 /// `n` consumes of 1 token through `lim`.
 #[inline(never)]
@@ -53,110 +56,9 @@ fn calls_try(lim: &Limiter, n: u64) {
     }
 }
 
-type Gov = governor::DefaultDirectRateLimiter;
-
-/// `n` checks of `governor`'s direct limiter.
-#[inline(never)]
-fn calls_governor(gov: &Gov, n: u64) {
-    for _ in 0..n {
-        let _ = black_box(gov.check());
-    }
-}
-
-/// The rows, in the order they are printed.
-const ROWS: [&str; 5] = ["local", "shared", "try", "child", "governor"];
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let mode = args.next().unwrap_or_else(|| "shared".into());
-    let region = Region::anonymous()?;
-    if mode == "wall" {
-        let rounds: usize = args.next().map_or(Ok(300), |a| a.parse())?;
-        return wall(&region, rounds);
-    }
-    let n: u64 = args.next().map_or(Ok(200_000), |a| a.parse())?;
-    if mode == "other" {
-        let l = Limiter::new(RATE)?;
-        calls_consume(&l, 1); // the main thread owns the counters now
-        let t = Instant::now();
-        std::thread::scope(|s| s.spawn(|| calls_consume(&l, n)).join())
-            .map_err(|_| "the consuming thread panicked")?;
-        let ns = t.elapsed().as_nanos() as f64 / n as f64;
-        println!("{mode}: {n} calls, {ns:.1} ns/call (wall, with a thread start)");
-        return Ok(());
-    }
-    let run = row(&region, &mode)?;
-    let t = Instant::now();
-    run(n);
-    let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    println!("{mode}: {n} calls, {ns:.1} ns/call (wall; meaningless under valgrind)");
-    Ok(())
-}
-
-/// A row's loop: `k` calls.
-type Run = Box<dyn Fn(u64)>;
-
-/// The loop of one row, on limiters made now.
-fn row(region: &Region, mode: &str) -> Result<Run, Box<dyn std::error::Error>> {
-    Ok(match mode {
-        "local" => {
-            let l = Limiter::new(RATE)?;
-            Box::new(move |k| calls_consume(&l, k))
-        }
-        "shared" => {
-            let l = Limiter::shared(region, RATE)?;
-            Box::new(move |k| calls_consume(&l, k))
-        }
-        "child" => {
-            let c = Limiter::shared(region, RATE)?.child(RATE)?;
-            Box::new(move |k| calls_consume(&c, k))
-        }
-        "try" => {
-            let l = Limiter::shared(region, RATE)?;
-            Box::new(move |k| calls_try(&l, k))
-        }
-        "governor" => {
-            let q = governor::Quota::per_second(NonZeroU32::new(RATE as u32).expect("nonzero"));
-            let g = governor::RateLimiter::direct(q);
-            Box::new(move |k| calls_governor(&g, k))
-        }
-        m => {
-            return Err(format!(
-                "mode {m:?}: one of local, shared, child, try, governor, other, wall"
-            )
-            .into())
-        }
+    consume_rows::main(consume_rows::Loops {
+        consume: calls_consume,
+        try_consume: calls_try,
     })
-}
-
-/// Every row, interleaved, `rounds` batches each (see the module docs).
-fn wall(region: &Region, rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
-    const BATCH: u64 = 20_000;
-    let runs = ROWS
-        .iter()
-        .map(|m| row(region, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut times = vec![Vec::with_capacity(rounds); ROWS.len()];
-    for _ in 0..rounds {
-        for (run, t) in runs.iter().zip(&mut times) {
-            let t0 = Instant::now();
-            run(BATCH);
-            t.push(t0.elapsed().as_nanos() as f64 / BATCH as f64);
-        }
-    }
-    let stat = |t: &mut Vec<f64>| {
-        t.sort_by(f64::total_cmp);
-        (t[0], t[t.len() / 2])
-    };
-    let stats: Vec<(f64, f64)> = times.iter_mut().map(stat).collect();
-    let (gmin, gmed) = stats[ROWS.len() - 1];
-    println!("row        fastest  median   (ns/call; ratio to governor's)");
-    for (m, (min, med)) in ROWS.iter().zip(&stats) {
-        println!(
-            "{m:<9} {min:7.2} {med:7.2}   ({:.2}, {:.2})",
-            min / gmin,
-            med / gmed
-        );
-    }
-    Ok(())
 }

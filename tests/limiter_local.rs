@@ -267,6 +267,41 @@ fn child_chains_charge_every_level() {
     );
 }
 
+/// A consume through a chain whose first look charges the levels below
+/// and then finds the root short waits at the root and is charged once
+/// on each level (the rest of the walk starts at the root): in the
+/// counters and in the buckets; and a first look at a child whose own
+/// bucket is short charges nothing above it.
+#[test]
+fn a_chain_that_waits_at_its_root_is_charged_once_per_level() {
+    let root = Limiter::new(1_000).unwrap();
+    let child = root.child_with_capacity(10, 1_000).unwrap();
+    // Both counters claimed, so the next consumes take the first look.
+    child.consume(1, Priority::Normal).unwrap();
+    assert!(root.try_consume(root.tokens().unwrap() as u64).unwrap());
+    let t = Instant::now();
+    let g = child.consume(100, Priority::High).unwrap();
+    let el = t.elapsed();
+    assert!(!g.immediate && !g.forced, "{g:?}");
+    assert!(el >= Duration::from_millis(60), "{el:?}");
+    // 1 + 100 charged on the child, which refills 10/s.
+    let ct = child.tokens().unwrap();
+    assert!((899..=905).contains(&ct), "{ct}");
+    let cs = child.stats();
+    assert_eq!(cs.consumed, 101);
+    assert_eq!(cs.queues[Priority::High.index()].consumed, 100);
+    assert_eq!(root.stats().queues[Priority::High.index()].consumed, 100);
+    // The child's own bucket short: nothing charged at the root.
+    let before = root.tokens().unwrap();
+    let t = Instant::now();
+    child
+        .consume_timeout(950, Priority::Normal, Duration::from_millis(50))
+        .unwrap_err();
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    assert!(root.tokens().unwrap() >= before);
+    assert_eq!(child.stats().consumed, 101);
+}
+
 #[test]
 fn a_forced_item_is_charged_into_debt_on_the_whole_chain() {
     let parent = Limiter::new(100).unwrap();

@@ -359,6 +359,31 @@ fn charge_at(cap: u64, word: &AtomicU64, n: u64, v: u64, mode: Mode) -> Result<C
     }
 }
 
+/// [`charge_at`] for a request within the capacity (`n ≤ cap`), given
+/// `top = v + cap − n` instead of `cap`: a normal and an exact charge are
+/// then the same (both need all `n` tokens), and neither can go into debt
+/// (a charge from at most `top` ends at most at `v + cap`). So the
+/// consume's first look keeps two values for the bucket (`v`, `top`)
+/// where `charge_at` keeps three. Refusals are `charge_at`'s, to the
+/// value: `v + cap` is `top + n`, and `base + n − cap` is `base − top + v`.
+#[inline(always)]
+pub(crate) fn charge_within(word: &AtomicU64, n: u64, v: u64, top: u64) -> Result<(), Refused> {
+    let mut t = word.load(Ordering::Acquire);
+    loop {
+        let base = t.max(v);
+        if base > top {
+            if t > top + n + MAX_LEAD {
+                return Err(Refused::Corrupt { tat: t, v });
+            }
+            return Err(Refused::Until(base - top + v));
+        }
+        match word.compare_exchange_weak(t, base + n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(()),
+            Err(cur) => t = cur,
+        }
+    }
+}
+
 /// The bit of [`Hot`]'s `s` word that says the clock is the TSC (clear:
 /// `CLOCK_MONOTONIC`).
 pub(crate) const HOT_TSC: u32 = 1 << 8;
@@ -446,8 +471,40 @@ impl Hot {
                 self.base_v,
             );
         }
-        let d = (u128::from(e) * u128::from(self.k)) >> (self.s & 63);
-        d as u64 + self.base_v
+        tick_v(e, self.k, self.s.into(), self.base_v)
+    }
+
+    /// The consume's *first look* at the virtual clock, for a charge of
+    /// `n`: `(v, top)` at TSC reading `tick`, with `top = v + cap − n`
+    /// the highest start such a charge may have ([`charge_within`]); the
+    /// words of the fast path's form are read through `word` one at a
+    /// time, each used as soon as it is read, so that few are live at once
+    /// (the first look keeps its values in registers the caller need not
+    /// save). `None`, with nothing decided, where the clock is not the
+    /// TSC, the reading needs [`v`](Self::v)'s clamp, or `n` is above the
+    /// capacity (a charge that may go into debt).
+    ///
+    /// The words may be a torn read: checking that they belong together is
+    /// the caller's, after this (a seqlock's second look), and a torn read
+    /// only declines here or is thrown away there (so the arithmetic
+    /// wraps instead of assuming validated words).
+    #[inline(always)]
+    pub fn look(tick: u64, n: u64, word: impl Fn(HotWord) -> u64) -> Option<(u64, u64)> {
+        if word(HotWord::S) & u64::from(HOT_TSC) == 0 {
+            return None;
+        }
+        // As in `v`, a reading before the base (its difference wraps to
+        // 2⁶³ or more) or past `e_max` declines: two predicted branches,
+        // which need no register for `v`'s bound of 2⁶³ − 1.
+        let e = tick.wrapping_sub(word(HotWord::BaseTick));
+        if (e as i64) < 0 || e > word(HotWord::EMax) {
+            return None;
+        }
+        // `s` read again where the shift needs it rather than kept across
+        // the multiply (one register less there).
+        let v = tick_v(e, word(HotWord::K), word(HotWord::S), word(HotWord::BaseV));
+        let room = word(HotWord::Cap).checked_sub(n)?;
+        Some((v, v.wrapping_add(room)))
     }
 
     /// Charges `n` (≤ 2³¹−1) tokens at clock reading `tick` on `word`, as
@@ -464,6 +521,33 @@ impl Hot {
     }
 }
 
+/// A word of [`Hot`], as [`Hot::look`] asks for it (numbered in the
+/// order of the words of `params.rs`'s copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HotWord {
+    /// [`Hot::cap`].
+    Cap = 0,
+    /// [`Hot::base_tick`].
+    BaseTick = 1,
+    /// [`Hot::base_v`].
+    BaseV = 2,
+    /// [`Hot::k`].
+    K = 3,
+    /// [`Hot::s`].
+    S = 4,
+    /// [`Hot::e_max`].
+    EMax = 5,
+}
+
+/// The virtual clock `e` ticks past its base: `base_v + ⌊e · k / 2^s⌋`
+/// (no overflow for `e ≤ e_max`, see [`Hot::v`]; wrapping, for a torn
+/// read's words, see [`Hot::look`]).
+#[inline(always)]
+fn tick_v(e: u64, k: u64, s: u64, base_v: u64) -> u64 {
+    let d = (u128::from(e) * u128::from(k)) >> (s & 63);
+    (d as u64).wrapping_add(base_v)
+}
+
 /// [`Hot::v`] with the elapsed ticks clamped to `0..=e_max`, out of line
 /// and on values (a `&Hot` would make the fast path keep the struct in
 /// memory).
@@ -471,8 +555,7 @@ impl Hot {
 #[inline(never)]
 fn hot_v_clamped(tick: u64, base_tick: u64, e_max: u64, k: u64, s: u32, base_v: u64) -> u64 {
     let e = tick.saturating_sub(base_tick).min(e_max);
-    let d = (u128::from(e) * u128::from(k)) >> (s & 63);
-    d as u64 + base_v
+    tick_v(e, k, s.into(), base_v)
 }
 
 /// Tokens per tick of `clock` at `rate` tokens per second, as `(k, s)`:
@@ -876,6 +959,108 @@ mod tests {
                 assert_eq!(h.v(0), base_v);
                 let w = AtomicU64::new(0);
                 assert!(h.charge(&w, i32::MAX as u64, u64::MAX, Mode::Force).is_ok());
+            }
+        }
+    }
+
+    /// The first look's clock is the fast path's wherever it answers,
+    /// with `top = v + cap − n`, and it declines exactly where the fast
+    /// path clamps, on `CLOCK_MONOTONIC` and above the capacity.
+    #[test]
+    fn first_look_is_the_fast_path_where_it_answers() {
+        for clock in [
+            Clock::Monotonic,
+            tsc_clock(2_600),
+            tsc_clock(1),
+            tsc_clock(100_000),
+        ] {
+            for (rate, cap) in [
+                (1u32, 1u32),
+                (1_000, 500),
+                (i32::MAX as u32, i32::MAX as u32),
+            ] {
+                for base_v in [0, V_BIAS, V_MAX - 1] {
+                    let h = Gcra::based(rate, cap, 7_000_000, base_v).hot(&clock);
+                    let word = |w: HotWord| match w {
+                        HotWord::Cap => h.cap,
+                        HotWord::BaseTick => h.base_tick,
+                        HotWord::BaseV => h.base_v,
+                        HotWord::K => h.k,
+                        HotWord::S => u64::from(h.s),
+                        HotWord::EMax => h.e_max,
+                    };
+                    let b = h.base_tick;
+                    let ticks = [
+                        0,
+                        b.wrapping_sub(1),
+                        b,
+                        b + 1,
+                        b + 12_345_678,
+                        b.saturating_add(h.e_max),
+                        b.saturating_add(h.e_max).saturating_add(1),
+                        u64::MAX,
+                    ];
+                    for tick in ticks {
+                        for n in [
+                            1,
+                            u64::from(cap / 2).max(1),
+                            u64::from(cap),
+                            u64::from(cap) + 1,
+                        ] {
+                            let e = tick.wrapping_sub(b);
+                            let answers =
+                                h.tsc() && e <= h.e_max.min(i64::MAX as u64) && n <= h.cap;
+                            let want = answers.then(|| (h.v(tick), h.v(tick) + h.cap - n));
+                            assert_eq!(
+                                Hot::look(tick, n, word),
+                                want,
+                                "{clock:?} rate {rate} cap {cap} base {base_v}: tick {tick}, n {n}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Within the capacity, `charge_within` is `charge_at`, normal or
+    /// exact (both need all `n` tokens there), to the refusal's value and
+    /// the word it leaves: on full, partly spent, empty, indebted and
+    /// scribbled words.
+    #[test]
+    fn charge_within_is_charge_at_within_the_capacity() {
+        for cap in [1u64, 7, 1_000, i32::MAX as u64] {
+            for v in [0, V_BIAS, V_MAX] {
+                for n in [1, (cap / 2).max(1), cap] {
+                    let top = v + cap - n;
+                    let words = [
+                        0,
+                        v.saturating_sub(1),
+                        v,
+                        v + 1,
+                        top,
+                        top + 1,
+                        v + cap,
+                        v + cap + 5,
+                        v + cap + MAX_LEAD,
+                        v + cap + MAX_LEAD + 1,
+                        u64::MAX,
+                    ];
+                    for t in words {
+                        for mode in [Mode::Normal, Mode::Exact] {
+                            let (a, b) = (AtomicU64::new(t), AtomicU64::new(t));
+                            let want = charge_at(cap, &a, n, v, mode).map(|c| {
+                                assert!(!c.debt, "{cap} {v} {n} {t}");
+                            });
+                            assert_eq!(
+                                charge_within(&b, n, v, top),
+                                want,
+                                "cap {cap}, v {v}, n {n}, word {t}, {mode:?}"
+                            );
+                            assert_eq!(a.load(Ordering::Relaxed), b.load(Ordering::Relaxed));
+                        }
+                    }
+                }
             }
         }
     }

@@ -32,7 +32,7 @@
 
 use crate::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use super::bucket::{Gcra, Hot};
+use super::bucket::{Gcra, Hot, HotWord};
 use crate::error::{Error, Result};
 use crate::sys::clock::{Clock, TscClock};
 
@@ -209,6 +209,36 @@ impl ParamBlock {
             }
         }
         self.load_cold().map(|p| p.gcra.hot(&p.clock))
+    }
+
+    /// The consume's *first look* at a block in process memory, for a
+    /// charge of `n`: `(v, top)` at TSC reading `tick` ([`Hot::look`])
+    /// from one attempt of the seqlock read, calling nothing; `None`, with
+    /// nothing decided, if that raced a writer or [`Hot::look`] declines.
+    ///
+    /// # Safety
+    ///
+    /// As [`hot_trusted`](Self::hot_trusted).
+    #[inline(always)]
+    pub unsafe fn look_trusted(&self, tick: u64, n: u64) -> Option<(u64, u64)> {
+        let a = self.active.load(Ordering::Acquire);
+        // SAFETY: `a & 3 < SLOTS` in process memory (the caller's
+        // contract), as in `hot_trusted`.
+        let slot = unsafe { self.slots.get_unchecked((a & 3) as usize) };
+        let got = Hot::look(tick, n, |w| {
+            match w {
+                HotWord::Cap => &slot.cap,
+                HotWord::BaseV => &slot.base_v,
+                HotWord::BaseTick => &slot.hot[0],
+                HotWord::K => &slot.hot[1],
+                HotWord::S => &slot.hot[2],
+                HotWord::EMax => &slot.hot[3],
+            }
+            .load(Ordering::Relaxed)
+        })?;
+        fence(Ordering::Acquire);
+        // `active` unmoved: the words are the slot's (see `hot_trusted`).
+        (self.active.load(Ordering::Relaxed) == a).then_some(got)
     }
 
     /// [`hot_trusted`](Self::hot_trusted)'s cold side: the full read, with its
@@ -406,6 +436,22 @@ impl ParamCache {
             }
         }
         self.refill(block)
+    }
+
+    /// The consume's *first look* through the copy, for a charge of `n`:
+    /// `(v, top)` at TSC reading `tick` ([`Hot::look`]), calling nothing;
+    /// `None`, with nothing decided, on a miss, a copy being rewritten, or
+    /// where [`Hot::look`] declines.
+    #[inline(always)]
+    pub fn look(&self, block: &ParamBlock, tick: u64, n: u64) -> Option<(u64, u64)> {
+        let k = self.key.load(Ordering::Acquire);
+        if k != block.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let got = Hot::look(tick, n, |w| self.words[w as usize].load(Ordering::Relaxed))?;
+        fence(Ordering::Acquire);
+        // Derived from a validated `Params` (see `refill`).
+        (self.key.load(Ordering::Relaxed) == k).then_some(got)
     }
 
     /// The miss: the full read of `block` (validated, errors naming what is
@@ -675,6 +721,59 @@ mod tests {
             r.join().unwrap();
         }
         assert_eq!(c.hot(&b).unwrap().cap, 19_999);
+    }
+
+    /// The first looks (the in-process block's and the copy's) never mix
+    /// two writes while a writer keeps publishing, and never go back: on
+    /// a TSC clock read at the base tick, `v` is `base_v` and `top` is
+    /// `base_v + cap − n`, and every write has `base_v = cap`.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn first_looks_never_mix_two_writes() {
+        let clock = Clock::Tsc(TscClock {
+            tsc0: 1_000,
+            ns0: 7_000,
+            mult: 1 << 32,
+            shift: 32,
+        });
+        let at = move |r: u32| Params {
+            gcra: Gcra::based(r, r, 7_000, u64::from(r)),
+            clock,
+        };
+        let b = std::sync::Arc::new(ParamBlock::default());
+        b.init(&at(1));
+        let c = ParamCache::default();
+        let w = b.clone();
+        let writer = std::thread::spawn(move || {
+            for r in 2..20_000u32 {
+                w.update(1, &|_| true, |_| at(r)).unwrap();
+            }
+        });
+        let (mut last, mut seen) = ([0; 2], [0u32; 2]);
+        let mut check = |i: usize, got: Option<(u64, u64)>| {
+            if let Some((v, top)) = got {
+                assert_eq!(top, 2 * v - 1, "{v} {top}");
+                assert!(v >= last[i], "{v} after {}", last[i]);
+                (last[i], seen[i]) = (v, seen[i] + 1);
+            }
+        };
+        while !writer.is_finished() {
+            // SAFETY: `b` is in process memory.
+            check(0, unsafe { b.look_trusted(1_000, 1) });
+            // A miss refills the copy (as the general path does).
+            let got = c.look(&b, 1_000, 1);
+            if got.is_none() {
+                let _ = c.hot(&b);
+            }
+            check(1, got);
+        }
+        writer.join().unwrap();
+        // SAFETY: `b` is in process memory.
+        check(0, unsafe { b.look_trusted(1_000, 1) });
+        let _ = c.hot(&b);
+        check(1, c.look(&b, 1_000, 1));
+        assert_eq!(last, [19_999; 2]);
+        assert!(seen.iter().all(|&k| k > 0), "{seen:?}");
     }
 
     /// Both reads (the full one, and the in-process fast path's, which

@@ -175,6 +175,15 @@ impl LimRoot {
         self.params_cache.hot(self.bucket.params())
     }
 
+    /// The consume's first look at the region's parameters, for a charge
+    /// of `n`: `(v, top)` at TSC reading `tick` through this process's
+    /// copy, calling nothing; `None` where [`hot_params`](Self::hot_params)
+    /// would read the block, and where `ParamCache::look` declines.
+    #[inline(always)]
+    pub fn look_params(&self, tick: u64, n: u64) -> Option<(u64, u64)> {
+        self.params_cache.look(self.bucket.params(), tick, n)
+    }
+
     /// The region side.
     #[inline(always)]
     pub fn bucket(&self) -> &SharedBucket {

@@ -73,12 +73,38 @@ mod imp {
             self.owner.load(Ordering::Relaxed) == thread_id()
         }
 
+        /// Who owns this counter: `Some(true)` the calling thread (as
+        /// [`owned_here`](Self::owned_here)), `Some(false)` another
+        /// thread, `None` no thread yet. For a caller that counts without
+        /// calling out of line: [`add_owned`](Self::add_owned) or
+        /// [`add_other`](Self::add_other), and [`add`](Self::add) (which
+        /// may claim) for `None`.
+        #[inline(always)]
+        pub fn owner_is_me(&self) -> Option<bool> {
+            let o = self.owner.load(Ordering::Relaxed);
+            if o == thread_id() {
+                Some(true)
+            } else if o != UNCLAIMED {
+                Some(false)
+            } else {
+                None
+            }
+        }
+
         /// Counts `n` at `tier` (`tier < LEVELS`) for the counter's owner:
         /// the caller has seen [`owned_here`](Self::owned_here) true.
         #[inline(always)]
         pub fn add_owned(&self, tier: usize, n: u64) {
             let w = &self.own[tier];
             w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+
+        /// Counts `n` at `tier` (`tier < LEVELS`) for a thread that does
+        /// not own the counter: the caller has seen
+        /// [`owner_is_me`](Self::owner_is_me) say `Some(false)`.
+        #[inline(always)]
+        pub fn add_other(&self, tier: usize, n: u64) {
+            self.other[tier].fetch_add(n, Ordering::Relaxed);
         }
 
         /// Counts `n` at `tier` (`tier < LEVELS`) for a handle made in fork
@@ -92,7 +118,7 @@ mod imp {
             if owner == me {
                 self.add_owned(tier, n);
             } else if owner != UNCLAIMED {
-                self.other[tier].fetch_add(n, Ordering::Relaxed);
+                self.add_other(tier, n);
             } else {
                 self.claim(me, tier, n, gen);
             }
@@ -148,6 +174,19 @@ mod imp {
         #[inline(always)]
         pub fn owned_here(&self) -> bool {
             false
+        }
+
+        /// Always another thread (nothing is owned here): every count is
+        /// a `fetch_add`.
+        #[inline(always)]
+        pub fn owner_is_me(&self) -> Option<bool> {
+            Some(false)
+        }
+
+        /// Counts `n` at `tier` (`tier < LEVELS`).
+        #[inline(always)]
+        pub fn add_other(&self, tier: usize, n: u64) {
+            self.add(tier, n, 0);
         }
 
         /// Counts `n` at `tier` (`tier < LEVELS`); not reached (nothing is
