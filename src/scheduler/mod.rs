@@ -434,7 +434,14 @@ fn release_chain(leaf: &Node, root_slots: &Slots) {
         node = parent;
     }
     if !node.release_uncontended(n) {
-        release_levels_from(node, root_slots);
+        if node.is_local() {
+            // Someone is queued at this in-process root: straight to its
+            // dispatch (what `release_level` would come to after a second
+            // look at the state word).
+            node.release_queued(root_slots);
+        } else {
+            release_levels_from(node, root_slots);
+        }
     }
 }
 

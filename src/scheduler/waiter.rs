@@ -203,6 +203,30 @@ impl Counters {
             self.cancelled[tier].fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// [`deferred`](Self::deferred) by a writer that holds the one lock
+    /// every writer of these counters holds: the counters of an in-process
+    /// level, written only under its queue's lock (its enqueue and its
+    /// waiters leaving). A load and a store, not a locked add: readers
+    /// (stats) still see whole values.
+    pub fn deferred_locked(&self, tier: usize) {
+        bump(&self.deferred[tier]);
+    }
+
+    /// [`left`](Self::left) under the lock, as
+    /// [`deferred_locked`](Self::deferred_locked).
+    pub fn left_locked(&self, tier: usize, cancelled: bool) {
+        bump(&self.completed[tier]);
+        if cancelled {
+            bump(&self.cancelled[tier]);
+        }
+    }
+}
+
+/// Adds one to a counter whose writers all hold one lock.
+#[inline]
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// One blocked acquire.
@@ -458,10 +482,11 @@ impl Wakeups {
             .chain(self.more.iter().flat_map(|m| m.parked.iter()))
     }
 
-    /// Wakes the in-process threads and the tasks (not the shared bits:
-    /// the root does that through the region).
+    /// Wakes the in-process threads and the tasks, and drops the list (the
+    /// shared bits are not woken here: the root does that through the
+    /// region).
     #[inline]
-    pub fn wake_local(&mut self) {
+    pub fn wake_local(mut self) {
         if let Some(w) = self.thread.take() {
             crate::sys::futex::futex_wake(&w.state, 1);
         }
@@ -471,6 +496,13 @@ impl Wakeups {
             }
         }
         self.wake_tasks();
+        // Built and dropped on every enqueue and slow release: when the
+        // list owns nothing any more (the common case), its drop glue (a
+        // call per field) has nothing to do, so it is skipped.
+        if self.parked.is_none() && self.more.is_none() {
+            debug_assert!(self.task.is_none() && self.thread.is_none());
+            std::mem::forget(self);
+        }
     }
 
     /// Wakes the tasks; a waker that panics is caught (the scheduler's
