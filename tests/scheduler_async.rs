@@ -405,6 +405,9 @@ fn contended_async_handoff_counts_exactly() {
             "max {max}: only {deferred} of {} acquisitions queued",
             5 * ROUNDS + ROUNDS / 5
         );
-        assert!(s.try_acquire_many(Priority::Low, max).is_some(), "max {max}: all free");
+        assert!(
+            s.try_acquire_many(Priority::Low, max).is_some(),
+            "max {max}: all free"
+        );
     }
 }
