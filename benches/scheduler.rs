@@ -23,7 +23,9 @@
 //!   runtime); and a contended async hand-off: [`HANDOFF_TASKS`] tasks on a
 //!   two-worker runtime share one permit, each holding it across a
 //!   `yield_now`, so nearly every release hands the permit to a queued
-//!   task (one element is one acquisition).
+//!   task (one element is one acquisition). Both take an owned permit the
+//!   same way: a clone of the handle moved into the acquire and on into
+//!   the permit (`acquire_owned_async`, tokio's `acquire_owned`).
 //!
 //! - `acquire_release/shmsched_queue_drain` is the one contended row: cap 1,
 //!   [`DRAIN_WAITERS`] threads queued behind a held permit; the timer runs
@@ -656,10 +658,9 @@ fn vs_tokio(c: &mut Criterion) {
             handoff_rounds(&mt, iters, move || {
                 let s = one.clone();
                 async move {
-                    s.acquire_async(Priority::Normal)
+                    s.acquire_owned_async(Priority::Normal)
                         .await
                         .expect("acquire")
-                        .into_owned()
                 }
             })
         })

@@ -84,11 +84,7 @@ fn main() -> ExitCode {
                 tokio::spawn(async move {
                     for _ in 0..per_task {
                         if which == Which::Shmsched {
-                            let p = sched
-                                .clone()
-                                .acquire_async(Priority::Normal)
-                                .await?
-                                .into_owned();
+                            let p = sched.clone().acquire_owned_async(Priority::Normal).await?;
                             tokio::task::yield_now().await;
                             drop(p);
                         } else {

@@ -125,6 +125,120 @@ async fn dispose_fails_an_async_waiter() {
     ));
 }
 
+/// `acquire_owned_async`: the handle moves into the permit, which a
+/// spawned task can keep (`'static`); queued owned acquires keep priority
+/// and FIFO order with borrowed ones; one dropped while queued, or through
+/// a child, leaves nothing behind; dispose and bad counts fail it as they
+/// fail `acquire_async`, on a root in process and on a shared one.
+#[test]
+fn owned_acquires_move_the_handle_and_keep_the_rules() {
+    use std::task::Poll;
+    let path = format!("/dev/shm/shmsched-{}", procs::unique_name("owned"));
+    let region = Region::create(&path).unwrap();
+    let roots = [
+        Scheduler::with_seed(1, 5).unwrap(),
+        Scheduler::shared(&region, 1).unwrap(),
+    ];
+    for s in &roots {
+        s.set_lottery(None, false);
+        let local = s.stats().shared.is_none();
+        let hold = s.acquire(Priority::Normal).unwrap();
+        let mut low = s.clone().acquire_owned_async(Priority::Low);
+        let mut first = s.clone().acquire_owned_async(Priority::Normal);
+        let mut borrowed = s.acquire_async(Priority::Normal);
+        let mut gone = s.clone().acquire_owned_async(Priority::High);
+        let mut top = s.clone().acquire_many_owned_async(Priority::Highest, 1);
+        for f in [&mut low, &mut first, &mut gone, &mut top] {
+            assert!(poll_once(f).is_pending(), "local {local}: queued");
+        }
+        assert!(poll_once(&mut borrowed).is_pending());
+        drop(gone);
+        drop(hold);
+        // Highest, then the two Normal ones in arrival order, then Low.
+        let order = [&mut top, &mut first];
+        for (i, f) in order.into_iter().enumerate() {
+            let p = loop {
+                match poll_once(f) {
+                    Poll::Ready(r) => break r.unwrap(),
+                    Poll::Pending => std::thread::yield_now(),
+                }
+            };
+            assert_eq!(p.units(), 1);
+            // Owned: it outlives every handle of this loop.
+            let kept = std::thread::spawn(move || p.priority()).join().unwrap();
+            assert_eq!(
+                kept,
+                [Priority::Highest, Priority::Normal][i],
+                "local {local}"
+            );
+        }
+        let p = loop {
+            match poll_once(&mut borrowed) {
+                Poll::Ready(r) => break r.unwrap(),
+                Poll::Pending => std::thread::yield_now(),
+            }
+        };
+        assert!(poll_once(&mut low).is_pending(), "local {local}: Low last");
+        drop(p);
+        let p_low = loop {
+            match poll_once(&mut low) {
+                Poll::Ready(r) => break r.unwrap(),
+                Poll::Pending => std::thread::yield_now(),
+            }
+        };
+        assert!(matches!(
+            poll_once(&mut low),
+            Poll::Ready(Err(Error::InvalidArgument(_)))
+        ));
+        assert_eq!(p_low.priority(), Priority::Low);
+        drop(p_low);
+        let st = s.stats();
+        assert_eq!(st.pending, 0, "local {local}: {st:?}");
+        assert_eq!(
+            st.queues[Priority::High.index()].cancelled,
+            1,
+            "local {local}: the dropped one"
+        );
+        // Bad counts, as for the borrowed acquire.
+        for n in [0, 2] {
+            let mut f = s.clone().acquire_many_owned_async(Priority::Low, n);
+            assert!(
+                matches!(
+                    poll_once(&mut f),
+                    Poll::Ready(Err(Error::InvalidArgument(_)))
+                ),
+                "local {local}: n = {n}"
+            );
+        }
+        assert!(
+            s.try_acquire(Priority::Low).is_some(),
+            "local {local}: free"
+        );
+    }
+
+    // Through a child: a dropped owned acquire gives the child's unit back.
+    let root = &roots[0];
+    let child = root.child(3).unwrap();
+    let hold = root.acquire(Priority::Normal).unwrap();
+    let mut f = child.clone().acquire_owned_async(Priority::High);
+    assert!(poll_once(&mut f).is_pending());
+    assert_eq!(child.stats().running, 1, "the child's unit is taken");
+    drop(f);
+    assert_eq!(child.stats().running, 0, "and given back");
+    assert_eq!(root.stats().pending, 0);
+
+    // Dispose fails a queued owned acquire.
+    let mut f = root.clone().acquire_owned_async(Priority::Low);
+    assert!(poll_once(&mut f).is_pending());
+    root.dispose();
+    assert!(matches!(
+        poll_once(&mut f),
+        Poll::Ready(Err(Error::Disposed))
+    ));
+    drop(hold);
+    Region::remove(&path).unwrap();
+}
+
 #[test]
 fn async_waiter_in_another_process_is_woken_by_a_release() {
     let path = format!("/dev/shm/shmsched-{}", procs::unique_name("async"));
@@ -363,6 +477,14 @@ fn contended_async_handoff_counts_exactly() {
                                     continue;
                                 }
                             }
+                        } else if k == 1 {
+                            // Owned, through a handle moved in each time.
+                            let permit = s.clone().acquire_owned_async(p).await.unwrap();
+                            hold(&holders, &most);
+                            tokio::task::yield_now().await;
+                            holders.fetch_sub(1, Ordering::SeqCst);
+                            drop(permit);
+                            continue;
                         } else {
                             s.acquire_async(p).await.unwrap()
                         };

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 
 use super::node::Node;
 use super::waiter::{Slots, Waiter, FAILED, GRANTED, WAITING};
-use super::{Permit, Scheduler};
+use super::{OwnedPermit, Permit, Scheduler};
 use crate::error::{Error, Result};
 use crate::few::Few;
 use crate::priority::Priority;
@@ -29,6 +29,24 @@ use crate::priority::Priority;
 #[derive(Debug)]
 pub struct Acquire<'a> {
     sched: &'a Scheduler,
+    walk: Walk,
+}
+
+/// The future returned by [`Scheduler::acquire_owned_async`]: the same
+/// walk as [`Acquire`], holding the scheduler handle it was given and
+/// moving it into the [`OwnedPermit`] it completes with.
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct AcquireOwned {
+    /// `None` once the permit has it.
+    sched: Option<Scheduler>,
+    walk: Walk,
+}
+
+/// An acquire's progress along the chain, leaf to root: the state both
+/// futures share, each step given the scheduler it walks.
+#[derive(Debug)]
+struct Walk {
     priority: Priority,
     n: u32,
     /// The level being acquired (0 = the scheduler itself, then parents).
@@ -43,6 +61,23 @@ impl<'a> Acquire<'a> {
     pub(super) fn new(sched: &'a Scheduler, priority: Priority, n: u32) -> Acquire<'a> {
         Acquire {
             sched,
+            walk: Walk::new(priority, n),
+        }
+    }
+}
+
+impl AcquireOwned {
+    pub(super) fn new(sched: Scheduler, priority: Priority, n: u32) -> AcquireOwned {
+        AcquireOwned {
+            sched: Some(sched),
+            walk: Walk::new(priority, n),
+        }
+    }
+}
+
+impl Walk {
+    fn new(priority: Priority, n: u32) -> Walk {
+        Walk {
             priority,
             n,
             level: 0,
@@ -52,21 +87,21 @@ impl<'a> Acquire<'a> {
         }
     }
 
-    fn node_at(&self, level: usize) -> &'a Arc<Node> {
-        let mut n = &self.sched.node;
+    fn node_at(sched: &Scheduler, level: usize) -> &Arc<Node> {
+        let mut n = &sched.node;
         for _ in 0..level {
             n = n.parent().expect("level within the chain");
         }
         n
     }
 
-    /// Records units taken at the current level; returns the permit when
-    /// that level is the root.
-    fn advance(&mut self, slots: Slots) -> Option<Permit<'a>> {
-        let node = self.node_at(self.level);
+    /// Records units taken at the current level; returns the root's units
+    /// when that level is the root.
+    fn advance(&mut self, sched: &Scheduler, slots: Slots) -> Option<Slots> {
+        let node = Walk::node_at(sched, self.level);
         if node.parent().is_none() {
             self.done = true;
-            return Some(self.sched.permit(slots, self.priority));
+            return Some(slots);
         }
         self.via.push(node.id());
         self.level += 1;
@@ -74,54 +109,53 @@ impl<'a> Acquire<'a> {
     }
 
     /// Releases the levels below the current one (all taken), leaf last.
-    fn unwind(&mut self) {
+    fn unwind(&mut self, sched: &Scheduler) {
         for i in (0..self.level).rev() {
-            self.node_at(i).release_level(&Slots::counted(self.n));
+            Walk::node_at(sched, i).release_level(&Slots::counted(self.n));
         }
         self.level = 0;
         self.via.clear();
     }
 
-    fn fail(&mut self, e: Error) -> Poll<Result<Permit<'a>>> {
-        self.unwind();
+    fn fail(&mut self, sched: &Scheduler, e: Error) -> Poll<Result<Slots>> {
+        self.unwind(sched);
         self.done = true;
         Poll::Ready(Err(e))
     }
-}
 
-impl<'a> Future for Acquire<'a> {
-    type Output = Result<Permit<'a>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Every field is Unpin.
-        let this = self.get_mut();
-        if this.done {
+    /// One poll of the walk: the root's units once every level is taken.
+    /// Inlined into each future's `poll`, so that the result is not passed
+    /// through memory.
+    #[inline(always)]
+    fn poll(&mut self, sched: &Scheduler, cx: &mut Context<'_>) -> Poll<Result<Slots>> {
+        if self.done {
             return Poll::Ready(Err(Error::InvalidArgument(
                 "acquire_async polled after completion".into(),
             )));
         }
-        if this.n == 0 {
-            return this.fail(Error::InvalidArgument(
-                "acquire of 0 slots: n must be at least 1".into(),
-            ));
+        if self.n == 0 {
+            return self.fail(
+                sched,
+                Error::InvalidArgument("acquire of 0 slots: n must be at least 1".into()),
+            );
         }
         loop {
-            let node = this.node_at(this.level);
-            if let Some(w) = &this.waiter {
+            let node = Walk::node_at(sched, self.level);
+            if let Some(w) = &self.waiter {
                 match w.state() {
                     GRANTED => {
                         let slots = node.granted_slots(w);
-                        this.waiter = None;
+                        self.waiter = None;
                         node.waited_async();
-                        if let Some(p) = this.advance(slots) {
-                            return Poll::Ready(Ok(p));
+                        if let Some(s) = self.advance(sched, slots) {
+                            return Poll::Ready(Ok(s));
                         }
                         continue;
                     }
                     FAILED => {
-                        this.waiter = None;
+                        self.waiter = None;
                         node.waited_async();
-                        return this.fail(Error::Disposed);
+                        return self.fail(sched, Error::Disposed);
                     }
                     _ => {
                         w.set_waker(cx.waker());
@@ -134,17 +168,17 @@ impl<'a> Future for Acquire<'a> {
                     }
                 }
             }
-            if let Err(e) = node.check_usable(this.n) {
-                return this.fail(e);
+            if let Err(e) = node.check_usable(self.n) {
+                return self.fail(sched, e);
             }
-            if this.level == 0 {
-                if let Err(e) = node.check_weight(this.priority, this.n) {
-                    return this.fail(e);
+            if self.level == 0 {
+                if let Err(e) = node.check_weight(self.priority, self.n) {
+                    return self.fail(sched, e);
                 }
             }
-            if let Some(s) = node.fast(this.priority, this.n) {
-                if let Some(p) = this.advance(s) {
-                    return Poll::Ready(Ok(p));
+            if let Some(s) = node.fast(self.priority, self.n) {
+                if let Some(s) = self.advance(sched, s) {
+                    return Poll::Ready(Ok(s));
                 }
                 continue;
             }
@@ -153,33 +187,85 @@ impl<'a> Future for Acquire<'a> {
             // future is done for now (a grant since has the waker).
             let local = node.is_local();
             let waker = if local { Some(cx.waker()) } else { None };
-            match node.enqueue(this.priority, this.n, this.via.clone(), true, waker) {
+            match node.enqueue(self.priority, self.n, self.via.clone(), true, waker) {
                 Ok(w) => {
                     node.ensure_helper();
                     let pending = local && w.state() == WAITING;
-                    this.waiter = Some(w);
+                    self.waiter = Some(w);
                     if pending {
                         return Poll::Pending;
                     }
                 }
-                Err(e) => return this.fail(e),
+                Err(e) => return self.fail(sched, e),
             }
         }
     }
-}
 
-impl Drop for Acquire<'_> {
-    fn drop(&mut self) {
-        if self.done || self.sched.node.forked() {
+    /// A future dropped before it completed: its queued place goes (or
+    /// the units a grant raced the drop with come back), and the levels
+    /// it took are released.
+    fn abandon(&mut self, sched: &Scheduler) {
+        if self.done || sched.node.forked() {
             return;
         }
         if let Some(w) = self.waiter.take() {
-            let node = self.node_at(self.level);
+            let node = Walk::node_at(sched, self.level);
             // Granted just before the drop: give the units back.
             if let Ok(s) = node.cancel(&w) {
                 node.release_level(&s);
             }
         }
-        self.unwind();
+        self.unwind(sched);
+    }
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = Result<Permit<'a>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is Unpin.
+        let this = self.get_mut();
+        let sched = this.sched;
+        let priority = this.walk.priority;
+        this.walk
+            .poll(sched, cx)
+            .map(|r| r.map(|slots| sched.permit(slots, priority)))
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        self.walk.abandon(self.sched);
+    }
+}
+
+impl Future for AcquireOwned {
+    type Output = Result<OwnedPermit>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is Unpin.
+        let this = self.get_mut();
+        let Some(sched) = this.sched.as_ref() else {
+            return Poll::Ready(Err(Error::InvalidArgument(
+                "acquire_owned_async polled after completion".into(),
+            )));
+        };
+        match this.walk.poll(sched, cx) {
+            Poll::Ready(Ok(slots)) => {
+                let priority = this.walk.priority;
+                let sched = this.sched.take().expect("checked above");
+                Poll::Ready(Ok(OwnedPermit::new(sched, slots.at(priority))))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for AcquireOwned {
+    fn drop(&mut self) {
+        if let Some(sched) = self.sched.take() {
+            self.walk.abandon(&sched);
+        }
     }
 }

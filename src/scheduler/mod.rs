@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use caps::{Concurrency, MAX_CONCURRENCY};
-pub use future::Acquire;
+pub use future::{Acquire, AcquireOwned};
 pub use lottery::LOTTERY_ODDS;
 pub use root::{BACKSTOP, FAIR_AFTER, PROBE_AFTER};
 #[cfg(shuttle)]
@@ -374,6 +374,11 @@ pub struct OwnedPermit {
 }
 
 impl OwnedPermit {
+    /// A permit for `slots` (already marked with their priority) of `sched`.
+    pub(super) fn new(sched: Scheduler, slots: Slots) -> OwnedPermit {
+        OwnedPermit { sched, slots }
+    }
+
     /// The priority this permit was acquired at.
     pub fn priority(&self) -> Priority {
         self.slots.priority()
@@ -1055,6 +1060,34 @@ impl Scheduler {
     /// The async form of [`acquire_many`](Self::acquire_many).
     pub fn acquire_many_async(&self, priority: Priority, n: u32) -> Acquire<'_> {
         Acquire::new(self, priority, n)
+    }
+
+    /// [`acquire_async`](Self::acquire_async) for a task that must own its
+    /// permit (`'static`, e.g. to move it into a spawned task): the
+    /// handle is moved into the future and from there into the permit,
+    /// so a clone made for it is the only one (`.await?.into_owned()`
+    /// on a borrowed acquire clones the handle once more). The same
+    /// order, cancellation and errors as `acquire_async`.
+    ///
+    /// ```
+    /// # use shmsched::scheduler::Scheduler;
+    /// # use shmsched::Priority;
+    /// # async fn demo(sched: Scheduler) -> shmsched::Result<()> {
+    /// let permit = sched.clone().acquire_owned_async(Priority::Normal).await?;
+    /// let work = async move {
+    ///     // ... the work, holding the slot ...
+    ///     drop(permit);
+    /// };
+    /// # work.await; Ok(()) }
+    /// ```
+    pub fn acquire_owned_async(self, priority: Priority) -> AcquireOwned {
+        AcquireOwned::new(self, priority, 1)
+    }
+
+    /// The owned form of [`acquire_many_async`](Self::acquire_many_async)
+    /// (see [`acquire_owned_async`](Self::acquire_owned_async)).
+    pub fn acquire_many_owned_async(self, priority: Priority, n: u32) -> AcquireOwned {
+        AcquireOwned::new(self, priority, n)
     }
 
     /// Acquires at `priority`, runs `f`, releases (also if `f` panics).
