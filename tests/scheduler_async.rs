@@ -527,6 +527,16 @@ fn contended_async_handoff_counts_exactly() {
             "max {max}: only {deferred} of {} acquisitions queued",
             5 * ROUNDS + ROUNDS / 5
         );
+        // Nobody waits any more, so the stall clock is closed: its total
+        // does not grow (a waiting count left above zero would keep it
+        // open).
+        let stalled = st.stall_ns;
+        assert!(stalled > 0, "max {max}: the waits were timed");
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(3) {
+            std::hint::spin_loop();
+        }
+        assert_eq!(s.stats().stall_ns, stalled, "max {max}: stall clock closed");
         assert!(
             s.try_acquire_many(Priority::Low, max).is_some(),
             "max {max}: all free"

@@ -130,6 +130,9 @@ impl Inner {
 #[repr(C, align(128))]
 pub(crate) struct Node {
     level: Level,
+    /// Waiters queued through this handle that have not left the queue
+    /// (at an in-process level: written only under its lock, see
+    /// `left_local`); the stall clock runs while it is above zero.
     waiting: AtomicU64,
     /// Time during which at least one task waited here (its waiters).
     stall: StallClock,
@@ -610,13 +613,18 @@ impl Node {
                     };
                     inner.queues[tier].push_back(w.clone());
                     self.counters.deferred_locked(tier);
+                    // Counted under the lock, and uncounted by whatever
+                    // takes it off the queue (`left_local`), also when
+                    // this enqueue's own dispatch grants it below.
+                    bump_waiting(&self.waiting, 1);
+                    self.stall.update(|| true);
                     st.state
                         .fetch_or(1 << (QUEUED_SHIFT as usize + tier), Ordering::SeqCst);
                     self.dispatch_local(&mut inner, 0, &mut out);
                     w
                 };
                 out.wake_local();
-                w
+                return Ok(w);
             }
         };
         self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -647,8 +655,13 @@ impl Node {
         self.waited();
     }
 
-    /// Book-keeping once a waiter queued through this handle is done.
+    /// Book-keeping once a waiter queued through this handle is done (at
+    /// a shared root; at an in-process level `left_local` did it when the
+    /// waiter left the queue).
     fn waited(&self) {
+        if self.is_local() {
+            return;
+        }
         if self.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.stall
                 .update(|| self.waiting.load(Ordering::SeqCst) > 0);
@@ -742,9 +755,17 @@ impl Node {
         r
     }
 
+    /// Book-keeping for a waiter just taken off this in-process level's
+    /// queue (granted, cancelled or failed), under its lock: its tier's
+    /// counters and queued bit, and the level's waiting count and stall
+    /// clock (a waiter stops waiting when it leaves the queue).
     fn left_local(&self, inner: &Inner, w: &Waiter, cancelled: bool) {
         let tier = w.tier();
         w.counters.left_locked(tier, cancelled);
+        if bump_waiting(&self.waiting, -1) == 0 {
+            self.stall
+                .update(|| self.waiting.load(Ordering::SeqCst) > 0);
+        }
         if inner.queues[tier].is_empty() {
             if let Level::Local(st) = &self.level {
                 st.state
@@ -1003,6 +1024,16 @@ impl Node {
             shared,
         }
     }
+}
+
+/// Adds `d` to an in-process level's waiting count, whose writers all
+/// hold the level's lock (a load and a store, not a locked add); returns
+/// the new count.
+#[inline]
+fn bump_waiting(waiting: &AtomicU64, d: i64) -> u64 {
+    let v = waiting.load(Ordering::Relaxed).wrapping_add_signed(d);
+    waiting.store(v, Ordering::SeqCst);
+    v
 }
 
 /// The lottery ticker of an in-process level with async waiters: draws
