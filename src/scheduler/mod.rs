@@ -423,8 +423,9 @@ pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
 ///
 /// The levels that give their units straight back to an in-process pool
 /// (nobody queued there) are released in a loop that calls nothing, so it
-/// needs no stack frame; the first level that needs more (a shared root, a
-/// waiter to serve) hands the rest to [`release_levels_from`].
+/// needs no stack frame; the first level below the root that needs more
+/// (a waiter to serve) hands the rest to [`release_levels_from`], and the
+/// root itself goes to [`Node::release_queued`].
 #[inline(never)]
 fn release_chain(leaf: &Node, root_slots: &Slots) {
     if leaf.forked() {
@@ -439,14 +440,7 @@ fn release_chain(leaf: &Node, root_slots: &Slots) {
         node = parent;
     }
     if !node.release_uncontended(n) {
-        if node.is_local() {
-            // Someone is queued at this in-process root: straight to its
-            // dispatch (what `release_level` would come to after a second
-            // look at the state word).
-            node.release_queued(root_slots);
-        } else {
-            release_levels_from(node, root_slots);
-        }
+        node.release_queued(root_slots);
     }
 }
 

@@ -37,8 +37,8 @@ use super::lottery::Lottery;
 use super::root::{above, SharedRoot};
 use super::stats::{QueueStats, SchedulerStats};
 use super::waiter::{
-    take_spare, Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED, SPARE_WAITERS,
-    WAITING,
+    add_under_lock, take_spare, Counters, Slots, SlotsView, Waiter, Wakeups, FAILED, GRANTED,
+    SPARE_WAITERS, WAITING,
 };
 use crate::error::{Error, Result};
 use crate::few::Few;
@@ -260,7 +260,9 @@ impl Node {
         Ok(())
     }
 
-    /// Why [`check_usable`](Self::check_usable) refused `n` units.
+    /// Why [`check_usable`](Self::check_usable) refused `n` units (`Ok`
+    /// for `n = 0` on a usable level, as before the inline test: callers
+    /// refuse 0 themselves, with their own message).
     #[cold]
     #[inline(never)]
     fn unusable(&self, n: u32) -> Result<()> {
@@ -522,10 +524,11 @@ impl Node {
         false
     }
 
-    /// [`release_level`](Self::release_level) after the caller saw a
-    /// queued tier at this level: at an in-process level the units go
-    /// straight to its dispatch (waiters first, the rest to the pool)
-    /// without a second look at the state word.
+    /// [`release_level`](Self::release_level) after the caller's
+    /// [`release_uncontended`](Self::release_uncontended) declined: at an
+    /// in-process level (a queued tier) the units go straight to its
+    /// dispatch (waiters first, the rest to the pool) without a second
+    /// look at the state word; a shared root releases as `release_level`.
     #[inline]
     pub fn release_queued(&self, slots: &Slots) {
         if self.is_local() {
@@ -616,7 +619,7 @@ impl Node {
                     // Counted under the lock, and uncounted by whatever
                     // takes it off the queue (`left_local`), also when
                     // this enqueue's own dispatch grants it below.
-                    bump_waiting(&self.waiting, 1);
+                    add_under_lock(&self.waiting, 1);
                     self.stall.update(|| true);
                     st.state
                         .fetch_or(1 << (QUEUED_SHIFT as usize + tier), Ordering::SeqCst);
@@ -762,7 +765,7 @@ impl Node {
     fn left_local(&self, inner: &Inner, w: &Waiter, cancelled: bool) {
         let tier = w.tier();
         w.counters.left_locked(tier, cancelled);
-        if bump_waiting(&self.waiting, -1) == 0 {
+        if add_under_lock(&self.waiting, -1) == 0 {
             self.stall
                 .update(|| self.waiting.load(Ordering::SeqCst) > 0);
         }
@@ -1024,16 +1027,6 @@ impl Node {
             shared,
         }
     }
-}
-
-/// Adds `d` to an in-process level's waiting count, whose writers all
-/// hold the level's lock (a load and a store, not a locked add); returns
-/// the new count.
-#[inline]
-fn bump_waiting(waiting: &AtomicU64, d: i64) -> u64 {
-    let v = waiting.load(Ordering::Relaxed).wrapping_add_signed(d);
-    waiting.store(v, Ordering::SeqCst);
-    v
 }
 
 /// The lottery ticker of an in-process level with async waiters: draws

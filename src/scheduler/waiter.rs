@@ -210,23 +210,27 @@ impl Counters {
     /// waiters leaving). A load and a store, not a locked add: readers
     /// (stats) still see whole values.
     pub fn deferred_locked(&self, tier: usize) {
-        bump(&self.deferred[tier]);
+        add_under_lock(&self.deferred[tier], 1);
     }
 
     /// [`left`](Self::left) under the lock, as
     /// [`deferred_locked`](Self::deferred_locked).
     pub fn left_locked(&self, tier: usize, cancelled: bool) {
-        bump(&self.completed[tier]);
+        add_under_lock(&self.completed[tier], 1);
         if cancelled {
-            bump(&self.cancelled[tier]);
+            add_under_lock(&self.cancelled[tier], 1);
         }
     }
 }
 
-/// Adds one to a counter whose writers all hold one lock.
+/// Adds `d` to a counter whose writers all hold one lock (the lock orders
+/// them): a load and a store, not a locked add; readers outside the lock
+/// still see whole values. Returns the new value.
 #[inline]
-fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+pub(crate) fn add_under_lock(c: &AtomicU64, d: i64) -> u64 {
+    let v = c.load(Ordering::Relaxed).wrapping_add_signed(d);
+    c.store(v, Ordering::Relaxed);
+    v
 }
 
 /// One blocked acquire.
