@@ -543,3 +543,105 @@ fn contended_async_handoff_counts_exactly() {
         );
     }
 }
+
+/// A task waker that counts its wakes (its `Arc`'s strong count tells how
+/// many clones of it are still held somewhere).
+struct CountingWake(std::sync::atomic::AtomicU32);
+
+impl std::task::Wake for CountingWake {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn counting_waker() -> (Arc<CountingWake>, std::task::Waker) {
+    let c = Arc::new(CountingWake(std::sync::atomic::AtomicU32::new(0)));
+    (c.clone(), std::task::Waker::from(c))
+}
+
+fn poll_with<F: std::future::Future + Unpin>(
+    f: &mut F,
+    waker: &std::task::Waker,
+) -> std::task::Poll<F::Output> {
+    std::pin::Pin::new(f).poll(&mut std::task::Context::from_waker(waker))
+}
+
+/// A queued future polled again by another task (a task that moved, a
+/// `select!` that re-polls) wakes the latest task on its grant, and the
+/// earlier one not at all; polled again by the same task it keeps one
+/// registration. No waker clone outlives the acquire: the scheduler keeps
+/// none after the grant, the failure or the future's drop. In-process
+/// (the task sits in the queue entry) and at a shared root (in the
+/// waiter).
+#[test]
+fn a_repolled_waiter_wakes_its_latest_task_only() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::task::Poll;
+    let region = Region::anonymous().unwrap();
+    let scheds = [
+        ("in-process", Scheduler::with_seed(1, 3).unwrap()),
+        ("shared", Scheduler::shared(&region, 1).unwrap()),
+    ];
+    for (home, s) in &scheds {
+        // Granted: the latest task is woken once, the first never.
+        let hold = s.acquire(Priority::Normal).unwrap();
+        let (first, first_w) = counting_waker();
+        let (latest, latest_w) = counting_waker();
+        let mut f = s.acquire_async(Priority::Normal);
+        assert!(poll_with(&mut f, &first_w).is_pending(), "{home}");
+        assert!(poll_with(&mut f, &latest_w).is_pending(), "{home}");
+        assert!(
+            poll_with(&mut f, &latest_w).is_pending(),
+            "{home}: same task"
+        );
+        drop(hold);
+        assert_eq!(latest.0.load(SeqCst), 1, "{home}: the latest task woken");
+        assert_eq!(first.0.load(SeqCst), 0, "{home}: the first task not woken");
+        let Poll::Ready(Ok(p)) = poll_with(&mut f, &latest_w) else {
+            panic!("{home}: granted");
+        };
+        drop((p, f));
+        assert_eq!(
+            Arc::strong_count(&first),
+            2,
+            "{home}: no clone of the first kept"
+        );
+        assert_eq!(
+            Arc::strong_count(&latest),
+            2,
+            "{home}: no clone of the latest kept"
+        );
+
+        // Failed by dispose of a child: the latest task is woken, and the
+        // future ends in `Disposed`.
+        let child = s.child(1).unwrap();
+        let hold = s.acquire(Priority::Normal).unwrap();
+        let mut f = child.acquire_async(Priority::Normal);
+        assert!(poll_with(&mut f, &first_w).is_pending(), "{home}");
+        assert!(poll_with(&mut f, &latest_w).is_pending(), "{home}");
+        child.dispose();
+        assert_eq!(latest.0.load(SeqCst), 2, "{home}: woken by the dispose");
+        assert_eq!(first.0.load(SeqCst), 0, "{home}");
+        assert!(matches!(
+            poll_with(&mut f, &latest_w),
+            Poll::Ready(Err(Error::Disposed))
+        ));
+        drop(f);
+
+        // Dropped while queued: its task's waker goes with it.
+        let mut f = s.acquire_async(Priority::Normal);
+        assert!(poll_with(&mut f, &first_w).is_pending(), "{home}");
+        assert!(poll_with(&mut f, &latest_w).is_pending(), "{home}");
+        drop(f);
+        drop(hold);
+        assert_eq!(
+            latest.0.load(SeqCst),
+            2,
+            "{home}: a dropped future is not woken"
+        );
+        assert_eq!(Arc::strong_count(&first), 2, "{home}");
+        assert_eq!(Arc::strong_count(&latest), 2, "{home}");
+        let st = s.stats();
+        assert_eq!((st.running, st.pending), (0, 0), "{home}: nothing left");
+    }
+}

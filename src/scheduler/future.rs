@@ -166,10 +166,9 @@ impl Walk {
                         return self.failed(sched, Error::Disposed);
                     }
                     _ => {
-                        w.set_waker(cx.waker());
-                        // A grant between the check and the registration
-                        // took the old waker (or none): look again.
-                        if w.state() == WAITING {
+                        // Polled again before the grant: the task may have
+                        // moved (false: granted or failed since, look again).
+                        if node.register_task(w, cx.waker()) {
                             return Poll::Pending;
                         }
                         continue;

@@ -31,6 +31,7 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
+use std::task::Waker;
 use std::time::Instant;
 
 use super::lottery::Lottery;
@@ -88,6 +89,18 @@ pub(crate) enum Level {
     Shared(Arc<SharedRoot>),
 }
 
+/// A waiter in an in-process level's queue, with the task its grant (or
+/// failure) wakes when it is async. The task is kept here, under the
+/// level's lock that every grant already holds, rather than in the waiter
+/// behind a lock of its own: that lock's lock and unlock were two locked
+/// instructions on every contended async hand-off, which tokio's semaphore
+/// (its waker under its queue's lock too) does not pay.
+#[derive(Debug)]
+struct Queued {
+    waiter: Arc<Waiter>,
+    task: Option<Waker>,
+}
+
 /// The queue's state under the node's lock. `repr(C)`, the fields an
 /// enqueue and a dispatch write first, so that they share the lock's line
 /// and the next (see [`Node`]).
@@ -100,7 +113,7 @@ struct Inner {
     /// their future or thread has let go of them, the next enqueue takes
     /// one back instead of allocating (see [`Node::enqueue`]).
     spare: Vec<Arc<Waiter>>,
-    queues: [VecDeque<Arc<Waiter>>; LEVELS],
+    queues: [VecDeque<Queued>; LEVELS],
     children: Vec<Weak<Node>>,
 }
 
@@ -578,7 +591,7 @@ impl Node {
         n: u32,
         mut via: Few<u64>,
         is_async: bool,
-        waker: Option<&std::task::Waker>,
+        waker: Option<&Waker>,
     ) -> Result<Arc<Waiter>> {
         via.push(self.id);
         let tier = p.index();
@@ -597,33 +610,46 @@ impl Node {
                     let seq = inner.next_seq;
                     inner.next_seq = seq.wrapping_add(1);
                     let mut via = Some(via);
-                    // A spare waiter nobody holds (`get_mut`: under this
-                    // lock nobody can take a new reference to it either).
-                    let reused = take_spare(&mut inner.spare).and_then(|mut w| {
-                        let m = Arc::get_mut(&mut w)?;
-                        m.reuse(p, n, cap, seq, via.take()?, &self.counters, is_async, waker);
-                        Some(w)
+                    // A spare waiter nobody holds (see `take_spare`).
+                    let reused = take_spare(&mut inner.spare, |m| {
+                        let via = via.take().unwrap_or_default();
+                        m.reuse(p, n, cap, seq, via, &self.counters, is_async);
                     });
                     let w = match reused {
                         Some(w) => w,
                         None => {
                             let via = via.take().unwrap_or_default();
-                            let mut w =
+                            let w =
                                 Waiter::new(p, n, cap, seq, via, self.counters.clone(), is_async);
-                            *w.waker.get_mut().unwrap_or_else(|e| e.into_inner()) = waker.cloned();
                             Arc::new(w)
                         }
                     };
-                    inner.queues[tier].push_back(w.clone());
+                    inner.queues[tier].push_back(Queued {
+                        waiter: w.clone(),
+                        task: waker.cloned(),
+                    });
                     self.counters.deferred_locked(tier);
                     // Counted under the lock, and uncounted by whatever
                     // takes it off the queue (`left_local`), also when
                     // this enqueue's own dispatch grants it below.
                     add_under_lock(&self.waiting, 1);
                     self.stall.update(|| true);
-                    st.state
-                        .fetch_or(1 << (QUEUED_SHIFT as usize + tier), Ordering::SeqCst);
-                    self.dispatch_local(&mut inner, 0, &mut out);
+                    // The queued bits change only under this lock, so a
+                    // load tells whether the tier's is set: behind a
+                    // backlog (a contended hand-off) it is, and the locked
+                    // instruction is skipped.
+                    let bit = 1 << (QUEUED_SHIFT as usize + tier);
+                    let mut s = st.state.load(Ordering::SeqCst);
+                    if s & bit == 0 {
+                        s = st.state.fetch_or(bit, Ordering::SeqCst) | bit;
+                    }
+                    // Every unit taken (a contended hand-off's every
+                    // enqueue): dispatch could grant nothing, and with the
+                    // bit set every release from here on takes this lock
+                    // and dispatches, so the call is skipped.
+                    if s & RUNNING < u64::from(self.max) {
+                        self.dispatch_local(&mut inner, 0, &mut out);
+                    }
                     w
                 };
                 out.wake_local();
@@ -633,6 +659,36 @@ impl Node {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         self.stall.update(|| true);
         Ok(w)
+    }
+
+    /// Registers `waker` as the task of `w`, an async waiter queued here
+    /// whose future was polled again before its grant; returns true while
+    /// it still waits (false: granted or failed since, look again). At an
+    /// in-process level the task is in `w`'s queue entry, under the lock.
+    pub fn register_task(&self, w: &Arc<Waiter>, waker: &Waker) -> bool {
+        let Level::Local(_) = &self.level else {
+            w.set_waker(waker);
+            // A grant between the caller's check and the registration took
+            // the old waker (or none): the caller looks again.
+            return w.state() == WAITING;
+        };
+        let old = {
+            let mut inner = self.lock();
+            if w.state() != WAITING {
+                return false;
+            }
+            let entry = inner.queues[w.tier()]
+                .iter_mut()
+                .find(|q| Arc::ptr_eq(&q.waiter, w));
+            match entry {
+                Some(Queued { task: Some(t), .. }) if t.will_wake(waker) => None,
+                Some(q) => q.task.replace(waker.clone()),
+                None => None, // still WAITING, so queued: never
+            }
+        };
+        // A waker's drop is the task's code: never under the lock.
+        drop(old);
+        true
     }
 
     /// What a waiter queued here that was seen `GRANTED` was handed (once):
@@ -737,6 +793,8 @@ impl Node {
 
     fn cancel_local(&self, w: &Arc<Waiter>) -> Result<Slots> {
         let mut out = Wakeups::default();
+        // Its entry, dropped after the lock (its task's waker with it).
+        let mut left = None;
         let r = {
             let mut inner = self.lock();
             match w.state() {
@@ -745,8 +803,11 @@ impl Node {
                 _ => {}
             }
             let tier = w.tier();
-            if let Some(pos) = inner.queues[tier].iter().position(|x| Arc::ptr_eq(x, w)) {
-                inner.queues[tier].remove(pos);
+            if let Some(pos) = inner.queues[tier]
+                .iter()
+                .position(|x| Arc::ptr_eq(&x.waiter, w))
+            {
+                left = inner.queues[tier].remove(pos);
                 self.left_local(&inner, w, true);
             }
             w.fail();
@@ -754,6 +815,7 @@ impl Node {
             self.dispatch_local(&mut inner, 0, &mut out);
             Err(Error::Timeout)
         };
+        drop(left);
         out.wake_local();
         r
     }
@@ -808,11 +870,11 @@ impl Node {
             let Some(pick) = inner.lottery.pick_lazy(backlogged, |t| {
                 queues[t]
                     .front()
-                    .is_some_and(|f| running + u64::from(f.need) <= u64::from(caps[t]))
+                    .is_some_and(|f| running + u64::from(f.waiter.need) <= u64::from(caps[t]))
             }) else {
                 break;
             };
-            let Some(need) = inner.queues[pick.tier].front().map(|w| w.need) else {
+            let Some(need) = inner.queues[pick.tier].front().map(|f| f.waiter.need) else {
                 break; // a queued bit without a waiter: never (see above)
             };
             let limit = u64::from(if pick.lottery {
@@ -846,10 +908,10 @@ impl Node {
                 break;
             }
             in_hand -= used;
-            let w = inner.queues[pick.tier].pop_front().expect("a front");
+            let Queued { waiter: w, task } = inner.queues[pick.tier].pop_front().expect("a front");
             self.left_local(inner, &w, false);
             w.grant_counted();
-            out.add(&w, false);
+            out.add_local(&w, task);
             // Kept for the next enqueue: its future (or thread) still holds
             // it and lets go once it has seen the grant.
             if inner.spare.len() < SPARE_WAITERS {
@@ -913,7 +975,7 @@ impl Node {
             let running = st.state.load(Ordering::SeqCst) & RUNNING;
             let cap_bound = inner.queues.iter().enumerate().any(|(t, q)| {
                 q.front()
-                    .is_some_and(|f| self.cap_bound(running, f.need, t))
+                    .is_some_and(|f| self.cap_bound(running, f.waiter.need, t))
             });
             if cap_bound {
                 self.dispatch_local(&mut inner, 0, &mut out);
@@ -958,14 +1020,15 @@ impl Node {
                     for tier in 0..LEVELS {
                         let mut i = 0;
                         while i < inner.queues[tier].len() {
-                            if !pred(&inner.queues[tier][i]) {
+                            if !pred(&inner.queues[tier][i].waiter) {
                                 i += 1;
                                 continue;
                             }
-                            let w = inner.queues[tier].remove(i).expect("index in range");
+                            let Queued { waiter: w, task } =
+                                inner.queues[tier].remove(i).expect("index in range");
                             self.left_local(&inner, &w, true);
                             w.fail();
-                            out.add(&w, false);
+                            out.add_local(&w, task);
                         }
                     }
                     self.dispatch_local(&mut inner, 0, &mut out);
@@ -1007,9 +1070,10 @@ impl Node {
         let mut queues = [QueueStats::default(); LEVELS];
         let mut total = QueueStats::default();
         for (t, q) in queues.iter_mut().enumerate() {
-            q.deferred = c.deferred[t].load(Ordering::Relaxed);
-            q.completed = c.completed[t].load(Ordering::Relaxed);
-            q.cancelled = c.cancelled[t].load(Ordering::Relaxed);
+            let tc = &c.tiers[t];
+            q.deferred = tc.deferred.load(Ordering::Relaxed);
+            q.completed = tc.completed.load(Ordering::Relaxed);
+            q.cancelled = tc.cancelled.load(Ordering::Relaxed);
             q.count = q.deferred.saturating_sub(q.completed);
             total.add(q);
         }

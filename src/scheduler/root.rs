@@ -532,22 +532,12 @@ impl SharedRoot {
                 return Err(Error::Disposed);
             }
             let ticket = self.reg().take_ticket(tier);
-            // A spare waiter nobody holds (`get_mut`: under this lock
-            // nobody can take a new reference to it either), else a new one.
+            // A spare waiter nobody holds (see `take_spare`), else a new one.
             let mut via = Some(via);
-            let reused = take_spare(&mut q.spare).and_then(|mut w| {
-                let m = Arc::get_mut(&mut w)?;
-                m.reuse(
-                    priority,
-                    need,
-                    cap,
-                    ticket,
-                    via.take()?,
-                    counters,
-                    is_async,
-                    None,
-                );
-                Some(w)
+            let reused = take_spare(&mut q.spare, |m| {
+                let via = via.take().unwrap_or_default();
+                m.reuse(priority, need, cap, ticket, via, counters, is_async);
+                m.reset_root_parts();
             });
             let w = match reused {
                 Some(w) => w,
@@ -695,6 +685,10 @@ impl SharedRoot {
             Err(Error::Timeout)
         };
         self.wake(out);
+        // Its task's waker goes now, not when the spare waiter is next
+        // reused (a waker holds its task alive). Nobody reuses the waiter
+        // while the caller holds it.
+        w.drop_task();
         r
     }
 
@@ -725,7 +719,7 @@ impl SharedRoot {
                 for w in doomed {
                     self.remove(&mut q, &w, true, &mut out);
                     w.fail();
-                    out.add(&w, true);
+                    out.add_shared(&w);
                 }
             }
             self.serve(&mut q, &mut out, false);
@@ -1030,7 +1024,7 @@ impl SharedRoot {
                             .model_death_point("taken for a waiter, not granted");
                         self.take_out(q, d.tier, pos, false, out);
                         w.grant(slots);
-                        out.add(&w, true);
+                        out.add_shared(&w);
                         self.end_designation(&taking);
                         continue;
                     }

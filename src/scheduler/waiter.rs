@@ -166,41 +166,76 @@ const SPARE_SCAN: usize = 4;
 /// A spare waiter that nobody holds any more (its queue let go of it when
 /// it left, its future or thread since, and no wake-up list holds it),
 /// taken out of `spare` (under the queue's lock, which every clone of a
-/// spare's `Arc` is made under); the most recently granted are looked at
-/// last, the few oldest first.
+/// spare's `Arc` is made under) and made ready to queue again by `reset`;
+/// the most recently granted are looked at last, the few oldest first.
 ///
 /// Reuse is sound where a new allocation would be: nothing refers to a
 /// waiter except through its `Arc` (the keeper role and the parking words
 /// name it by address, as they would name a fresh waiter that the
 /// allocator put at the same address), and a waiter whose `Arc` has no
 /// other holder can be reached by nobody but the caller.
+///
+/// `Arc::get_mut` would make the same check with a locked compare-and-swap
+/// (it guards against a `Weak` made meanwhile from another holder); with no
+/// other holder and no `Weak` there is nothing to guard against, and the
+/// swap was one of the locked instructions a contended async hand-off paid
+/// beyond tokio's semaphore.
 #[inline]
-pub(crate) fn take_spare(spare: &mut Vec<Arc<Waiter>>) -> Option<Arc<Waiter>> {
+pub(crate) fn take_spare(
+    spare: &mut Vec<Arc<Waiter>>,
+    reset: impl FnOnce(&mut Waiter),
+) -> Option<Arc<Waiter>> {
     let i = spare
         .iter()
         .take(SPARE_SCAN)
         .position(|w| Arc::strong_count(w) == 1 && Arc::weak_count(w) == 0)?;
-    Some(spare.swap_remove(i))
+    let w = spare.swap_remove(i);
+    // The last other holder let go with a release decrement (an `Arc`'s
+    // drop): this fence puts its accesses before the writes below, as
+    // `Arc`'s own drop and `get_mut` do.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: `w` is the waiter's only `Arc` (strong count 1) and no `Weak`
+    // of it exists (weak count 0; the crate never downgrades a waiter).
+    // Another handle could only be made from an existing one, and the only
+    // one is `w`, which is not used while `m` lives: nothing else reads or
+    // writes the waiter meanwhile, as under `Arc::get_mut`. `Arc::as_ptr`
+    // keeps the allocation's write permission (the standard library writes
+    // through it in `get_mut` after `Arc::from_raw`).
+    let m = unsafe { &mut *Arc::as_ptr(&w).cast_mut() };
+    reset(m);
+    Some(w)
 }
 
 /// Per-priority queue counters of one scheduler handle (atomics: a shared
-/// root's queue updates them for every handle of the process).
+/// root's queue updates them for every handle of the process), one
+/// [`TierCounters`] per tier.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub deferred: [AtomicU64; LEVELS],
-    pub completed: [AtomicU64; LEVELS],
-    pub cancelled: [AtomicU64; LEVELS],
+    pub tiers: [TierCounters; LEVELS],
+}
+
+/// One tier's queue counters, side by side: a queued wait writes
+/// `deferred` and then `completed` of its tier, so in a contended hand-off
+/// between two threads one line moves between them, not two (as with one
+/// array per counter).
+#[derive(Debug, Default)]
+#[repr(C)]
+pub(crate) struct TierCounters {
+    pub deferred: AtomicU64,
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
 }
 
 impl Counters {
     pub fn deferred(&self, tier: usize) {
-        self.deferred[tier].fetch_add(1, Ordering::Relaxed);
+        self.tiers[tier].deferred.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn left(&self, tier: usize, cancelled: bool) {
-        self.completed[tier].fetch_add(1, Ordering::Relaxed);
+        let t = &self.tiers[tier];
+        t.completed.fetch_add(1, Ordering::Relaxed);
         if cancelled {
-            self.cancelled[tier].fetch_add(1, Ordering::Relaxed);
+            t.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -210,15 +245,16 @@ impl Counters {
     /// waiters leaving). A load and a store, not a locked add: readers
     /// (stats) still see whole values.
     pub fn deferred_locked(&self, tier: usize) {
-        add_under_lock(&self.deferred[tier], 1);
+        add_under_lock(&self.tiers[tier].deferred, 1);
     }
 
     /// [`left`](Self::left) under the lock, as
     /// [`deferred_locked`](Self::deferred_locked).
     pub fn left_locked(&self, tier: usize, cancelled: bool) {
-        add_under_lock(&self.completed[tier], 1);
+        let t = &self.tiers[tier];
+        add_under_lock(&t.completed, 1);
         if cancelled {
-            add_under_lock(&self.cancelled[tier], 1);
+            add_under_lock(&t.cancelled, 1);
         }
     }
 }
@@ -234,12 +270,17 @@ pub(crate) fn add_under_lock(c: &AtomicU64, d: i64) -> u64 {
 }
 
 /// One blocked acquire.
+///
+/// `repr(C)`, what every queued wait reads and writes first (the state, the
+/// need, the priority, the counters), and last what only a shared root's
+/// waiters use (the granted cells, the task, the parking words): an
+/// in-process level's hand-off touches the first line or two only, and
+/// its [`reuse`](Waiter::reuse) leaves the rest as built.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Waiter {
     /// `WAITING`, then `GRANTED` or `FAILED`; written under the queue's lock.
     pub state: AtomicU32,
-    /// The priority it queued at.
-    pub priority: Priority,
     /// Units it needs (a weighted acquire needs more than one).
     pub need: u32,
     /// Its per-priority cap at the level it waits in.
@@ -247,17 +288,22 @@ pub(crate) struct Waiter {
     /// Its arrival ticket: region-wide per tier at a shared root (its futex
     /// wake bit comes from it), a local sequence number elsewhere.
     pub ticket: u32,
+    /// The priority it queued at.
+    pub priority: Priority,
+    /// True for a waiter behind an async future (no thread sleeps on it).
+    pub is_async: bool,
+    /// The counters of the handle it came through.
+    pub counters: std::sync::Arc<Counters>,
     /// The handle (node id) it came through, and the child nodes between
     /// the caller's scheduler and the level it waits in: disposing any of
     /// them fails it.
     pub via: Few<u64>,
-    /// The counters of the handle it came through.
-    pub counters: std::sync::Arc<Counters>,
-    /// True for a waiter behind an async future (no thread sleeps on it).
-    pub is_async: bool,
-    /// What the grant handed over; set before `state` becomes `GRANTED`.
+    /// What the grant handed over at a shared root; set before `state`
+    /// becomes `GRANTED`.
     pub slots: Mutex<Option<Slots>>,
-    /// The task to wake on grant or failure (async waiters only).
+    /// The task to wake on grant or failure (async waiters at a shared
+    /// root; at an in-process level the task sits in the queue entry, under
+    /// the level's lock, see `node::Queued`).
     pub waker: Mutex<Option<Waker>>,
     /// Where its thread sleeps at a shared root (see
     /// [`park`](crate::region::park)).
@@ -298,13 +344,20 @@ impl Waiter {
         self.state.load(Ordering::Acquire)
     }
 
-    /// Records the task to wake (async waiters only).
+    /// Records the task to wake (async waiters at a shared root).
     pub fn set_waker(&self, waker: &Waker) {
         let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());
         match &*slot {
             Some(w) if w.will_wake(waker) => {}
             _ => *slot = Some(waker.clone()),
         }
+    }
+
+    /// Drops the registered task (a shared root's waiter that was
+    /// cancelled), outside its lock: a waker's drop is the task's code.
+    pub fn drop_task(&self) {
+        let task = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(task);
     }
 
     /// Grants `slots` (under the queue's lock). The caller then adds the
@@ -323,9 +376,12 @@ impl Waiter {
     }
 
     /// Makes a waiter that nobody else holds (its queue and its waiter are
-    /// done with it) ready to queue again, as [`Waiter::new`] would build
-    /// it, without an allocation. `waker`: the task to wake, registered
-    /// before the waiter is queued (async waiters at an in-process level).
+    /// done with it) ready to queue again at an in-process level, as
+    /// [`Waiter::new`] would build it, without an allocation. The parts
+    /// only a shared root uses (granted cells, task, parking words) are
+    /// left alone: an in-process level never touches them, so they are
+    /// still as built (a shared root calls
+    /// [`reset_root_parts`](Waiter::reset_root_parts) as well).
     #[allow(clippy::too_many_arguments)]
     pub fn reuse(
         &mut self,
@@ -336,7 +392,6 @@ impl Waiter {
         via: Few<u64>,
         counters: &std::sync::Arc<Counters>,
         is_async: bool,
-        waker: Option<&Waker>,
     ) {
         // A store, not `get_mut`: the model checker's atomics have none.
         self.state.store(WAITING, Ordering::Relaxed);
@@ -349,8 +404,13 @@ impl Waiter {
             self.counters = counters.clone();
         }
         self.is_async = is_async;
+    }
+
+    /// With [`reuse`](Waiter::reuse), for a waiter of a shared root: the
+    /// granted cells, the task and the parking words as built.
+    pub fn reset_root_parts(&mut self) {
         *self.slots.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = waker.cloned();
+        *self.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         self.park = Park::new();
     }
 
@@ -419,25 +479,40 @@ impl Wakeups {
         self.more.get_or_insert_with(Box::default)
     }
 
-    /// Adds a waiter that was just granted or failed: its task, its thread
-    /// at a shared root (`shared`), or its thread at an in-process level.
+    /// Adds a waiter of a shared root that was just granted or failed: its
+    /// task (registered in the waiter), or its parked thread.
     #[inline]
-    pub fn add(&mut self, w: &std::sync::Arc<Waiter>, shared: bool) {
+    pub fn add_shared(&mut self, w: &std::sync::Arc<Waiter>) {
         if w.is_async {
             let t = w.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(t) = t {
-                if self.task.is_none() {
-                    self.task = Some(t);
-                } else {
-                    self.more().tasks.push(t);
-                }
-            }
-        } else if shared {
+            self.add_task(t);
+        } else {
             self.add_parked(w);
+        }
+    }
+
+    /// Adds a waiter of an in-process level that was just granted or
+    /// failed: `task`, the task its queue entry held (async waiters), or
+    /// its thread.
+    #[inline]
+    pub fn add_local(&mut self, w: &std::sync::Arc<Waiter>, task: Option<Waker>) {
+        if w.is_async {
+            self.add_task(task);
         } else if self.thread.is_none() {
             self.thread = Some(w.clone());
         } else {
             self.more().threads.push(w.clone());
+        }
+    }
+
+    #[inline]
+    fn add_task(&mut self, t: Option<Waker>) {
+        if let Some(t) = t {
+            if self.task.is_none() {
+                self.task = Some(t);
+            } else {
+                self.more().tasks.push(t);
+            }
         }
     }
 
@@ -489,8 +564,23 @@ impl Wakeups {
     /// Wakes the in-process threads and the tasks, and drops the list (the
     /// shared bits are not woken here: the root does that through the
     /// region).
-    #[inline]
-    pub fn wake_local(mut self) {
+    #[inline(always)]
+    pub fn wake_local(self) {
+        // An enqueue behind a busy level (a contended hand-off's every
+        // enqueue) wakes nobody: a few null checks here, not a call.
+        if self.task.is_none()
+            && self.thread.is_none()
+            && self.parked.is_none()
+            && self.more.is_none()
+        {
+            std::mem::forget(self);
+            return;
+        }
+        self.wake_local_slow();
+    }
+
+    #[inline(never)]
+    fn wake_local_slow(mut self) {
         if let Some(w) = self.thread.take() {
             crate::sys::futex::futex_wake(&w.state, 1);
         }
@@ -554,7 +644,7 @@ mod tests {
         out.add_parked(&a);
         assert_eq!(out.parked().count(), 1);
         assert!(out.more.is_none(), "no overflow list for one waiter");
-        out.add(&a, true);
+        out.add_shared(&a);
         out.add_parked(&b);
         out.add_parked(&b);
         assert_eq!(out.parked().count(), 2);
