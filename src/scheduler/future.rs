@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, RawWakerVTable, Waker};
 
 use super::node::Node;
 use super::waiter::{Slots, Waiter, FAILED, GRANTED, WAITING};
@@ -54,7 +54,24 @@ struct Walk {
     /// Ids of the levels already taken (for dispose of a child).
     via: Few<u64>,
     waiter: Option<Arc<Waiter>>,
+    /// The task registered for `waiter`, as [`Waker::will_wake`] tells
+    /// tasks apart (its waker's data and vtable addresses), so a re-poll
+    /// by the same task (a `join!` or `select!` polling every branch)
+    /// takes no lock. The registered waker is held by the queue while the
+    /// waiter waits, so no other task's waker can have these addresses.
+    task: Option<TaskId>,
     done: bool,
+}
+
+/// A waker's identity as [`Waker::will_wake`] compares it: its data and
+/// vtable addresses (as numbers: the future stays `Send`).
+type TaskId = (usize, usize);
+
+fn task_id(w: &Waker) -> TaskId {
+    (
+        w.data() as usize,
+        w.vtable() as *const RawWakerVTable as usize,
+    )
 }
 
 impl<'a> Acquire<'a> {
@@ -83,6 +100,7 @@ impl Walk {
             level: 0,
             via: Few::default(),
             waiter: None,
+            task: None,
             done: false,
         }
     }
@@ -166,9 +184,20 @@ impl Walk {
                         return self.failed(sched, Error::Disposed);
                     }
                     _ => {
-                        // Polled again before the grant: the task may have
-                        // moved (false: granted or failed since, look again).
+                        // Polled again before the grant. The same task:
+                        // its waker is registered (a grant since wakes it).
+                        let id = task_id(cx.waker());
+                        if self.task == Some(id) {
+                            if w.state() == WAITING {
+                                return Poll::Pending;
+                            }
+                            continue;
+                        }
+                        // Another task (it moved, or the first look at a
+                        // shared root); false: granted or failed since,
+                        // look again.
                         if node.register_task(w, cx.waker()) {
+                            self.task = Some(id);
                             return Poll::Pending;
                         }
                         continue;
@@ -198,6 +227,11 @@ impl Walk {
                 Ok(w) => {
                     node.ensure_helper();
                     let pending = local && w.state() == WAITING;
+                    self.task = if local {
+                        Some(task_id(cx.waker()))
+                    } else {
+                        None
+                    };
                     self.waiter = Some(w);
                     if pending {
                         return Poll::Pending;

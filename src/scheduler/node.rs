@@ -668,9 +668,15 @@ impl Node {
     pub fn register_task(&self, w: &Arc<Waiter>, waker: &Waker) -> bool {
         let Level::Local(_) = &self.level else {
             w.set_waker(waker);
-            // A grant between the caller's check and the registration took
-            // the old waker (or none): the caller looks again.
-            return w.state() == WAITING;
+            if w.state() == WAITING {
+                return true;
+            }
+            // A grant (or failure) between the caller's check and the
+            // registration took the old waker (or none), and nothing would
+            // take this one: it goes now, outside any lock, not with the
+            // waiter's reuse under the root's lock. The caller looks again.
+            w.drop_task();
+            return false;
         };
         let old = {
             let mut inner = self.lock();

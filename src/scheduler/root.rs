@@ -526,6 +526,8 @@ impl SharedRoot {
     ) -> Result<Arc<Waiter>> {
         let tier = priority.index();
         let mut out = Wakeups::default();
+        // A task a reused waiter still named, dropped after the lock.
+        let mut stale_task = None;
         let w = {
             let mut q = self.lock();
             if disposed.load(Ordering::Acquire) {
@@ -537,7 +539,7 @@ impl SharedRoot {
             let reused = take_spare(&mut q.spare, |m| {
                 let via = via.take().unwrap_or_default();
                 m.reuse(priority, need, cap, ticket, via, counters, is_async);
-                m.reset_root_parts();
+                stale_task = m.reset_root_parts();
             });
             let w = match reused {
                 Some(w) => w,
@@ -570,6 +572,7 @@ impl SharedRoot {
             }
             w
         };
+        drop(stale_task);
         self.wake(out);
         Ok(w)
     }

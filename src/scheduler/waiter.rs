@@ -407,11 +407,17 @@ impl Waiter {
     }
 
     /// With [`reuse`](Waiter::reuse), for a waiter of a shared root: the
-    /// granted cells, the task and the parking words as built.
-    pub fn reset_root_parts(&mut self) {
+    /// granted cells, the task and the parking words as built. Returns the
+    /// task still registered, if any (never, by the rules of `set_waker`'s
+    /// callers), for the caller to drop outside its lock.
+    #[must_use = "a waker's drop is the task's code: drop it after the lock"]
+    pub fn reset_root_parts(&mut self) -> Option<Waker> {
         *self.slots.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         self.park = Park::new();
+        self.waker
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Fails the waiter (disposed; under the queue's lock). The caller then
